@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Builds and runs every test: a release build, then an AddressSanitizer + UndefinedBehavior
+# sanitizer build (halt on error), then the GGUF reader fuzzer for a bounded time.
+# Installs missing dependencies first (scripts/setup.sh), so it works on a fresh machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export SLUICE_REQUIRE_MODELS=1
+jobs=${SLUICE_JOBS:-$(nproc)}
+
+echo "== release build =="
+bash scripts/build.sh release
+(cd build && ctest --output-on-failure -j "$jobs")
+
+echo "== sanitizer build (ASan + UBSan) =="
+bash scripts/build.sh asan
+(cd build-asan && ASAN_OPTIONS=halt_on_error=1:detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  ctest --output-on-failure -j "$jobs" -LE slow)
+
+if [ -f tests/fuzz/CMakeLists.txt ]; then
+  echo "== fuzzing the GGUF reader (${SLUICE_FUZZ_SECONDS:-60} s) =="
+  bash scripts/build.sh fuzz
+  bash tests/fuzz/run.sh build-fuzz "${SLUICE_FUZZ_SECONDS:-60}"
+fi
+echo "test.sh: all test stages passed"

@@ -1,0 +1,44 @@
+// The model as decode/ and app/ see it: load a GGUF, run tokens, get logits. Owned by model/;
+// decode/ and app/ never touch weights. (Contract shared between folders: extend, don't break.)
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "core/status.h"
+
+namespace sluice::model {
+
+struct Config;  // hyper-parameters (model/config.h)
+
+struct LoadOptions {
+  int n_threads = 0;   // 0: all physical cores
+  int n_ctx = 0;       // 0: the model's own context length, capped at 4096
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  static Result<std::unique_ptr<Model>> load(const std::string& path, const LoadOptions& opts);
+
+  virtual const Config& config() const = 0;
+  virtual int n_vocab() const = 0;
+  virtual int n_ctx() const = 0;     // KV cache capacity in positions
+  virtual int n_past() const = 0;    // positions currently in the KV cache
+
+  // Runs `tokens` at positions [n_past, n_past + tokens.size()), appending to the KV cache
+  // (batched prefill when more than one). Writes the logits of the last token to `logits`
+  // (n_vocab floats), or of every token when logits.size() == tokens.size() * n_vocab.
+  // Error (no state change) if the cache would overflow.
+  virtual Status eval(std::span<const int32_t> tokens, std::span<float> logits) = 0;
+
+  // Drops positions >= n from the KV cache (chat edits, perplexity windows).
+  virtual void truncate(int n) = 0;
+
+  // Bytes of weights read per decoded token (for GB/s reporting).
+  virtual uint64_t weight_bytes_per_token() const = 0;
+};
+
+}  // namespace sluice::model

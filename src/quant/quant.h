@@ -1,0 +1,74 @@
+// Public interface of quant/: tensor element formats, their sizes, and the kernels that
+// convert and multiply them. quant/ knows block layouts and math, nothing about files or devices.
+//
+// Numbering of Type equals the GGUF/ggml type id stored in files, so a raw id from a file maps
+// directly (after a bounds check with type_traits()).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace sluice::quant {
+
+enum class Type : uint32_t {
+  kF32 = 0,
+  kF16 = 1,
+  kQ4_0 = 2,
+  kQ4_1 = 3,
+  kQ5_0 = 6,
+  kQ5_1 = 7,
+  kQ8_0 = 8,
+  kQ8_1 = 9,   // activation format for Q4_1/Q5_1 dot products
+  kQ2_K = 10,
+  kQ3_K = 11,
+  kQ4_K = 12,
+  kQ5_K = 13,
+  kQ6_K = 14,
+  kQ8_K = 15,  // activation format for K-quant dot products
+  kBF16 = 30,
+};
+
+struct TypeTraits {
+  Type type;
+  const char* name;      // lower case, as accepted by --type: "q4_k", "f16", ...
+  int64_t block_elems;   // elements per block (1 for F32/F16/BF16)
+  int64_t block_bytes;   // bytes per block
+};
+
+// Traits of a raw type id read from a file; nullptr if the id is unknown or unsupported.
+const TypeTraits* type_traits(uint32_t raw_type_id);
+const TypeTraits& traits(Type t);
+std::optional<Type> type_from_name(std::string_view name);  // case-insensitive
+inline const char* type_name(Type t) { return traits(t).name; }
+
+// Bytes of a row of n elements; n must be a multiple of block_elems (checked by caller with
+// row_is_valid). Returns -1 if not.
+int64_t row_bytes(Type t, int64_t n);
+
+// Instruction set a kernel table was built for. kRef is the scalar specification.
+enum class Isa { kRef = 0, kAvx2 = 1, kAvx512 = 2 };
+const char* isa_name(Isa isa);
+Isa best_isa();  // detected once from cpuid (immutable afterwards)
+
+// One format's kernels. Any pointer may be null where the operation does not exist for a format
+// (e.g. no vec_dot for Q8_K, which is only an activation format).
+struct Kernels {
+  // dst[0..n) = dequantize(src); n multiple of block_elems.
+  void (*dequantize_row)(const void* src, float* dst, int64_t n) = nullptr;
+  // dst = quantize(src[0..n)); n multiple of block_elems.
+  void (*quantize_row)(const float* src, void* dst, int64_t n) = nullptr;
+  // The activation format vec_dot expects its second operand in (e.g. Q8_K for K-quants,
+  // F32 for F32/F16/BF16 weights).
+  Type vec_dot_type = Type::kF32;
+  // *out = sum_i w[i] * a[i] over n elements; w is a row in this format, a is in vec_dot_type.
+  void (*vec_dot)(int64_t n, const void* w, const void* a, float* out) = nullptr;
+};
+
+// Fastest kernels for this CPU.
+const Kernels& kernels(Type t);
+// Kernels of one instruction set (for tests and benchmarks). Falls back to the next lower
+// ISA for formats without a specialised version; nullptr if the CPU lacks the ISA.
+const Kernels* kernels_for(Type t, Isa isa);
+
+}  // namespace sluice::quant
