@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Regenerates the golden fixtures under tests/fixtures/golden/ from llama.cpp, the correctness
+# oracle. Not run by CI (CI only compares against the committed data).
+#
+# llama.cpp comes from the llama-cpp-python source package (vendor/llama.cpp):
+#   pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36 && tar xzf llama_cpp_python-0.3.36.tar.gz
+#   cmake -S llama_cpp_python-0.3.36/vendor/llama.cpp -B build-cpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
+#     -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF
+#   cmake --build build-cpu --target llama llama-quantize
+# usage: tools/golden/make_fixtures.sh LLAMA_CPP_SRC LLAMA_CPP_BUILD [SLUICE_BIN]
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+src=${1:?llama.cpp source dir}
+bld=${2:?llama.cpp build dir}
+sluice=${3:-$root/build/bin/sluice}
+out=$root/tests/fixtures/golden
+mkdir -p "$out"
+tool=$bld/llama_fixture
+libs=$(find "$bld" -name 'libllama.a' -o -name 'libggml*.a' | sort -r | tr '\n' ' ')
+g++ -O2 -std=c++17 -I"$src/include" -I"$src/ggml/include" "$here/llama_fixture.cpp" \
+  -Wl,--start-group $libs -Wl,--end-group -fopenmp -lpthread -ldl -o "$tool"
+
+gen() {  # gen NAME MODEL PROMPTS N_GEN
+  "$tool" "$2" "$3" "$4" "$out/$1.json" "$out/$1.logits.f32" 2>/dev/null
+  sha=$(sha256sum "$2" | cut -d' ' -f1)
+  python3 - "$out/$1.json" "$sha" "$(basename "$2")" <<'PY'
+import json, sys
+p, sha, name = sys.argv[1:]
+d = json.load(open(p))
+d["model"] = name
+d["model_sha256"] = sha
+json.dump(d, open(p, "w"), indent=1)
+PY
+  echo "fixture $1: $(basename "$2")"
+}
+
+gen smollm2 "$root/models/smollm2-135m-instruct-q4_1.gguf" "$here/prompts_smollm2.txt" 64
+
+# Synthetic random-weight models of the other architectures and formats, written
+# deterministically by `sluice synth --seed` (the golden test regenerates them and checks the
+# sha256 recorded here before comparing).
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+while read -r name args; do
+  [ -z "$name" ] && continue
+  case "$name" in \#*) continue ;; esac
+  # shellcheck disable=SC2086
+  "$sluice" synth $args -o "$tmp/$name.gguf" >/dev/null
+  gen "$name" "$tmp/$name.gguf" "$here/prompts_synth.txt" 64
+done < "$here/synth_models.txt"
