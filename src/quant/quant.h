@@ -9,6 +9,8 @@
 #include <optional>
 #include <string_view>
 
+#include "core/status.h"
+
 namespace sluice::quant {
 
 enum class Type : uint32_t {
@@ -46,6 +48,11 @@ inline const char* type_name(Type t) { return traits(t).name; }
 // row_is_valid). Returns -1 if not.
 int64_t row_bytes(Type t, int64_t n);
 
+// Ok if a row of n elements of t is well formed (n >= 0 and a multiple of block_elems); else an
+// invalid_argument Status naming the type, n and the block size. Kernels themselves treat a bad n
+// as a programming error (SLUICE_CHECK abort), so validate lengths that come from files first.
+Status validate_row(Type t, int64_t n);
+
 // Instruction set a kernel table was built for. kRef is the scalar specification.
 enum class Isa { kRef = 0, kAvx2 = 1, kAvx512 = 2 };
 const char* isa_name(Isa isa);
@@ -58,8 +65,16 @@ struct Kernels {
   void (*dequantize_row)(const void* src, float* dst, int64_t n) = nullptr;
   // dst = quantize(src[0..n)); n multiple of block_elems.
   void (*quantize_row)(const float* src, void* dst, int64_t n) = nullptr;
-  // The activation format vec_dot expects its second operand in (e.g. Q8_K for K-quants,
-  // F32 for F32/F16/BF16 weights).
+  // The activation format vec_dot expects its second operand in, paired as llama.cpp's CPU
+  // backend pairs them: F32 x F32; F16 x F16 and BF16 x BF16 (activations are rounded to the
+  // weight's own 16-bit format, as ggml-cpu does); Q4_0/Q5_0/Q8_0 x Q8_0; Q4_1/Q5_1 x Q8_1;
+  // Q2_K..Q6_K x Q8_K. Activation-only formats (Q8_1, Q8_K) have kernels with vec_dot = null.
+  //
+  // Activation quantizers: the kRef table's Q8_0/Q8_1/Q8_K quantize_row are bit-identical to
+  // ggml's reference quantizers. The AVX2/AVX-512 tables' Q8_0/Q8_1 quantize_row reproduce
+  // ggml-cpu's x86 build bit for bit instead (multiplier 127/amax, round half to even; see
+  // ref::quantize_row_q8_0_rne), since that is what a llama.cpp CPU run on x86 computes. Q8_K is
+  // the same in every table. F16/BF16 quantize_row round to nearest even.
   Type vec_dot_type = Type::kF32;
   // *out = sum_i w[i] * a[i] over n elements; w is a row in this format, a is in vec_dot_type.
   void (*vec_dot)(int64_t n, const void* w, const void* a, float* out) = nullptr;

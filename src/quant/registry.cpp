@@ -1,0 +1,192 @@
+// Type traits, run-time ISA detection and the per-ISA kernel tables. Every table is built once,
+// on first use, into a function-local immutable static.
+#include <array>
+#include <cctype>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "quant/blocks.h"
+#include "quant/quant.h"
+#include "quant/ref.h"
+#include "quant/simd.h"
+
+namespace sluice::quant {
+namespace {
+
+constexpr TypeTraits kTraits[] = {
+    {Type::kF32, "f32", 1, 4},
+    {Type::kF16, "f16", 1, 2},
+    {Type::kQ4_0, "q4_0", kQK, sizeof(BlockQ4_0)},
+    {Type::kQ4_1, "q4_1", kQK, sizeof(BlockQ4_1)},
+    {Type::kQ5_0, "q5_0", kQK, sizeof(BlockQ5_0)},
+    {Type::kQ5_1, "q5_1", kQK, sizeof(BlockQ5_1)},
+    {Type::kQ8_0, "q8_0", kQK, sizeof(BlockQ8_0)},
+    {Type::kQ8_1, "q8_1", kQK, sizeof(BlockQ8_1)},
+    {Type::kQ2_K, "q2_k", kQK_K, sizeof(BlockQ2_K)},
+    {Type::kQ3_K, "q3_k", kQK_K, sizeof(BlockQ3_K)},
+    {Type::kQ4_K, "q4_k", kQK_K, sizeof(BlockQ4_K)},
+    {Type::kQ5_K, "q5_k", kQK_K, sizeof(BlockQ5_K)},
+    {Type::kQ6_K, "q6_k", kQK_K, sizeof(BlockQ6_K)},
+    {Type::kQ8_K, "q8_k", kQK_K, sizeof(BlockQ8_K)},
+    {Type::kBF16, "bf16", 1, 2},
+};
+
+const TypeTraits* find_traits(uint32_t id) {
+  for (const auto& t : kTraits)
+    if (uint32_t(t.type) == id) return &t;
+  return nullptr;
+}
+
+using Table = std::array<Kernels, detail::kMaxTypeId>;
+
+Table make_ref_table() {
+  Table t{};
+  auto set = [&t](Type ty, auto deq, auto q, Type dot_type, auto dot) {
+    Kernels& k = t[size_t(ty)];
+    k.dequantize_row = deq;
+    k.quantize_row = q;
+    k.vec_dot_type = dot_type;
+    k.vec_dot = dot;
+  };
+  using VecDot = void (*)(int64_t, const void*, const void*, float*);
+  set(Type::kF32, ref::dequantize_row_f32, ref::quantize_row_f32, Type::kF32, ref::vec_dot_f32);
+  set(Type::kF16, ref::dequantize_row_f16, ref::quantize_row_f16, Type::kF16, ref::vec_dot_f16);
+  set(Type::kBF16, ref::dequantize_row_bf16, ref::quantize_row_bf16, Type::kBF16, ref::vec_dot_bf16);
+  set(Type::kQ4_0, ref::dequantize_row_q4_0, ref::quantize_row_q4_0, Type::kQ8_0, ref::vec_dot_q4_0);
+  set(Type::kQ4_1, ref::dequantize_row_q4_1, ref::quantize_row_q4_1, Type::kQ8_1, ref::vec_dot_q4_1);
+  set(Type::kQ5_0, ref::dequantize_row_q5_0, ref::quantize_row_q5_0, Type::kQ8_0, ref::vec_dot_q5_0);
+  set(Type::kQ5_1, ref::dequantize_row_q5_1, ref::quantize_row_q5_1, Type::kQ8_1, ref::vec_dot_q5_1);
+  set(Type::kQ8_0, ref::dequantize_row_q8_0, ref::quantize_row_q8_0, Type::kQ8_0, ref::vec_dot_q8_0);
+  set(Type::kQ8_1, ref::dequantize_row_q8_1, ref::quantize_row_q8_1, Type::kQ8_1, VecDot{nullptr});
+  set(Type::kQ2_K, ref::dequantize_row_q2_k, ref::quantize_row_q2_k, Type::kQ8_K, ref::vec_dot_q2_k);
+  set(Type::kQ3_K, ref::dequantize_row_q3_k, ref::quantize_row_q3_k, Type::kQ8_K, ref::vec_dot_q3_k);
+  set(Type::kQ4_K, ref::dequantize_row_q4_k, ref::quantize_row_q4_k, Type::kQ8_K, ref::vec_dot_q4_k);
+  set(Type::kQ5_K, ref::dequantize_row_q5_k, ref::quantize_row_q5_k, Type::kQ8_K, ref::vec_dot_q5_k);
+  set(Type::kQ6_K, ref::dequantize_row_q6_k, ref::quantize_row_q6_k, Type::kQ8_K, ref::vec_dot_q6_k);
+  set(Type::kQ8_K, ref::dequantize_row_q8_k, ref::quantize_row_q8_k, Type::kQ8_K, VecDot{nullptr});
+  return t;
+}
+
+bool cpu_has(Isa isa) {
+#if defined(SLUICE_QUANT_X86)
+  switch (isa) {
+    case Isa::kRef:
+      return true;
+    case Isa::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    case Isa::kAvx512:
+      return cpu_has(Isa::kAvx2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bf16");
+  }
+  return false;
+#else
+  return isa == Isa::kRef;
+#endif
+}
+
+// Tables for each ISA the CPU has; a higher ISA starts from the lower one's kernels.
+struct Tables {
+  Table ref, avx2, avx512;
+  bool has_avx2 = false, has_avx512 = false;
+};
+
+const Tables& tables() {
+  static const Tables kTables = [] {
+    Tables t;
+    t.ref = make_ref_table();
+    t.has_avx2 = cpu_has(Isa::kAvx2);
+    t.has_avx512 = t.has_avx2 && cpu_has(Isa::kAvx512);
+    t.avx2 = t.ref;
+    if (t.has_avx2) detail::install_avx2(t.avx2.data());
+    t.avx512 = t.avx2;
+    if (t.has_avx512) detail::install_avx512(t.avx512.data());
+    return t;
+  }();
+  return kTables;
+}
+
+}  // namespace
+
+const TypeTraits* type_traits(uint32_t raw_type_id) { return find_traits(raw_type_id); }
+
+const TypeTraits& traits(Type t) {
+  const TypeTraits* tt = find_traits(uint32_t(t));
+  SLUICE_CHECK(tt != nullptr, "traits() of an unknown Type value " + std::to_string(uint32_t(t)));
+  return *tt;
+}
+
+std::optional<Type> type_from_name(std::string_view name) {
+  for (const auto& t : kTraits) {
+    const std::string_view tn = t.name;
+    if (tn.size() != name.size()) continue;
+    bool eq = true;
+    for (size_t i = 0; i < tn.size() && eq; ++i)
+      eq = std::tolower(static_cast<unsigned char>(name[i])) == static_cast<unsigned char>(tn[i]);
+    if (eq) return t.type;
+  }
+  return std::nullopt;
+}
+
+int64_t row_bytes(Type t, int64_t n) {
+  const TypeTraits& tt = traits(t);
+  if (n < 0 || n % tt.block_elems != 0) return -1;
+  return n / tt.block_elems * tt.block_bytes;
+}
+
+Status validate_row(Type t, int64_t n) {
+  const TypeTraits* tt = find_traits(uint32_t(t));
+  if (tt == nullptr) return invalid_argument("unknown tensor type id " + std::to_string(uint32_t(t)));
+  if (n < 0 || n % tt->block_elems != 0) {
+    return invalid_argument(std::string("row of ") + std::to_string(n) + " elements is not a multiple of the " +
+                            tt->name + " block size " + std::to_string(tt->block_elems));
+  }
+  return Status::ok();
+}
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kRef:
+      return "ref";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kAvx512:
+      return "avx512";
+  }
+  return "?";
+}
+
+// The best ISA the CPU has, capped by env SLUICE_QUANT_ISA=ref|avx2|avx512 (read once; for
+// parity debugging and benchmarks).
+Isa best_isa() {
+  static const Isa kBest = [] {
+    const Tables& t = tables();
+    Isa best = t.has_avx512 ? Isa::kAvx512 : t.has_avx2 ? Isa::kAvx2 : Isa::kRef;
+    if (const char* cap = std::getenv("SLUICE_QUANT_ISA")) {
+      if (std::strcmp(cap, "ref") == 0) best = Isa::kRef;
+      if (std::strcmp(cap, "avx2") == 0 && best == Isa::kAvx512) best = Isa::kAvx2;
+    }
+    return best;
+  }();
+  return kBest;
+}
+
+const Kernels* kernels_for(Type t, Isa isa) {
+  const Tables& tb = tables();
+  const size_t id = size_t(t);
+  SLUICE_CHECK(id < detail::kMaxTypeId && find_traits(uint32_t(t)) != nullptr, "kernels_for() of an unknown Type");
+  switch (isa) {
+    case Isa::kRef:
+      return &tb.ref[id];
+    case Isa::kAvx2:
+      return tb.has_avx2 ? &tb.avx2[id] : nullptr;
+    case Isa::kAvx512:
+      return tb.has_avx512 ? &tb.avx512[id] : nullptr;
+  }
+  return nullptr;
+}
+
+const Kernels& kernels(Type t) { return *kernels_for(t, best_isa()); }
+
+}  // namespace sluice::quant

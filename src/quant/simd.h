@@ -1,0 +1,16 @@
+// Internal seam between the registry and the per-ISA kernel files. Each cpu_<isa>.cpp is compiled
+// with its own target flags and only ever called after best_isa() has confirmed the CPU (and OS)
+// support that ISA. The tables are indexed by raw type id.
+#pragma once
+
+#include "quant/quant.h"
+
+namespace sluice::quant::detail {
+
+inline constexpr int kMaxTypeId = 31;  // one past the largest supported raw type id (BF16 = 30)
+
+// Overwrites the entries that the ISA accelerates; entries left alone keep the lower ISA's kernel.
+void install_avx2(Kernels* table);
+void install_avx512(Kernels* table);
+
+}  // namespace sluice::quant::detail
