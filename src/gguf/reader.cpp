@@ -147,7 +147,7 @@ class Parser {
       return fail(ErrorCode::kCorruptFile, field + " count",
                   std::to_string(count) + " items of " + value_type_name(elem) + " (at least " +
                       std::to_string(min_bytes) + " bytes each) cannot fit in the " + std::to_string(remaining()) +
-                      " bytes remaining",
+                      " bytes remaining (truncated file?)",
                   at);
     }
     if (count > kMaxMetadataItems - items_) {
@@ -192,13 +192,13 @@ class Parser {
     if (n_kv_ > remaining() / 13) {
       return fail(ErrorCode::kCorruptFile, "n_kv",
                   std::to_string(n_kv_) + " key/value pairs cannot fit in the " + std::to_string(remaining()) +
-                      " bytes remaining",
+                      " bytes remaining (truncated file?)",
                   16);
     }
     if (n_tensors_ > remaining() / 24) {
       return fail(ErrorCode::kCorruptFile, "n_tensors",
                   std::to_string(n_tensors_) + " tensor infos cannot fit in the " + std::to_string(remaining()) +
-                      " bytes remaining",
+                      " bytes remaining (truncated file?)",
                   8);
     }
     return Status::ok();
