@@ -1,0 +1,74 @@
+// Token sampling from logits: repetition penalty, then greedy (temperature 0) or the filter
+// chain top-k -> top-p -> min-p -> temperature -> draw. The order and the semantics of each
+// filter follow llama.cpp's default sampler chain, so the same flags mean the same thing:
+//   - repetition penalty: each distinct token among the last `repeat_last_n` accepted tokens
+//     has its logit divided by the penalty when positive, multiplied when <= 0 (dividing a
+//     negative logit would make the token *more* likely);
+//   - top-p keeps the smallest prefix of the sorted distribution whose mass reaches p (the
+//     token that crosses p is kept), computed on the distribution left by top-k at
+//     temperature 1;
+//   - min-p keeps tokens whose probability is at least min_p times the most likely one's;
+//   - temperature scales the surviving logits last, so it changes the draw but not which
+//     tokens survive.
+// Draws are reproducible: the generator is a seeded mt19937_64 and uniforms are made from its
+// raw bits (std::uniform_real_distribution is implementation-defined).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "core/status.h"
+
+namespace sluice::decode {
+
+struct SamplerParams {
+  float temperature = 0.8f;     // 0: greedy (argmax, ties to the lowest id)
+  int top_k = 40;               // 0: disabled
+  float top_p = 0.95f;          // 1: disabled; in (0, 1]
+  float min_p = 0.05f;          // 0: disabled; in [0, 1]
+  float repeat_penalty = 1.0f;  // 1: disabled; > 0
+  int repeat_last_n = 64;       // accepted tokens the penalty looks back over; 0: disabled
+  uint64_t seed = 0;
+};
+
+// Error naming the offending parameter and value (the CLI turns it into exit code 2).
+Status validate(const SamplerParams& p);
+
+struct Candidate {
+  int32_t id;
+  float logit;  // after the penalty (and temperature, in distribution())
+  float p;      // probability among the surviving candidates
+};
+
+class Sampler {
+ public:
+  // `p` must have passed validate() (checked).
+  Sampler(const SamplerParams& p, int n_vocab);
+
+  // Picks the next token from `logits` (n_vocab floats). Does not record it: call accept()
+  // for every token that becomes part of the context (prompt tokens included, as llama.cpp's
+  // tools do, so the penalty sees the prompt).
+  int32_t sample(std::span<const float> logits);
+  void accept(int32_t token);
+  void reset_history() { history_.clear(); }
+
+  // The candidates a draw chooses from, most likely first, probabilities summing to 1 (one
+  // candidate with p = 1 when greedy). For tests and diagnostics; sample() draws from it.
+  std::vector<Candidate> distribution(std::span<const float> logits) const;
+
+  const SamplerParams& params() const { return params_; }
+
+ private:
+  std::vector<Candidate> penalized(std::span<const float> logits) const;
+  double uniform();  // [0, 1) with 53 random bits
+
+  SamplerParams params_;
+  int n_vocab_;
+  std::mt19937_64 rng_;
+  std::deque<int32_t> history_;  // last repeat_last_n accepted tokens, oldest first
+};
+
+}  // namespace sluice::decode
