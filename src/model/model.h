@@ -13,6 +13,15 @@ namespace sluice::model {
 
 struct Config;  // hyper-parameters (model/config.h)
 
+// Wall-clock time spent in eval, split as the CLI reports it: calls with more than one token are
+// prefill, single-token calls are decode.
+struct Timings {
+  double prefill_seconds = 0;
+  int64_t prefill_tokens = 0;
+  double decode_seconds = 0;
+  int64_t decode_tokens = 0;
+};
+
 struct LoadOptions {
   int n_threads = 0;   // 0: all physical cores
   int n_ctx = 0;       // 0: the model's own context length, capped at 4096
@@ -39,6 +48,10 @@ class Model {
 
   // Bytes of weights read per decoded token (for GB/s reporting).
   virtual uint64_t weight_bytes_per_token() const = 0;
+
+  // Accumulated eval timings since load or the last reset_timings().
+  virtual Timings timings() const { return {}; }
+  virtual void reset_timings() {}
 };
 
 }  // namespace sluice::model

@@ -1,0 +1,130 @@
+// The narrow interface between model/ (the layer loop) and the devices that execute it. Model code
+// sees only this header: it hands the backend weight views and activation tensors, never device
+// pointers it dereferences itself.
+//
+// Weights arrive as WeightView {type, shape, data}: the pointer may be the mmapped file, a staging
+// slot that stream/ has just filled, or device memory; the backend neither knows nor cares.
+// Activations and caches live in Tensors the backend allocated (host memory on CPU, device memory
+// on CUDA); model code moves data in and out only through upload/download.
+//
+// Ops are issued in order and may run asynchronously; download() and sync() are the only points
+// where the host waits for them.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "core/status.h"
+#include "quant/quant.h"
+
+namespace sluice::backend {
+
+// A row-major 2-D weight: ne1 rows of ne0 elements in one quant format (ne0 first, as in GGUF).
+// 1-D weights (norms, biases, rope factors) have ne1 == 1.
+struct WeightView {
+  quant::Type type = quant::Type::kF32;
+  int64_t ne0 = 0;              // elements per row (the input dimension of a matmul)
+  int64_t ne1 = 1;              // rows (the output dimension of a matmul)
+  const void* data = nullptr;   // ne1 * row_bytes() bytes
+  int64_t row_bytes() const { return quant::row_bytes(type, ne0); }
+  bool empty() const { return data == nullptr; }
+};
+
+enum class DType { kF32, kF16 };
+
+// A backend-owned 2-D buffer: `rows` rows of `cols` elements, row starts `stride` elements apart.
+// For activations a row is one token. `data` is opaque to model code (device memory on GPUs).
+struct Tensor {
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+  int64_t cols = 0;
+  int64_t rows = 0;
+  int64_t stride = 0;  // elements between consecutive row starts (>= cols)
+
+  // Rows [first, first + n) as a view into the same memory.
+  Tensor row_range(int64_t first, int64_t n) const {
+    SLUICE_CHECK(first >= 0 && n >= 0 && first + n <= rows, "row range outside tensor");
+    const int64_t elem = dtype == DType::kF32 ? 4 : 2;
+    return {static_cast<uint8_t*>(data) + first * stride * elem, dtype, cols, n, stride};
+  }
+  // The first `n` rows (a batch smaller than the allocation).
+  Tensor first_rows(int64_t n) const { return row_range(0, n); }
+};
+
+enum class RopeMode {
+  kNormal,  // rotates adjacent pairs (x[2i], x[2i+1]): Llama, Mistral
+  kNeox,    // rotates halves (x[i], x[i + n_rot/2]): Qwen2, Qwen3
+};
+
+struct RopeParams {
+  RopeMode mode = RopeMode::kNormal;
+  int n_head = 0;           // heads in each row of x (row = n_head * head_dim)
+  int head_dim = 0;
+  int n_rot = 0;            // leading dims of each head that rotate (even, <= head_dim)
+  float freq_base = 10000.0f;
+  float freq_scale = 1.0f;  // linear position scaling: 1 / rope.scaling.factor
+  // Optional per-frequency divisors (Llama 3.1 rope_freqs.weight): F32, ne0 == n_rot / 2.
+  WeightView freq_factors;
+};
+
+struct AttentionParams {
+  int n_head = 0;     // query heads; q rows are n_head * head_dim
+  int n_head_kv = 0;  // key/value heads (GQA: n_head % n_head_kv == 0); cache rows n_head_kv*head_dim
+  int head_dim = 0;
+  float scale = 1.0f; // applied to q.k before the softmax (1/sqrt(head_dim))
+  int pos0 = 0;       // position of the first query row; query t sees cache rows [0, pos0 + t]
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+
+  // Buffers. Memory stays valid until the backend is destroyed. kOutOfMemory on failure.
+  virtual Result<Tensor> alloc(DType dtype, int64_t cols, int64_t rows) = 0;
+  // Host <-> tensor copies of all rows of `t` (f32 on the host side; rows*cols floats).
+  virtual void upload(const Tensor& dst, const float* src) = 0;
+  virtual void download(const Tensor& src, float* dst) = 0;
+  // Waits for every op issued so far.
+  virtual void sync() = 0;
+
+  // dst[t] = dequantize(table row ids[t]); table [n_embd, n_vocab]; dst rows == ids.size().
+  // Precondition: every id in [0, table.ne1) (callers validate token ids from users).
+  virtual void get_rows(const WeightView& table, std::span<const int32_t> ids, const Tensor& dst) = 0;
+
+  // y = x W^T: y[t][o] = sum_i W[o][i] * x[t][i]. W [ne0 = x.cols, ne1 = y.cols] in any format
+  // with a vec_dot; the backend quantizes x to the format's vec_dot_type (as llama.cpp's CPU
+  // backend does). One row of x is a gemv; many rows take the batched (prefill) path.
+  virtual void matmul(const WeightView& w, const Tensor& x, const Tensor& y) = 0;
+
+  // dst = x / rms(x) * w, over groups of w.ne0 consecutive elements of each row (the whole row for
+  // a layer norm, each head for Q/K norms). w is F32. dst may alias x.
+  virtual void rms_norm(const Tensor& x, const WeightView& w, float eps, const Tensor& dst) = 0;
+
+  // y[t] += b for every row; b is F32 with ne0 == y.cols.
+  virtual void add_bias(const Tensor& y, const WeightView& b) = 0;
+  // dst += src, elementwise (residual connections).
+  virtual void add(const Tensor& dst, const Tensor& src) = 0;
+  // dst = silu(gate) * up, elementwise. dst may alias gate or up.
+  virtual void swiglu(const Tensor& gate, const Tensor& up, const Tensor& dst) = 0;
+
+  // Rotates x in place; row t is at position pos0 + t.
+  virtual void rope(const Tensor& x, const RopeParams& p, int pos0) = 0;
+
+  // cache rows [pos0, pos0 + src.rows) = src (converted to the cache's dtype).
+  virtual void store_rows(const Tensor& src, const Tensor& cache, int64_t pos0) = 0;
+
+  // Causal multi-head attention of q (rows = tokens) over the caches (rows = positions):
+  // out[t][h] = softmax(scale * q[t][h] . K[0..pos0+t][h/g]) V[0..pos0+t][h/g],  g = n_head/n_head_kv.
+  virtual void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                         const Tensor& out, const AttentionParams& p) = 0;
+};
+
+struct CpuOptions {
+  int n_threads = 0;  // 0: hardware concurrency
+};
+// The CPU backend (backend/cpu).
+std::unique_ptr<Backend> make_cpu_backend(const CpuOptions& opts);
+
+}  // namespace sluice::backend

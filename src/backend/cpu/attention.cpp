@@ -1,0 +1,80 @@
+// Causal GQA attention over an F16 (or F32) KV cache, with the precision choices of llama.cpp's
+// CPU path without flash attention, so greedy outputs agree with it: q is rounded to f16 for the
+// q.k dot (f32 accumulation), the softmax is f32 with a double-precision sum, and the
+// probabilities are rounded to f16 before weighting V (f32 accumulation).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "backend/cpu/cpu_backend.h"
+#include "quant/half.h"
+
+namespace sluice::backend::cpu {
+
+void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out,
+                           const AttentionParams& p) {
+  const int64_t hd = p.head_dim;
+  SLUICE_CHECK(q.dtype == DType::kF32 && out.dtype == DType::kF32, "attention: f32 q/out expected");
+  SLUICE_CHECK(k_cache.dtype == v_cache.dtype, "attention: k and v caches differ in dtype");
+  SLUICE_CHECK(p.n_head > 0 && p.n_head_kv > 0 && p.n_head % p.n_head_kv == 0, "attention: bad head counts");
+  SLUICE_CHECK(q.cols == p.n_head * hd && out.cols == q.cols && out.rows == q.rows, "attention: bad q/out shape");
+  SLUICE_CHECK(k_cache.cols == p.n_head_kv * hd && v_cache.cols == k_cache.cols, "attention: bad cache shape");
+  SLUICE_CHECK(p.pos0 >= 0 && p.pos0 + q.rows <= k_cache.rows, "attention: positions beyond cache");
+  const int64_t n_ctx = p.pos0 + q.rows;
+  const int group = p.n_head / p.n_head_kv;
+  const bool f16 = k_cache.dtype == DType::kF16;
+  const quant::Kernels& h = quant::kernels(quant::Type::kF16);
+  const quant::Kernels& f = quant::kernels(quant::Type::kF32);
+
+  // Per-thread scratch: scores[n_ctx] | v row[hd] | acc[hd] | q in f16[hd] (as floats' space).
+  const size_t need = size_t(n_ctx + 3 * hd) * sizeof(float);
+  for (auto& s : scratch_) SLUICE_CHECK(s.reserve(need), "attention: out of memory for scratch");
+
+  const int64_t n_items = q.rows * p.n_head;
+  const int64_t work = n_items * n_ctx * hd;
+  for_rows(n_items, 1, work, [&](int64_t b, int64_t e, int ith) {
+    float* scores = reinterpret_cast<float*>(scratch_[size_t(ith)].data());
+    float* vrow = scores + n_ctx;
+    float* acc = vrow + hd;
+    void* qv = acc + hd;
+    for (int64_t item = b; item < e; ++item) {
+      const int64_t t = item / p.n_head;
+      const int64_t head = item % p.n_head;
+      const int64_t kvh = head / group;
+      const int64_t n_kv = p.pos0 + t + 1;
+      const float* qr = static_cast<const float*>(q.data) + t * q.stride + head * hd;
+      const uint8_t elem = f16 ? 2 : 4;
+      const auto* kb = static_cast<const uint8_t*>(k_cache.data) + kvh * hd * elem;
+      const auto* vb = static_cast<const uint8_t*>(v_cache.data) + kvh * hd * elem;
+      const int64_t ks = k_cache.stride * elem, vs = v_cache.stride * elem;
+
+      const quant::Kernels& dot = f16 ? h : f;
+      dot.quantize_row(qr, qv, hd);
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < n_kv; ++j) {
+        float s;
+        dot.vec_dot(hd, kb + j * ks, qv, &s);
+        s *= p.scale;
+        scores[j] = s;
+        mx = std::max(mx, s);
+      }
+      double sum = 0;
+      for (int64_t j = 0; j < n_kv; ++j) {
+        scores[j] = std::exp(scores[j] - mx);
+        sum += double(scores[j]);
+      }
+      const float inv = float(1.0 / sum);
+      std::fill(acc, acc + hd, 0.0f);
+      for (int64_t j = 0; j < n_kv; ++j) {
+        float pj = scores[j] * inv;
+        if (f16) pj = quant::fp16_to_fp32(quant::fp32_to_fp16(pj));
+        if (pj == 0.0f) continue;
+        dot.dequantize_row(vb + j * vs, vrow, hd);
+        for (int64_t d = 0; d < hd; ++d) acc[d] += pj * vrow[d];
+      }
+      std::copy(acc, acc + hd, static_cast<float*>(out.data) + t * out.stride + head * hd);
+    }
+  });
+}
+
+}  // namespace sluice::backend::cpu

@@ -1,0 +1,203 @@
+// CPU backend: buffers, elementwise ops, norms, RoPE, cache stores. Matrix products are in
+// matmul.cpp, attention in attention.cpp.
+#include "backend/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "quant/half.h"
+
+namespace sluice::backend {
+
+std::unique_ptr<Backend> make_cpu_backend(const CpuOptions& opts) {
+  int n = opts.n_threads;
+  if (n <= 0) n = int(std::max(1u, std::thread::hardware_concurrency()));
+  return std::make_unique<cpu::CpuBackend>(n);
+}
+
+namespace cpu {
+namespace {
+
+float* row_f32(const Tensor& t, int64_t r) { return static_cast<float*>(t.data) + r * t.stride; }
+uint16_t* row_f16(const Tensor& t, int64_t r) { return static_cast<uint16_t*>(t.data) + r * t.stride; }
+
+void check_f32(const Tensor& t, const char* what) {
+  SLUICE_CHECK(t.dtype == DType::kF32 && t.data != nullptr, std::string(what) + " must be an f32 tensor");
+}
+void check_same_shape(const Tensor& a, const Tensor& b, const char* op) {
+  SLUICE_CHECK(a.rows == b.rows && a.cols == b.cols, std::string(op) + ": shape mismatch");
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend(int n_threads) : pool_(n_threads), scratch_(size_t(std::max(1, n_threads))) {}
+
+Result<Tensor> CpuBackend::alloc(DType dtype, int64_t cols, int64_t rows) {
+  SLUICE_CHECK(cols > 0 && rows > 0, "alloc: empty tensor");
+  const size_t elem = dtype == DType::kF32 ? 4 : 2;
+  AlignedBuffer buf;
+  const size_t bytes = size_t(cols) * size_t(rows) * elem;
+  if (!buf.reserve(bytes)) {
+    return out_of_memory("cpu backend: cannot allocate " + std::to_string(bytes) + " bytes");
+  }
+  std::memset(buf.data(), 0, bytes);
+  Tensor t{buf.data(), dtype, cols, rows, cols};
+  buffers_.push_back(std::move(buf));
+  return t;
+}
+
+void CpuBackend::upload(const Tensor& dst, const float* src) {
+  for (int64_t r = 0; r < dst.rows; ++r) {
+    if (dst.dtype == DType::kF32) {
+      std::memcpy(row_f32(dst, r), src + r * dst.cols, size_t(dst.cols) * 4);
+    } else {
+      for (int64_t c = 0; c < dst.cols; ++c) row_f16(dst, r)[c] = quant::fp32_to_fp16(src[r * dst.cols + c]);
+    }
+  }
+}
+
+void CpuBackend::download(const Tensor& src, float* dst) {
+  for (int64_t r = 0; r < src.rows; ++r) {
+    if (src.dtype == DType::kF32) {
+      std::memcpy(dst + r * src.cols, row_f32(src, r), size_t(src.cols) * 4);
+    } else {
+      for (int64_t c = 0; c < src.cols; ++c) dst[r * src.cols + c] = quant::fp16_to_fp32(row_f16(src, r)[c]);
+    }
+  }
+}
+
+void CpuBackend::get_rows(const WeightView& table, std::span<const int32_t> ids, const Tensor& dst) {
+  check_f32(dst, "get_rows dst");
+  SLUICE_CHECK(int64_t(ids.size()) == dst.rows && table.ne0 == dst.cols, "get_rows: shape mismatch");
+  const auto& k = quant::kernels(table.type);
+  SLUICE_CHECK(k.dequantize_row != nullptr, "get_rows: format has no dequantize");
+  const int64_t rb = table.row_bytes();
+  for_rows(dst.rows, 1, dst.rows * dst.cols, [&](int64_t b, int64_t e, int) {
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t id = ids[size_t(t)];
+      SLUICE_CHECK(id >= 0 && id < table.ne1, "get_rows: id out of range");
+      k.dequantize_row(static_cast<const uint8_t*>(table.data) + id * rb, row_f32(dst, t), table.ne0);
+    }
+  });
+}
+
+void CpuBackend::rms_norm(const Tensor& x, const WeightView& w, float eps, const Tensor& dst) {
+  check_f32(x, "rms_norm x");
+  check_f32(dst, "rms_norm dst");
+  check_same_shape(x, dst, "rms_norm");
+  SLUICE_CHECK(w.type == quant::Type::kF32 && w.ne0 > 0 && x.cols % w.ne0 == 0, "rms_norm: bad weight");
+  const int64_t group = w.ne0;
+  const float* wd = static_cast<const float*>(w.data);
+  for_rows(x.rows, 1, x.rows * x.cols, [&](int64_t b, int64_t e, int) {
+    for (int64_t t = b; t < e; ++t) {
+      const float* xr = row_f32(x, t);
+      float* yr = row_f32(dst, t);
+      for (int64_t g0 = 0; g0 < x.cols; g0 += group) {
+        double sum = 0;  // double accumulation: the mean of squares over thousands of elements
+        for (int64_t i = 0; i < group; ++i) sum += double(xr[g0 + i]) * double(xr[g0 + i]);
+        const float mean = float(sum / double(group));
+        const float scale = 1.0f / std::sqrt(mean + eps);
+        for (int64_t i = 0; i < group; ++i) yr[g0 + i] = (xr[g0 + i] * scale) * wd[i];
+      }
+    }
+  });
+}
+
+void CpuBackend::add_bias(const Tensor& y, const WeightView& b) {
+  check_f32(y, "add_bias y");
+  SLUICE_CHECK(b.type == quant::Type::kF32 && b.ne0 == y.cols, "add_bias: bias length != cols");
+  const float* bd = static_cast<const float*>(b.data);
+  for_rows(y.rows, 1, y.rows * y.cols, [&](int64_t s, int64_t e, int) {
+    for (int64_t t = s; t < e; ++t) {
+      float* yr = row_f32(y, t);
+      for (int64_t i = 0; i < y.cols; ++i) yr[i] += bd[i];
+    }
+  });
+}
+
+void CpuBackend::add(const Tensor& dst, const Tensor& src) {
+  check_f32(dst, "add dst");
+  check_f32(src, "add src");
+  check_same_shape(dst, src, "add");
+  for_rows(dst.rows, 1, dst.rows * dst.cols, [&](int64_t s, int64_t e, int) {
+    for (int64_t t = s; t < e; ++t) {
+      float* d = row_f32(dst, t);
+      const float* a = row_f32(src, t);
+      for (int64_t i = 0; i < dst.cols; ++i) d[i] += a[i];
+    }
+  });
+}
+
+void CpuBackend::swiglu(const Tensor& gate, const Tensor& up, const Tensor& dst) {
+  check_f32(gate, "swiglu gate");
+  check_f32(up, "swiglu up");
+  check_f32(dst, "swiglu dst");
+  check_same_shape(gate, up, "swiglu");
+  check_same_shape(gate, dst, "swiglu");
+  for_rows(dst.rows, 1, dst.rows * dst.cols, [&](int64_t s, int64_t e, int) {
+    for (int64_t t = s; t < e; ++t) {
+      const float* g = row_f32(gate, t);
+      const float* u = row_f32(up, t);
+      float* d = row_f32(dst, t);
+      for (int64_t i = 0; i < dst.cols; ++i) d[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    }
+  });
+}
+
+void CpuBackend::rope(const Tensor& x, const RopeParams& p, int pos0) {
+  check_f32(x, "rope x");
+  SLUICE_CHECK(p.n_head * p.head_dim == x.cols, "rope: n_head * head_dim != cols");
+  SLUICE_CHECK(p.n_rot > 0 && p.n_rot % 2 == 0 && p.n_rot <= p.head_dim && p.n_rot <= 2048, "rope: bad n_rot");
+  const float* ff = nullptr;
+  if (!p.freq_factors.empty()) {
+    SLUICE_CHECK(p.freq_factors.type == quant::Type::kF32 && p.freq_factors.ne0 == p.n_rot / 2,
+                 "rope: freq factors must be f32 [n_rot/2]");
+    ff = static_cast<const float*>(p.freq_factors.data);
+  }
+  const int half = p.n_rot / 2;
+  // theta_i = pos * base^(-2i/n_rot) (/ factor_i) * freq_scale. The power is built by repeated
+  // multiplication in f32, the recurrence llama.cpp uses, so angles agree to the last bit.
+  const float theta_scale = std::pow(p.freq_base, -2.0f / float(p.n_rot));
+  for_rows(x.rows, 1, x.rows * x.cols, [&](int64_t s, int64_t e, int) {
+    float cs[1024], sn[1024];
+    for (int64_t t = s; t < e; ++t) {
+      float theta = float(pos0 + t);
+      for (int i = 0; i < half; ++i) {
+        const float th = p.freq_scale * (ff ? theta / ff[i] : theta);
+        cs[i] = std::cos(th);
+        sn[i] = std::sin(th);
+        theta *= theta_scale;
+      }
+      float* xr = row_f32(x, t);
+      for (int h = 0; h < p.n_head; ++h) {
+        float* v = xr + int64_t(h) * p.head_dim;
+        for (int i = 0; i < half; ++i) {
+          const int i0 = p.mode == RopeMode::kNormal ? 2 * i : i;
+          const int i1 = p.mode == RopeMode::kNormal ? 2 * i + 1 : i + half;
+          const float a = v[i0], b = v[i1];
+          v[i0] = a * cs[i] - b * sn[i];
+          v[i1] = a * sn[i] + b * cs[i];
+        }
+      }
+    }
+  });
+}
+
+void CpuBackend::store_rows(const Tensor& src, const Tensor& cache, int64_t pos0) {
+  check_f32(src, "store_rows src");
+  SLUICE_CHECK(src.cols == cache.cols && pos0 >= 0 && pos0 + src.rows <= cache.rows, "store_rows: out of range");
+  const auto& f16 = quant::kernels(quant::Type::kF16);
+  for (int64_t t = 0; t < src.rows; ++t) {
+    if (cache.dtype == DType::kF32) {
+      std::memcpy(row_f32(cache, pos0 + t), row_f32(src, t), size_t(src.cols) * 4);
+    } else {
+      f16.quantize_row(row_f32(src, t), row_f16(cache, pos0 + t), src.cols);
+    }
+  }
+}
+
+}  // namespace cpu
+}  // namespace sluice::backend

@@ -1,0 +1,88 @@
+// The CPU backend: every op of backend.h on a persistent thread pool, matrix products through the
+// quant/ kernel tables. Internal to backend/cpu (model code sees only backend.h).
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/threadpool.h"
+
+namespace sluice::backend::cpu {
+
+// 64-byte aligned heap block (cache-line aligned rows for the SIMD kernels). Grow-only.
+class AlignedBuffer {
+ public:
+  AlignedBuffer() = default;
+  explicit AlignedBuffer(size_t bytes) { reserve(bytes); }
+  // Ensures capacity >= bytes; returns false on allocation failure. Contents are not kept.
+  bool reserve(size_t bytes) {
+    if (bytes <= size_) return true;
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded);
+    if (!p) return false;
+    ptr_.reset(static_cast<uint8_t*>(p));
+    size_ = rounded;
+    return true;
+  }
+  uint8_t* data() const { return ptr_.get(); }
+  size_t size() const { return size_; }
+
+ private:
+  struct Free {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  std::unique_ptr<uint8_t, Free> ptr_;
+  size_t size_ = 0;
+};
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int n_threads);
+  const char* name() const override { return "cpu"; }
+  int n_threads() const { return pool_.size(); }
+
+  Result<Tensor> alloc(DType dtype, int64_t cols, int64_t rows) override;
+  void upload(const Tensor& dst, const float* src) override;
+  void download(const Tensor& src, float* dst) override;
+  void sync() override {}  // every op completes before it returns
+
+  void get_rows(const WeightView& table, std::span<const int32_t> ids, const Tensor& dst) override;
+  void matmul(const WeightView& w, const Tensor& x, const Tensor& y) override;
+  void rms_norm(const Tensor& x, const WeightView& w, float eps, const Tensor& dst) override;
+  void add_bias(const Tensor& y, const WeightView& b) override;
+  void add(const Tensor& dst, const Tensor& src) override;
+  void swiglu(const Tensor& gate, const Tensor& up, const Tensor& dst) override;
+  void rope(const Tensor& x, const RopeParams& p, int pos0) override;
+  void store_rows(const Tensor& src, const Tensor& cache, int64_t pos0) override;
+  void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out,
+                 const AttentionParams& p) override;
+
+ private:
+  // Runs fn(begin, end, ith) over [0, n) rows: inline on the caller when the whole job is below
+  // `inline_work` units (dispatch would cost more than the work), else on the pool.
+  template <typename F>
+  void for_rows(int64_t n, int64_t grain, int64_t work, F&& fn);
+
+  core::ThreadPool pool_;
+  std::vector<AlignedBuffer> buffers_;  // every Tensor allocated, alive until destruction
+  AlignedBuffer act_q_;                 // quantized activations for matmul (grow-only)
+  std::vector<AlignedBuffer> scratch_;  // per-thread attention scratch (grow-only)
+};
+
+// Below this many elements of work an op runs on the calling thread: waking the pool costs a
+// few microseconds, more than e.g. a 576-element norm.
+inline constexpr int64_t kInlineWork = 16384;
+
+template <typename F>
+void CpuBackend::for_rows(int64_t n, int64_t grain, int64_t work, F&& fn) {
+  if (work < kInlineWork || pool_.size() == 1) {
+    fn(int64_t{0}, n, 0);
+    return;
+  }
+  pool_.parallel_for(n, grain, fn);
+}
+
+}  // namespace sluice::backend::cpu

@@ -1,0 +1,50 @@
+// Architectures as data. An architecture is the list of per-layer tensors it carries (with
+// whether each is required), its RoPE layout, and nothing else: the layer loop in forward is
+// shared, and optional pieces (biases, Q/K norms, rope frequency factors) switch on when their
+// tensors are present. Adding an architecture is a table entry plus whatever is truly new.
+#pragma once
+
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "backend/backend.h"
+
+namespace sluice::model {
+
+// Per-layer tensors, named blk.<i>.<suffix> in GGUF files.
+enum class LayerTensor {
+  kAttnNorm,  // attn_norm.weight    [n_embd]                       f32
+  kWq,        // attn_q.weight       [n_embd, n_head * head_dim]
+  kWk,        // attn_k.weight       [n_embd, n_head_kv * head_dim]
+  kWv,        // attn_v.weight       [n_embd, n_head_kv * head_dim]
+  kWo,        // attn_output.weight  [n_head * head_dim, n_embd]
+  kBq,        // attn_q.bias         [n_head * head_dim]             f32
+  kBk,        // attn_k.bias         [n_head_kv * head_dim]          f32
+  kBv,        // attn_v.bias         [n_head_kv * head_dim]          f32
+  kQNorm,     // attn_q_norm.weight  [head_dim]                      f32 (per-head RMSNorm)
+  kKNorm,     // attn_k_norm.weight  [head_dim]                      f32
+  kFfnNorm,   // ffn_norm.weight     [n_embd]                        f32
+  kWGate,     // ffn_gate.weight     [n_embd, n_ff]
+  kWUp,       // ffn_up.weight       [n_embd, n_ff]
+  kWDown,     // ffn_down.weight     [n_ff, n_embd]
+};
+const char* layer_tensor_suffix(LayerTensor t);  // "attn_q.weight"
+
+struct LayerTensorSpec {
+  LayerTensor tensor;
+  bool required;
+};
+
+struct ArchSpec {
+  std::string_view name;  // general.architecture
+  backend::RopeMode rope_mode;
+  std::span<const LayerTensorSpec> layer_tensors;
+};
+
+// nullptr when the architecture is not supported.
+const ArchSpec* find_arch(std::string_view name);
+// "llama, mistral, qwen2, qwen3": for error messages.
+std::string supported_archs();
+
+}  // namespace sluice::model

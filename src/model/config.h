@@ -1,0 +1,44 @@
+// Hyper-parameters of a model, read from GGUF metadata keys "<arch>.*" and validated, so that the
+// layer loop can trust every dimension it is given.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "backend/backend.h"
+#include "core/status.h"
+
+namespace sluice::gguf {
+class File;
+}
+
+namespace sluice::model {
+
+struct ArchSpec;
+
+struct Config {
+  std::string arch;             // general.architecture
+  int n_layer = 0;              // <arch>.block_count
+  int n_embd = 0;               // <arch>.embedding_length
+  int n_ff = 0;                 // <arch>.feed_forward_length
+  int n_head = 0;               // <arch>.attention.head_count
+  int n_head_kv = 0;            // <arch>.attention.head_count_kv (default n_head)
+  int head_dim = 0;             // <arch>.attention.key_length (default n_embd / n_head)
+  int head_dim_v = 0;           // <arch>.attention.value_length (default head_dim)
+  int n_rot = 0;                // <arch>.rope.dimension_count (default head_dim)
+  int n_ctx_train = 0;          // <arch>.context_length
+  int n_vocab = 0;              // token_embd.weight ne1
+  float rms_eps = 0;            // <arch>.attention.layer_norm_rms_epsilon
+  float rope_freq_base = 10000.0f;  // <arch>.rope.freq_base
+  float rope_freq_scale = 1.0f;     // 1 / <arch>.rope.scaling.factor for linear scaling
+  backend::RopeMode rope_mode = backend::RopeMode::kNormal;  // from the arch table
+
+  int n_embd_q() const { return n_head * head_dim; }
+  int n_embd_k() const { return n_head_kv * head_dim; }
+  int n_embd_v() const { return n_head_kv * head_dim_v; }
+};
+
+// Reads and validates the hyper-parameters of `arch` from `file`. Errors name the file and key.
+Result<Config> read_config(const gguf::File& file, const ArchSpec& arch);
+
+}  // namespace sluice::model

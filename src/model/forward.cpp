@@ -1,0 +1,197 @@
+// The one layer loop: every supported architecture runs through LlamaFamilyModel::forward, a
+// sequence of backend ops; architecture differences are data (arch tables) and the presence of
+// optional weights (biases, Q/K norms, rope frequency factors).
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "backend/backend.h"
+#include "core/timer.h"
+#include "gguf/gguf.h"
+#include "model/arch.h"
+#include "model/config.h"
+#include "model/kv_cache.h"
+#include "model/model.h"
+#include "model/weights.h"
+
+namespace sluice::model {
+namespace {
+
+using backend::Tensor;
+
+// Tokens per forward pass: longer evals are split. Bounds activation memory (allocated once at
+// load) while keeping prefill matrix products wide enough to reuse each weight row.
+constexpr int kMaxBatch = 512;
+// Rows of logits computed per output projection when every token's logits are requested.
+constexpr int kLogitRows = 16;
+constexpr int kDefaultMaxCtx = 4096;
+
+class LlamaFamilyModel final : public Model {
+ public:
+  LlamaFamilyModel(gguf::File file, Config cfg, Weights w, std::unique_ptr<backend::Backend> be)
+      : file_(std::move(file)), cfg_(std::move(cfg)), w_(std::move(w)), be_(std::move(be)) {}
+
+  Status init(int n_ctx) {
+    SLUICE_RETURN_IF_ERROR(kv_.init(*be_, cfg_.n_layer, n_ctx, cfg_.n_embd_k(), cfg_.n_embd_v()));
+    auto f32 = [&](int64_t cols, int64_t rows) { return be_->alloc(backend::DType::kF32, cols, rows); };
+    SLUICE_ASSIGN_OR_RETURN(x_, f32(cfg_.n_embd, kMaxBatch));
+    SLUICE_ASSIGN_OR_RETURN(xn_, f32(cfg_.n_embd, kMaxBatch));
+    SLUICE_ASSIGN_OR_RETURN(q_, f32(cfg_.n_embd_q(), kMaxBatch));
+    SLUICE_ASSIGN_OR_RETURN(k_, f32(cfg_.n_embd_k(), kMaxBatch));
+    SLUICE_ASSIGN_OR_RETURN(v_, f32(cfg_.n_embd_v(), kMaxBatch));
+    SLUICE_ASSIGN_OR_RETURN(attn_, f32(cfg_.n_head * cfg_.head_dim_v, kMaxBatch));
+    SLUICE_ASSIGN_OR_RETURN(gate_, f32(cfg_.n_ff, kMaxBatch));
+    SLUICE_ASSIGN_OR_RETURN(up_, f32(cfg_.n_ff, kMaxBatch));
+    SLUICE_ASSIGN_OR_RETURN(logits_, f32(cfg_.n_vocab, kLogitRows));
+    return Status::ok();
+  }
+
+  const Config& config() const override { return cfg_; }
+  int n_vocab() const override { return cfg_.n_vocab; }
+  int n_ctx() const override { return kv_.n_ctx(); }
+  int n_past() const override { return kv_.n_past(); }
+  void truncate(int n) override { kv_.set_n_past(std::clamp(n, 0, kv_.n_past())); }
+  uint64_t weight_bytes_per_token() const override { return w_.bytes_per_token(); }
+  Timings timings() const override { return timings_; }
+  void reset_timings() override { timings_ = {}; }
+
+  Status eval(std::span<const int32_t> tokens, std::span<float> logits) override {
+    const size_t n = tokens.size();
+    const size_t nv = size_t(cfg_.n_vocab);
+    if (n == 0) return invalid_argument("eval: no tokens");
+    const bool all = logits.size() == n * nv && n > 1;
+    if (!all && logits.size() != nv) {
+      return invalid_argument("eval: logits span has " + std::to_string(logits.size()) + " floats, expected " +
+                              std::to_string(nv) + " (last token) or " + std::to_string(n * nv) + " (every token)");
+    }
+    if (int64_t(kv_.n_past()) + int64_t(n) > kv_.n_ctx()) {
+      return invalid_argument("context too long: " + std::to_string(kv_.n_past()) + " positions used + " +
+                              std::to_string(n) + " new tokens exceed the context size " + std::to_string(kv_.n_ctx()));
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (tokens[i] < 0 || tokens[i] >= cfg_.n_vocab) {
+        return invalid_argument("eval: token id " + std::to_string(tokens[i]) + " at index " + std::to_string(i) +
+                                " outside the vocabulary [0, " + std::to_string(cfg_.n_vocab) + ")");
+      }
+    }
+    core::Timer timer;
+    for (size_t b = 0; b < n; b += kMaxBatch) {
+      const size_t m = std::min<size_t>(kMaxBatch, n - b);
+      const bool last_chunk = b + m == n;
+      float* out = all ? logits.data() + b * nv : (last_chunk ? logits.data() : nullptr);
+      forward(tokens.subspan(b, m), kv_.n_past(), out, all);
+      kv_.set_n_past(kv_.n_past() + int(m));
+    }
+    be_->sync();
+    const double s = timer.seconds();
+    if (n > 1) {
+      timings_.prefill_seconds += s;
+      timings_.prefill_tokens += int64_t(n);
+    } else {
+      timings_.decode_seconds += s;
+      timings_.decode_tokens += 1;
+    }
+    return Status::ok();
+  }
+
+ private:
+  // Runs tokens at positions [pos0, pos0 + n). Writes logits of every token (all) or the last
+  // one to `out` (nullptr: none, for a non-final prefill chunk).
+  void forward(std::span<const int32_t> ids, int pos0, float* out, bool all) {
+    backend::Backend& be = *be_;
+    const int64_t n = int64_t(ids.size());
+    const Tensor x = x_.first_rows(n), xn = xn_.first_rows(n), q = q_.first_rows(n), k = k_.first_rows(n),
+                 v = v_.first_rows(n), attn = attn_.first_rows(n), gate = gate_.first_rows(n), up = up_.first_rows(n);
+    const float eps = cfg_.rms_eps;
+
+    backend::RopeParams rq{cfg_.rope_mode, cfg_.n_head, cfg_.head_dim, cfg_.n_rot, cfg_.rope_freq_base,
+                           cfg_.rope_freq_scale, w_.rope_freqs.view()};
+    backend::RopeParams rk = rq;
+    rk.n_head = cfg_.n_head_kv;
+    const backend::AttentionParams ap{cfg_.n_head, cfg_.n_head_kv, cfg_.head_dim,
+                                      1.0f / std::sqrt(float(cfg_.head_dim)), pos0};
+
+    be.get_rows(w_.token_embd.view(), ids, x);
+    for (int l = 0; l < cfg_.n_layer; ++l) {
+      const LayerWeights& L = w_.layers[size_t(l)];
+      // Attention block: x += Wo . attention(rope(norm(Wq xn)), rope(norm(Wk xn)), Wv xn).
+      be.rms_norm(x, L.attn_norm.view(), eps, xn);
+      be.matmul(L.wq.view(), xn, q);
+      be.matmul(L.wk.view(), xn, k);
+      be.matmul(L.wv.view(), xn, v);
+      if (L.bq.present()) be.add_bias(q, L.bq.view());
+      if (L.bk.present()) be.add_bias(k, L.bk.view());
+      if (L.bv.present()) be.add_bias(v, L.bv.view());
+      if (L.q_norm.present()) be.rms_norm(q, L.q_norm.view(), eps, q);  // per head: group = head_dim
+      if (L.k_norm.present()) be.rms_norm(k, L.k_norm.view(), eps, k);
+      be.rope(q, rq, pos0);
+      be.rope(k, rk, pos0);
+      be.store_rows(k, kv_.k(l), pos0);
+      be.store_rows(v, kv_.v(l), pos0);
+      be.attention(q, kv_.k(l), kv_.v(l), attn, ap);
+      be.matmul(L.wo.view(), attn, xn);
+      be.add(x, xn);
+      // Feed-forward block: x += W_down . (silu(W_gate xn) * (W_up xn)).
+      be.rms_norm(x, L.ffn_norm.view(), eps, xn);
+      be.matmul(L.w_gate.view(), xn, gate);
+      be.matmul(L.w_up.view(), xn, up);
+      be.swiglu(gate, up, gate);
+      be.matmul(L.w_down.view(), gate, xn);
+      be.add(x, xn);
+    }
+    if (!out) return;
+    // Output head only for the rows whose logits are wanted (the last one in generation).
+    const int64_t first = all ? 0 : n - 1;
+    for (int64_t r = first; r < n; r += kLogitRows) {
+      const int64_t m = std::min<int64_t>(kLogitRows, n - r);
+      const Tensor xr = x.row_range(r, m), xo = xn.first_rows(m), lg = logits_.first_rows(m);
+      be.rms_norm(xr, w_.output_norm.view(), eps, xo);
+      be.matmul(w_.output.view(), xo, lg);
+      be.download(lg, out + (r - first) * cfg_.n_vocab);
+    }
+  }
+
+  gguf::File file_;  // owns the mapping every TensorRef points into
+  Config cfg_;
+  Weights w_;
+  std::unique_ptr<backend::Backend> be_;
+  KvCache kv_;
+  // Activations, [kMaxBatch rows, width] each, allocated once at load.
+  Tensor x_;      // residual stream       [n_embd]
+  Tensor xn_;     // normed / projected    [n_embd]
+  Tensor q_;      // queries               [n_head * head_dim]
+  Tensor k_;      // keys                  [n_head_kv * head_dim]
+  Tensor v_;      // values                [n_head_kv * head_dim]
+  Tensor attn_;   // attention output      [n_head * head_dim]
+  Tensor gate_;   // ffn gate, then swiglu [n_ff]
+  Tensor up_;     // ffn up                [n_ff]
+  Tensor logits_; // [kLogitRows, n_vocab]
+  Timings timings_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Model>> Model::load(const std::string& path, const LoadOptions& opts) {
+  if (opts.n_ctx < 0) return invalid_argument("n_ctx must be >= 0, got " + std::to_string(opts.n_ctx));
+  if (opts.n_threads < 0) return invalid_argument("n_threads must be >= 0, got " + std::to_string(opts.n_threads));
+  SLUICE_ASSIGN_OR_RETURN(gguf::File file, gguf::File::open(path));
+  SLUICE_ASSIGN_OR_RETURN(std::string arch_name, file.get_string("general.architecture"));
+  const ArchSpec* arch = find_arch(arch_name);
+  if (!arch) {
+    return unsupported(path + ": architecture \"" + arch_name + "\" is not supported (supported: " +
+                       supported_archs() + ")");
+  }
+  SLUICE_ASSIGN_OR_RETURN(Config cfg, read_config(file, *arch));
+  SLUICE_ASSIGN_OR_RETURN(Weights w, load_weights(file, *arch, cfg));
+  int n_ctx = opts.n_ctx == 0 ? std::min(cfg.n_ctx_train, kDefaultMaxCtx) : opts.n_ctx;
+  if (n_ctx > cfg.n_ctx_train) {
+    return invalid_argument("n_ctx " + std::to_string(n_ctx) + " exceeds the model's " + cfg.arch +
+                            ".context_length " + std::to_string(cfg.n_ctx_train));
+  }
+  auto be = backend::make_cpu_backend({opts.n_threads});
+  auto model = std::make_unique<LlamaFamilyModel>(std::move(file), std::move(cfg), std::move(w), std::move(be));
+  SLUICE_RETURN_IF_ERROR(model->init(n_ctx));
+  return std::unique_ptr<Model>(std::move(model));
+}
+
+}  // namespace sluice::model

@@ -1,0 +1,66 @@
+// The model's weights as views into the mmapped GGUF file: name -> {type, shape, pointer}. Every
+// tensor the architecture needs is checked at load for presence, format and shape, so the layer
+// loop never sees a malformed weight.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/status.h"
+#include "model/arch.h"
+#include "model/config.h"
+
+namespace sluice::gguf {
+class File;
+}
+
+namespace sluice::model {
+
+struct TensorRef {
+  std::string name;               // GGUF tensor name, for messages
+  quant::Type type = quant::Type::kF32;
+  int64_t ne0 = 0;                // innermost (contiguous) dimension
+  int64_t ne1 = 1;
+  const void* data = nullptr;     // into the file mapping; nullptr when absent (optional tensor)
+  uint64_t nbytes = 0;
+
+  bool present() const { return data != nullptr; }
+  backend::WeightView view() const { return {type, ne0, ne1, data}; }
+};
+
+struct LayerWeights {
+  TensorRef attn_norm;  // [n_embd]                         f32
+  TensorRef wq;         // [n_embd, n_head * head_dim]
+  TensorRef wk;         // [n_embd, n_head_kv * head_dim]
+  TensorRef wv;         // [n_embd, n_head_kv * head_dim]
+  TensorRef wo;         // [n_head * head_dim, n_embd]
+  TensorRef bq;         // [n_head * head_dim]               f32, optional
+  TensorRef bk;         // [n_head_kv * head_dim]            f32, optional
+  TensorRef bv;         // [n_head_kv * head_dim]            f32, optional
+  TensorRef q_norm;     // [head_dim]                        f32, optional (qwen3)
+  TensorRef k_norm;     // [head_dim]                        f32, optional (qwen3)
+  TensorRef ffn_norm;   // [n_embd]                          f32
+  TensorRef w_gate;     // [n_embd, n_ff]
+  TensorRef w_up;       // [n_embd, n_ff]
+  TensorRef w_down;     // [n_ff, n_embd]
+};
+
+struct Weights {
+  TensorRef token_embd;   // [n_embd, n_vocab]
+  TensorRef output_norm;  // [n_embd]                        f32
+  TensorRef output;       // [n_embd, n_vocab]; token_embd when the file has no output.weight (tied)
+  TensorRef rope_freqs;   // [n_rot / 2]                     f32, optional (Llama 3.1 frequency factors)
+  std::vector<LayerWeights> layers;  // n_layer
+
+  // Bytes read from weights per decoded token: every layer matrix and vector, the output matrix
+  // and one row of token_embd.
+  uint64_t bytes_per_token() const;
+};
+
+// Resolves and validates every tensor of `arch` in `file` against `cfg`. Errors name the tensor
+// and give expected and actual shape or type.
+Result<Weights> load_weights(const gguf::File& file, const ArchSpec& arch, const Config& cfg);
+
+}  // namespace sluice::model
