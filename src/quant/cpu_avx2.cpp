@@ -353,39 +353,58 @@ void vec_dot_q3_k(int64_t n, const void* w, const void* a, float* out) {
   *out = _mm256_cvtss_f32(acc);
 }
 
-// Q4_K/Q5_K: 8 sub-blocks of 32 with 6-bit scales and mins.
-inline void k_scales(const uint8_t* s, int16_t* sc, int16_t* mn16) {
-  for (int j = 0; j < 8; ++j) {
-    uint8_t a, b;
-    unpack_k_scale(s, j, &a, &b);
-    sc[j] = a;
-    mn16[2 * j] = mn16[2 * j + 1] = b;  // per 16-group, to pair with bsums
-  }
+// Q4_K/Q5_K: 8 sub-blocks of 32 with 6-bit scales and mins (layout in blocks.h). With the 12
+// bytes read as little-endian words a = s[0..4), b = s[4..8), c = s[8..12):
+//   scales 0-3 = a & 0x3F..,  scales 4-7 = (c & 0x0F..) | ((a >> 6) & 0x03..) << 4
+//   mins   0-3 = b & 0x3F..,  mins   4-7 = ((c >> 4) & 0x0F..) | ((b >> 6) & 0x03..) << 4
+// Returns the 8 scales as i16 lanes and the min term sum_j mn_j * (bsums[2j] + bsums[2j+1]).
+inline __m128i k_scales(const uint8_t* s, const int16_t* bsums, int* min_dot) {
+  uint32_t a, b, c;
+  std::memcpy(&a, s, 4);
+  std::memcpy(&b, s + 4, 4);
+  std::memcpy(&c, s + 8, 4);
+  const uint64_t sc = uint64_t(a & 0x3F3F3F3Fu) | uint64_t((c & 0x0F0F0F0Fu) | ((a >> 6) & 0x03030303u) << 4) << 32;
+  const uint64_t mn = uint64_t(b & 0x3F3F3F3Fu) | uint64_t(((c >> 4) & 0x0F0F0F0Fu) | ((b >> 6) & 0x03030303u) << 4) << 32;
+  const __m128i mn16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(mn)));
+  const __m128i pair = _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bsums)),
+                                      _mm_loadu_si128(reinterpret_cast<const __m128i*>(bsums + 8)));
+  __m128i m = _mm_madd_epi16(mn16, pair);
+  m = _mm_add_epi32(m, _mm_shuffle_epi32(m, 0x4E));
+  m = _mm_add_epi32(m, _mm_shuffle_epi32(m, 0xB1));
+  *min_dot = _mm_cvtsi128_si32(m);
+  return _mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(sc)));
+}
+
+// i16 lane j of v broadcast to all 16 lanes of a 256-bit vector.
+template <int j>
+inline __m256i bcast16(__m256i v2) {
+  return _mm256_shuffle_epi8(v2, _mm256_set1_epi16(int16_t((2 * j) | (2 * j + 1) << 8)));
 }
 
 void vec_dot_q4_k(int64_t n, const void* w, const void* a, float* out) {
   const auto* x = static_cast<const BlockQ4_K*>(w);
   const auto* y = static_cast<const BlockQ8_K*>(a);
   const __m256i m4 = _mm256_set1_epi8(0x0F);
-  __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+  __m256 acc = _mm256_setzero_ps();
+  float mins = 0;
   for (int64_t i = 0; i < nblocks(n, kQK_K); ++i) {
-    alignas(32) int16_t sc[8], mn[16];
-    k_scales(x[i].scales, sc, mn);
+    int min_dot;
+    const __m256i sc = _mm256_broadcastsi128_si256(k_scales(x[i].scales, y[i].bsums, &min_dot));
     const float dy = y[i].d;
-    accm = _mm256_fmadd_ps(_mm256_set1_ps(dy * f16(x[i].dmin)), _mm256_set1_ps(float(dot_bsums(ld256(mn), y[i].bsums))),
-                           accm);
-    __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-    for (int p = 0; p < 4; ++p) {
-      const __m256i q = ld256(x[i].qs + 32 * p);
-      const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-      const __m256i plo = _mm256_maddubs_epi16(lo, ld256(y[i].qs + 64 * p));
-      const __m256i phi = _mm256_maddubs_epi16(hi, ld256(y[i].qs + 64 * p + 32));
-      s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(plo, _mm256_set1_epi16(sc[2 * p])));
-      s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(phi, _mm256_set1_epi16(sc[2 * p + 1])));
-    }
+    mins += dy * f16(x[i].dmin) * float(min_dot);
+    const uint8_t* q4 = x[i].qs;
+    const int8_t* q8 = y[i].qs;
+    auto part = [&](int p, __m256i slo, __m256i shi) {
+      const __m256i q = ld256(q4 + 32 * p);
+      const __m256i plo = _mm256_maddubs_epi16(_mm256_and_si256(q, m4), ld256(q8 + 64 * p));
+      const __m256i phi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), ld256(q8 + 64 * p + 32));
+      return _mm256_add_epi32(_mm256_madd_epi16(plo, slo), _mm256_madd_epi16(phi, shi));
+    };
+    const __m256i s0 = _mm256_add_epi32(part(0, bcast16<0>(sc), bcast16<1>(sc)), part(1, bcast16<2>(sc), bcast16<3>(sc)));
+    const __m256i s1 = _mm256_add_epi32(part(2, bcast16<4>(sc), bcast16<5>(sc)), part(3, bcast16<6>(sc), bcast16<7>(sc)));
     acc = _mm256_fmadd_ps(_mm256_set1_ps(dy * f16(x[i].d)), _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), acc);
   }
-  *out = hsum(acc) - _mm256_cvtss_f32(accm);
+  *out = hsum(acc) - mins;
 }
 
 void vec_dot_q5_k(int64_t n, const void* w, const void* a, float* out) {
@@ -395,10 +414,11 @@ void vec_dot_q5_k(int64_t n, const void* w, const void* a, float* out) {
   __m256 acc = _mm256_setzero_ps();
   float mins = 0;
   for (int64_t i = 0; i < nblocks(n, kQK_K); ++i) {
-    alignas(32) int16_t sc[8], mn[16];
-    k_scales(x[i].scales, sc, mn);
+    int min_dot;
+    alignas(16) int16_t sc[8];
+    _mm_store_si128(reinterpret_cast<__m128i*>(sc), k_scales(x[i].scales, y[i].bsums, &min_dot));
     const float dy = y[i].d;
-    mins += dy * f16(x[i].dmin) * float(dot_bsums(ld256(mn), y[i].bsums));
+    mins += dy * f16(x[i].dmin) * float(min_dot);
     const __m256i qh = ld256(x[i].qh);
     __m256i s0 = _mm256_setzero_si256();
     for (int p = 0; p < 4; ++p) {
