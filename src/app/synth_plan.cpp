@@ -1,0 +1,254 @@
+// synth: shapes, type mixes, metadata, tokenizer section and the tensor list.
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <random>
+#include <unordered_set>
+
+#include "app/synth.h"
+
+namespace sluice::app {
+
+namespace {
+
+using gguf::KeyValue;
+using gguf::Value;
+using quant::Type;
+
+// llama.cpp's llama_ftype numbering, stored as general.file_type.
+uint32_t file_type_of(const TypeMix& mix) {
+  if (mix.k_m) return 15;  // MOSTLY_Q4_K_M
+  switch (mix.base) {
+    case Type::kF32: return 0;
+    case Type::kF16: return 1;
+    case Type::kQ4_0: return 2;
+    case Type::kQ4_1: return 3;
+    case Type::kQ8_0: return 7;
+    case Type::kQ5_0: return 8;
+    case Type::kQ5_1: return 9;
+    case Type::kQ2_K: return 10;
+    case Type::kQ3_K: return 11;  // Q3_K_S: Q3_K everywhere
+    case Type::kQ4_K: return 14;  // Q4_K_S
+    case Type::kQ5_K: return 16;  // Q5_K_S
+    case Type::kQ6_K: return 18;
+    case Type::kBF16: return 32;
+    default: return 0;
+  }
+}
+
+void append_utf8(std::string& out, uint32_t cp) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+// GPT-2 byte-level alphabet: printable Latin-1 bytes map to themselves, the other 68 bytes to
+// U+0100.. in byte order, so every byte is a visible, unique, whitespace-free character.
+std::vector<std::string> byte_tokens() {
+  auto printable = [](int b) { return (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255); };
+  std::vector<std::string> t(256);
+  uint32_t next = 256;
+  for (int b = 0; b < 256; ++b) append_utf8(t[b], printable(b) ? static_cast<uint32_t>(b) : next++);
+  return t;
+}
+
+}  // namespace
+
+std::vector<std::string> shape_names() { return {"llama-3-8b", "llama-3-70b", "mixtral-8x7b", "tiny", "custom"}; }
+
+Result<SynthShape> named_shape(std::string_view name) {
+  SynthShape s;
+  s.name = std::string(name);
+  if (name == "llama-3-8b") {
+    s.layers = 32, s.dim = 4096, s.ffn = 14336, s.heads = 32, s.kv_heads = 8, s.vocab = 128256;
+    s.rope_theta = 500000.0f, s.ctx = 8192;
+  } else if (name == "llama-3-70b") {
+    s.layers = 80, s.dim = 8192, s.ffn = 28672, s.heads = 64, s.kv_heads = 8, s.vocab = 128256;
+    s.rope_theta = 500000.0f, s.ctx = 8192;
+  } else if (name == "mixtral-8x7b") {
+    s.layers = 32, s.dim = 4096, s.ffn = 14336, s.heads = 32, s.kv_heads = 8, s.vocab = 32000;
+    s.experts = 8, s.experts_used = 2, s.rope_theta = 1000000.0f, s.ctx = 32768;
+  } else if (name == "tiny") {
+    s.layers = 2, s.dim = 256, s.ffn = 512, s.heads = 4, s.kv_heads = 2, s.vocab = 1024;
+  } else if (name != "custom") {
+    std::string names;
+    for (const auto& n : shape_names()) names += (names.empty() ? "" : ", ") + n;
+    return invalid_argument("unknown shape '" + std::string(name) + "' (known: " + names + ")");
+  }
+  return s;
+}
+
+Status validate(const SynthShape& s) {
+  auto bad = [](const std::string& opt, uint64_t v, const std::string& why) {
+    return invalid_argument("--" + opt + " " + std::to_string(v) + ": " + why);
+  };
+  if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "qwen3") {
+    return invalid_argument("--arch '" + s.arch + "': expected llama, qwen2 or qwen3");
+  }
+  if (s.layers < 1 || s.layers > 1000) return bad("layers", s.layers, "must be in 1..1000");
+  if (s.dim < 1 || s.dim > 65536) return bad("dim", s.dim, "must be in 1..65536");
+  if (s.ffn < 1 || s.ffn > 262144) return bad("ffn", s.ffn, "must be in 1..262144");
+  if (s.heads < 1 || s.heads > 1024) return bad("heads", s.heads, "must be in 1..1024");
+  if (s.kv_heads < 1 || s.heads % s.kv_heads != 0) return bad("kv-heads", s.kv_heads, "must divide --heads");
+  if (s.head_dim == 0 && s.dim % s.heads != 0) return bad("dim", s.dim, "must be a multiple of --heads");
+  if (s.n_embd_head() % 2 != 0 || s.n_embd_head() > 1024) {
+    return bad("head-dim", s.n_embd_head(), "must be even and at most 1024");
+  }
+  if (s.vocab < 260 || s.vocab > 1000000) return bad("vocab", s.vocab, "must be in 260..1000000");
+  if (s.experts == 1 || s.experts > 512) return bad("experts", s.experts, "must be 0 (dense) or 2..512");
+  if (s.experts > 0 && (s.experts_used < 1 || s.experts_used > s.experts)) {
+    return bad("experts-used", s.experts_used, "must be in 1..--experts");
+  }
+  if (s.experts == 0 && s.experts_used != 0) return bad("experts-used", s.experts_used, "needs --experts");
+  if (s.experts > 0 && s.arch == "qwen2") return invalid_argument("--arch qwen2 with --experts is not supported");
+  if (s.ctx < 1) return bad("ctx", s.ctx, "must be positive");
+  if (!(s.rope_theta > 0) || !std::isfinite(s.rope_theta)) return invalid_argument("--rope-theta must be positive");
+  return Status::ok();
+}
+
+Result<TypeMix> parse_type_mix(std::string_view name) {
+  std::string lower;
+  for (char c : name) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (lower == "q4_k_m") return TypeMix{lower, Type::kQ4_K, true};
+  auto t = quant::type_from_name(lower);
+  if (!t) return invalid_argument("--type '" + std::string(name) + "': unknown (q4_k_m or a format name, e.g. q6_k)");
+  if (!quant::kernels(*t).vec_dot || !quant::kernels(*t).quantize_row) {
+    return invalid_argument("--type '" + std::string(name) + "': not a weight format");
+  }
+  return TypeMix{lower, *t, false};
+}
+
+void add_tokenizer(std::vector<KeyValue>& kv, uint32_t vocab, const std::string& pre, uint64_t seed) {
+  std::vector<std::string> tokens = byte_tokens();
+  const uint32_t n_special = std::clamp<uint32_t>(vocab / 500, 2, 256);
+  const uint32_t n_merged_target = vocab - 256 - n_special;
+  std::unordered_set<std::string> seen(tokens.begin(), tokens.end());
+  // Pieces merges are built from: letters and the space marker (U+0120).
+  std::vector<uint32_t> letters;
+  for (int b = 'a'; b <= 'z'; ++b) letters.push_back(static_cast<uint32_t>(b));
+  for (int b = 'A'; b <= 'Z'; ++b) letters.push_back(static_cast<uint32_t>(b));
+  letters.push_back(' ');
+  std::vector<uint32_t> mergeable = letters;  // token ids a merge's left side may use
+  std::vector<std::string> merges;
+  merges.reserve(n_merged_target);
+  std::mt19937_64 rng(seed ^ 0x70CE11ull);
+  uint64_t attempts = 0;
+  while (merges.size() < n_merged_target && attempts++ < 64ull * n_merged_target + 1000) {
+    const uint32_t a = mergeable[rng() % mergeable.size()];
+    const uint32_t b = letters[rng() % letters.size()];
+    std::string s = tokens[a] + tokens[b];
+    if (s.size() > 24 || seen.count(s)) continue;
+    merges.push_back(tokens[a] + " " + tokens[b]);
+    seen.insert(s);
+    mergeable.push_back(static_cast<uint32_t>(tokens.size()));
+    tokens.push_back(std::move(s));
+  }
+  std::vector<int32_t> types(tokens.size(), 1);  // NORMAL
+  const uint32_t bos = static_cast<uint32_t>(tokens.size());
+  for (uint32_t i = 0; tokens.size() < vocab; ++i) {
+    tokens.push_back(i == 0 ? "<|begin_of_text|>" : i == 1 ? "<|end_of_text|>"
+                                                           : "<|reserved_special_token_" + std::to_string(i - 2) + "|>");
+    types.push_back(3);  // CONTROL
+  }
+  kv.push_back({"tokenizer.ggml.model", Value::str("gpt2")});
+  kv.push_back({"tokenizer.ggml.pre", Value::str(pre)});
+  kv.push_back({"tokenizer.ggml.tokens", Value::string_array(tokens)});
+  kv.push_back({"tokenizer.ggml.token_type", Value::i32_array(types)});
+  kv.push_back({"tokenizer.ggml.merges", Value::string_array(merges)});
+  kv.push_back({"tokenizer.ggml.bos_token_id", Value::u32(bos)});
+  kv.push_back({"tokenizer.ggml.eos_token_id", Value::u32(bos + 1)});
+  kv.push_back({"tokenizer.ggml.add_bos_token", Value::boolean(true)});
+}
+
+Result<SynthPlan> make_plan(const SynthShape& s, const TypeMix& mix, uint64_t seed) {
+  SLUICE_RETURN_IF_ERROR(validate(s));
+  SynthPlan plan;
+  const std::string arch = (s.arch == "qwen3" && s.experts > 0) ? "qwen3moe" : s.arch;
+  const uint32_t hd = s.n_embd_head();
+  auto& kv = plan.metadata;
+  auto a = [&](const std::string& k) { return arch + "." + k; };
+  kv.push_back({"general.architecture", Value::str(arch)});
+  kv.push_back({"general.name", Value::str("synthetic " + s.name)});
+  kv.push_back({"general.file_type", Value::u32(file_type_of(mix))});
+  kv.push_back({"general.quantization_version", Value::u32(2)});
+  kv.push_back({a("context_length"), Value::u32(s.ctx)});
+  kv.push_back({a("embedding_length"), Value::u32(s.dim)});
+  kv.push_back({a("block_count"), Value::u32(s.layers)});
+  kv.push_back({a(s.experts > 0 && arch == "qwen3moe" ? "expert_feed_forward_length" : "feed_forward_length"),
+                Value::u32(s.ffn)});
+  kv.push_back({a("attention.head_count"), Value::u32(s.heads)});
+  kv.push_back({a("attention.head_count_kv"), Value::u32(s.kv_heads)});
+  kv.push_back({a("rope.freq_base"), Value::f32(s.rope_theta)});
+  kv.push_back({a("attention.layer_norm_rms_epsilon"), Value::f32(s.rms_eps)});
+  kv.push_back({a("rope.dimension_count"), Value::u32(hd)});
+  if (s.head_dim) {
+    kv.push_back({a("attention.key_length"), Value::u32(hd)});
+    kv.push_back({a("attention.value_length"), Value::u32(hd)});
+  }
+  kv.push_back({a("vocab_size"), Value::u32(s.vocab)});
+  if (s.experts > 0) {
+    kv.push_back({a("expert_count"), Value::u32(s.experts)});
+    kv.push_back({a("expert_used_count"), Value::u32(s.experts_used)});
+  }
+  add_tokenizer(kv, s.vocab, s.vocab >= 128000 && arch == "llama" ? "llama-bpe" : "default", seed);
+
+  auto pick = [&](Type want, uint64_t ne0) {
+    auto fits = [&](Type t) { return ne0 % static_cast<uint64_t>(quant::traits(t).block_elems) == 0; };
+    if (fits(want)) return want;
+    ++plan.fallbacks;
+    return fits(Type::kQ8_0) ? Type::kQ8_0 : Type::kF16;
+  };
+  auto matrix = [&](const std::string& name, std::vector<uint64_t> shape, bool promote) {
+    const Type want = (mix.k_m && promote) ? Type::kQ6_K : mix.base;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(shape[0]));
+    plan.tensors.push_back({name, pick(want, shape[0]), std::move(shape), TensorKind::kMatrix, scale});
+  };
+  auto f32 = [&](const std::string& name, uint64_t n, TensorKind kind, float scale) {
+    plan.tensors.push_back({name, Type::kF32, {n}, kind, scale});
+  };
+  const uint64_t q_dim = uint64_t{s.heads} * hd, kv_dim = uint64_t{s.kv_heads} * hd;
+  matrix("token_embd.weight", {s.dim, s.vocab}, false);
+  if (s.rope_scaling) f32("rope_freqs.weight", hd / 2, TensorKind::kRopeFreqs, 0);
+  f32("output_norm.weight", s.dim, TensorKind::kNorm, 0.05f);
+  if (!s.tied_output) matrix("output.weight", {s.dim, s.vocab}, true);
+  for (uint32_t l = 0; l < s.layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    f32(p + "attn_norm.weight", s.dim, TensorKind::kNorm, 0.05f);
+    matrix(p + "attn_q.weight", {s.dim, q_dim}, false);
+    matrix(p + "attn_k.weight", {s.dim, kv_dim}, false);
+    matrix(p + "attn_v.weight", {s.dim, kv_dim}, true);
+    matrix(p + "attn_output.weight", {q_dim, s.dim}, false);
+    if (s.arch == "qwen2") {
+      f32(p + "attn_q.bias", q_dim, TensorKind::kBias, 0.02f);
+      f32(p + "attn_k.bias", kv_dim, TensorKind::kBias, 0.02f);
+      f32(p + "attn_v.bias", kv_dim, TensorKind::kBias, 0.02f);
+    }
+    if (s.arch == "qwen3") {
+      f32(p + "attn_q_norm.weight", hd, TensorKind::kNorm, 0.05f);
+      f32(p + "attn_k_norm.weight", hd, TensorKind::kNorm, 0.05f);
+    }
+    f32(p + "ffn_norm.weight", s.dim, TensorKind::kNorm, 0.05f);
+    if (s.experts == 0) {
+      matrix(p + "ffn_gate.weight", {s.dim, s.ffn}, false);
+      matrix(p + "ffn_up.weight", {s.dim, s.ffn}, false);
+      matrix(p + "ffn_down.weight", {s.ffn, s.dim}, true);
+    } else {
+      // The router stays F32, as llama.cpp's quantizer leaves it.
+      plan.tensors.push_back({p + "ffn_gate_inp.weight", Type::kF32, {s.dim, s.experts}, TensorKind::kMatrix,
+                              1.0f / std::sqrt(static_cast<float>(s.dim))});
+      matrix(p + "ffn_gate_exps.weight", {s.dim, s.ffn, s.experts}, false);
+      matrix(p + "ffn_up_exps.weight", {s.dim, s.ffn, s.experts}, false);
+      matrix(p + "ffn_down_exps.weight", {s.ffn, s.dim, s.experts}, true);
+    }
+  }
+  return plan;
+}
+
+}  // namespace sluice::app
