@@ -2,15 +2,18 @@
 // a few microseconds of work, so dispatch must cost far less than that: workers are created once,
 // spin briefly on a generation counter after each job (the next op usually follows within
 // microseconds) and only then sleep on a futex-backed atomic wait. No allocation per job.
+//
+// Work is handed out in chunks through an atomic counter, and the caller does not wait for
+// workers that have not joined a job by the time every chunk is taken: on a machine shared with
+// other processes a descheduled worker would otherwise stall every op for a scheduler timeslice.
 #pragma once
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <thread>
+#include <type_traits>
 #include <vector>
-
-#include "core/status.h"
 
 namespace sluice::core {
 
@@ -24,40 +27,17 @@ class ThreadPool {
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
   ~ThreadPool() {
-    stop_.store(true, std::memory_order_relaxed);
-    generation_.fetch_add(1, std::memory_order_release);
+    stop_.store(true, std::memory_order_seq_cst);
+    generation_.fetch_add(1, std::memory_order_seq_cst);
     generation_.notify_all();
     for (auto& t : workers_) t.join();
   }
 
   int size() const { return n_threads_; }
 
-  // Runs fn(ith, nth) on every thread (ith = 0 is the caller) and returns when all are done.
-  // Not reentrant: fn must not call run() again.
-  template <typename F>
-  void run(F&& fn) {
-    if (n_threads_ == 1) {
-      fn(0, 1);
-      return;
-    }
-    using Fn = std::remove_reference_t<F>;
-    job_ctx_ = const_cast<void*>(static_cast<const void*>(&fn));
-    job_fn_ = [](void* ctx, int ith, int nth) { (*static_cast<Fn*>(ctx))(ith, nth); };
-    pending_.store(n_threads_ - 1, std::memory_order_relaxed);
-    // seq_cst on both sides of the sleeper handshake (a store-load pattern): either we see the
-    // worker's sleeper count, or the worker sees the new generation before it blocks.
-    generation_.fetch_add(1, std::memory_order_seq_cst);
-    if (sleepers_.load(std::memory_order_seq_cst) > 0) generation_.notify_all();
-    fn(0, n_threads_);
-    // Workers finish within microseconds of the caller on balanced work; spin, then yield.
-    for (int spin = 0; pending_.load(std::memory_order_acquire) != 0; ++spin) {
-      if (spin > kSpinIterations) std::this_thread::yield();
-    }
-  }
-
-  // Dynamic load balancing: splits [0, n) into chunks of `grain` handed out through an atomic
-  // counter, so a thread slowed by a neighbour's build or an interrupt takes fewer chunks.
-  // fn(begin, end, ith).
+  // Splits [0, n) into chunks of `grain` and calls fn(begin, end, ith) for each, on the caller
+  // (ith 0) and the workers (ith 1..size()-1) that arrive while chunks remain. Returns when every
+  // chunk is done. Not reentrant: fn must not call parallel_for.
   template <typename F>
   void parallel_for(int64_t n, int64_t grain, F&& fn) {
     if (n <= 0) return;
@@ -67,13 +47,32 @@ class ThreadPool {
       fn(int64_t{0}, n, 0);
       return;
     }
-    std::atomic<int64_t> next{0};
-    run([&](int ith, int) {
-      for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < n_chunks;
+    using Fn = std::remove_reference_t<F>;
+    struct Job {
+      Fn* fn;
+      int64_t n, grain, n_chunks;
+    } job{&fn, n, grain, n_chunks};
+    next_chunk_.store(0, std::memory_order_relaxed);
+    job_ctx_ = &job;
+    job_fn_ = [](void* ctx, std::atomic<int64_t>& next, int ith) {
+      const Job& j = *static_cast<const Job*>(ctx);
+      for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < j.n_chunks;
            c = next.fetch_add(1, std::memory_order_relaxed)) {
-        fn(c * grain, std::min(n, (c + 1) * grain), ith);
+        (*j.fn)(c * j.grain, std::min(j.n, (c + 1) * j.grain), ith);
       }
-    });
+    };
+    const uint64_t gen = generation_.load(std::memory_order_relaxed) + 1;
+    open_gen_.store(gen, std::memory_order_seq_cst);  // publishes job_ctx_/job_fn_
+    // seq_cst on both sides of the sleeper handshake (a store-load pattern): either we see the
+    // worker's sleeper count, or the worker sees the new generation before it blocks.
+    generation_.store(gen, std::memory_order_seq_cst);
+    if (sleepers_.load(std::memory_order_seq_cst) > 0) generation_.notify_all();
+    job_fn_(job_ctx_, next_chunk_, 0);
+    // Every chunk is taken: close the job, then wait only for workers inside it.
+    open_gen_.store(0, std::memory_order_seq_cst);
+    for (int spin = 0; active_.load(std::memory_order_seq_cst) != 0; ++spin) {
+      if (spin > kSpinIterations) std::this_thread::yield();
+    }
   }
 
  private:
@@ -91,27 +90,30 @@ class ThreadPool {
       }
       if (gen == seen) {
         sleepers_.fetch_add(1, std::memory_order_seq_cst);
-        // Re-checks the generation after announcing: the caller notifies only when it sees a
-        // sleeper.
         generation_.wait(seen, std::memory_order_seq_cst);
-        sleepers_.fetch_sub(1, std::memory_order_acq_rel);
+        sleepers_.fetch_sub(1, std::memory_order_seq_cst);
         continue;
       }
       seen = gen;
-      if (stop_.load(std::memory_order_relaxed)) return;
-      job_fn_(job_ctx_, ith, n_threads_);
-      pending_.fetch_sub(1, std::memory_order_acq_rel);
+      if (stop_.load(std::memory_order_seq_cst)) return;
+      // Join only while the job is open; the caller waits for active_ to drain after closing,
+      // so the job's context stays alive for every worker that got in.
+      active_.fetch_add(1, std::memory_order_seq_cst);
+      if (open_gen_.load(std::memory_order_seq_cst) == gen) job_fn_(job_ctx_, next_chunk_, ith);
+      active_.fetch_sub(1, std::memory_order_seq_cst);
     }
   }
 
   const int n_threads_;
   std::vector<std::thread> workers_;
   std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};
+  std::atomic<uint64_t> open_gen_{0};  // generation of the job workers may join; 0: none
+  std::atomic<int> active_{0};         // workers inside (or checking) a job
   std::atomic<int> sleepers_{0};
+  std::atomic<int64_t> next_chunk_{0};
   std::atomic<bool> stop_{false};
   void* job_ctx_ = nullptr;
-  void (*job_fn_)(void*, int, int) = nullptr;
+  void (*job_fn_)(void*, std::atomic<int64_t>&, int) = nullptr;
 };
 
 }  // namespace sluice::core

@@ -1,0 +1,271 @@
+// Every CPU backend op against a plain scalar reference on fresh random data. Tolerances are
+// normalized errors (test_util.h) and say what they allow for.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backend/backend.h"
+#include "quant/half.h"
+#include "quant/quant.h"
+#include "test_util.h"
+
+namespace sluice::backend {
+namespace {
+
+using quant::Type;
+
+struct Fixture {
+  explicit Fixture(int threads) : be(make_cpu_backend({threads})) {}
+  Tensor f32(int64_t cols, int64_t rows, const std::vector<float>& v) {
+    auto t = be->alloc(DType::kF32, cols, rows);
+    EXPECT_TRUE(t.is_ok());
+    if (!v.empty()) be->upload(*t, v.data());
+    return *t;
+  }
+  std::vector<float> get(const Tensor& t) {
+    std::vector<float> v(size_t(t.rows * t.cols));
+    be->download(t, v.data());
+    return v;
+  }
+  std::unique_ptr<Backend> be;
+};
+
+// A weight of `type` holding `w` quantized; `deq` receives the values the kernel really sees.
+std::vector<uint8_t> quantize_matrix(Type type, const std::vector<float>& w, int64_t ne0, int64_t ne1,
+                                     std::vector<float>* deq) {
+  const auto& k = quant::kernels(type);
+  const int64_t rb = quant::row_bytes(type, ne0);
+  std::vector<uint8_t> q(size_t(rb * ne1));
+  deq->resize(w.size());
+  for (int64_t r = 0; r < ne1; ++r) {
+    k.quantize_row(w.data() + r * ne0, q.data() + r * rb, ne0);
+    k.dequantize_row(q.data() + r * rb, deq->data() + r * ne0, ne0);
+  }
+  return q;
+}
+
+// Reference y = x W^T in double, with x rounded through the activation format exactly as the
+// backend does (quantize to vec_dot_type, dequantize): what remains is summation order only.
+std::vector<float> ref_matmul(Type type, const std::vector<float>& wdeq, const std::vector<float>& x, int64_t k,
+                              int64_t n_out, int64_t n_tok) {
+  const Type at = quant::kernels(type).vec_dot_type;
+  const auto& ak = quant::kernels(at);
+  std::vector<float> xq(x.size());
+  std::vector<uint8_t> buf(size_t(quant::row_bytes(at, k)));
+  for (int64_t t = 0; t < n_tok; ++t) {
+    ak.quantize_row(x.data() + t * k, buf.data(), k);
+    ak.dequantize_row(buf.data(), xq.data() + t * k, k);
+  }
+  std::vector<float> y(size_t(n_tok * n_out));
+  for (int64_t t = 0; t < n_tok; ++t)
+    for (int64_t o = 0; o < n_out; ++o) {
+      double s = 0;
+      for (int64_t i = 0; i < k; ++i) s += double(wdeq[size_t(o * k + i)]) * double(xq[size_t(t * k + i)]);
+      y[size_t(t * n_out + o)] = float(s);
+    }
+  return y;
+}
+
+class MatmulTest : public ::testing::TestWithParam<Type> {};
+
+// Tolerance 1e-4: same quantized operands, only the kernels' f32 summation order differs (and
+// per-block f16 scale products in the K-quant dots). Q4_1/Q5_1: 1e-3, because their Q8_1
+// activation blocks carry d * sum(q) rounded to f16, which the min term multiplies.
+TEST_P(MatmulTest, GemvAndGemmMatchReference) {
+  const Type type = GetParam();
+  const double tol = (type == Type::kQ4_1 || type == Type::kQ5_1) ? 1e-3 : 1e-4;
+  // Unquantized f32 math differs by the weights' own quantization error on gaussian data.
+  const double loose = type == Type::kQ2_K ? 0.4 : type == Type::kQ3_K ? 0.25 : 0.15;
+  const int64_t k = 512, n_out = 200;
+  std::vector<float> wdeq;
+  const auto w = test::random_floats(size_t(k * n_out), 1.0f, 1);
+  const auto wq = quantize_matrix(type, w, k, n_out, &wdeq);
+  const WeightView wv{type, k, n_out, wq.data()};
+  for (int threads : {1, 3}) {
+    Fixture f(threads);
+    for (int64_t n_tok : {1, 7, 70}) {
+      const auto x = test::random_floats(size_t(k * n_tok), 1.0f, 2 + n_tok);
+      const Tensor xt = f.f32(k, n_tok, x), yt = f.f32(n_out, n_tok, {});
+      f.be->matmul(wv, xt, yt);
+      const auto y = f.get(yt);
+      const auto ref = ref_matmul(type, wdeq, x, k, n_out, n_tok);
+      EXPECT_LT(test::normalized_error(y.data(), ref.data(), y.size()), tol)
+          << quant::type_name(type) << " threads=" << threads << " n_tok=" << n_tok;
+      // End to end against unquantized f32 math: what activation + weight quantization cost.
+      // Loose, but catches a wrong pairing of formats (which gives errors ~1).
+      std::vector<float> exact(y.size());
+      for (int64_t t = 0; t < n_tok; ++t)
+        for (int64_t o = 0; o < n_out; ++o) {
+          double s = 0;
+          for (int64_t i = 0; i < k; ++i) s += double(w[size_t(o * k + i)]) * x[size_t(t * k + i)];
+          exact[size_t(t * n_out + o)] = float(s);
+        }
+      EXPECT_LT(test::normalized_error(y.data(), exact.data(), y.size()), loose) << quant::type_name(type);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, MatmulTest,
+                         ::testing::Values(Type::kF32, Type::kF16, Type::kBF16, Type::kQ4_0, Type::kQ4_1, Type::kQ5_0,
+                                           Type::kQ5_1, Type::kQ8_0, Type::kQ2_K, Type::kQ3_K, Type::kQ4_K,
+                                           Type::kQ5_K, Type::kQ6_K),
+                         [](const auto& info) { return std::string(quant::type_name(info.param)); });
+
+// A batch must give bit-identical rows to one-token calls: prefill == decode.
+TEST(CpuOps, GemmRowsEqualGemv) {
+  const int64_t k = 256, n_out = 96, n_tok = 40;
+  std::vector<float> wdeq;
+  const auto wq = quantize_matrix(Type::kQ4_K, test::random_floats(size_t(k * n_out), 1, 3), k, n_out, &wdeq);
+  const WeightView wv{Type::kQ4_K, k, n_out, wq.data()};
+  Fixture f(2);
+  const auto x = test::random_floats(size_t(k * n_tok), 1, 4);
+  const Tensor xt = f.f32(k, n_tok, x), yt = f.f32(n_out, n_tok, {});
+  f.be->matmul(wv, xt, yt);
+  const auto y = f.get(yt);
+  for (int64_t t = 0; t < n_tok; ++t) {
+    const Tensor yr = f.f32(n_out, 1, {});
+    f.be->matmul(wv, xt.row_range(t, 1), yr);
+    const auto one = f.get(yr);
+    ASSERT_EQ(0, std::memcmp(one.data(), y.data() + t * n_out, size_t(n_out) * 4)) << "row " << t;
+  }
+}
+
+TEST(CpuOps, RmsNormWholeRowAndPerHead) {
+  Fixture f(2);
+  const int64_t cols = 384, rows = 5;
+  for (int64_t group : {cols, int64_t(64)}) {
+    const auto x = test::random_floats(size_t(cols * rows), 3.0f, 5);
+    const auto w = test::random_floats(size_t(group), 1.0f, 6);
+    const Tensor xt = f.f32(cols, rows, x), yt = f.f32(cols, rows, {});
+    f.be->rms_norm(xt, {Type::kF32, group, 1, w.data()}, 1e-5f, yt);
+    const auto y = f.get(yt);
+    std::vector<float> ref(y.size());
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t g = 0; g < cols; g += group) {
+        double ss = 0;
+        for (int64_t i = 0; i < group; ++i) ss += double(x[size_t(r * cols + g + i)]) * x[size_t(r * cols + g + i)];
+        const double s = 1.0 / std::sqrt(ss / double(group) + 1e-5);
+        for (int64_t i = 0; i < group; ++i)
+          ref[size_t(r * cols + g + i)] = float(x[size_t(r * cols + g + i)] * s * w[size_t(i)]);
+      }
+    EXPECT_LT(test::normalized_error(y.data(), ref.data(), y.size()), 1e-6) << "group " << group;  // f32 rounding
+    f.be->rms_norm(xt, {Type::kF32, group, 1, w.data()}, 1e-5f, xt);  // in place
+    const auto y2 = f.get(xt);
+    EXPECT_EQ(0, std::memcmp(y2.data(), y.data(), y.size() * 4));
+  }
+}
+
+TEST(CpuOps, Elementwise) {
+  Fixture f(2);
+  const int64_t cols = 3000, rows = 7;  // large enough to take the threaded path
+  const auto a = test::random_floats(size_t(cols * rows), 2, 7), b = test::random_floats(size_t(cols * rows), 2, 8);
+  const auto bias = test::random_floats(size_t(cols), 1, 9);
+  const Tensor at = f.f32(cols, rows, a), bt = f.f32(cols, rows, b), dt = f.f32(cols, rows, {});
+  f.be->swiglu(at, bt, dt);
+  auto d = f.get(dt);
+  std::vector<float> ref(d.size());
+  for (size_t i = 0; i < ref.size(); ++i) ref[i] = float(a[i] / (1.0 + std::exp(-double(a[i]))) * b[i]);
+  EXPECT_LT(test::normalized_error(d.data(), ref.data(), d.size()), 1e-6);
+  f.be->add(dt, at);
+  d = f.get(dt);
+  for (size_t i = 0; i < ref.size(); ++i) ref[i] += a[i];
+  EXPECT_LT(test::normalized_error(d.data(), ref.data(), d.size()), 1e-6);
+  f.be->add_bias(dt, {Type::kF32, cols, 1, bias.data()});
+  d = f.get(dt);
+  for (size_t i = 0; i < ref.size(); ++i) ref[i] += bias[i % size_t(cols)];
+  EXPECT_LT(test::normalized_error(d.data(), ref.data(), d.size()), 1e-6);
+}
+
+TEST(CpuOps, GetRowsDequantizes) {
+  Fixture f(2);
+  const int64_t k = 256, n = 50;
+  std::vector<float> deq;
+  const auto q = quantize_matrix(Type::kQ8_0, test::random_floats(size_t(k * n), 1, 10), k, n, &deq);
+  const std::vector<int32_t> ids = {3, 0, 49, 3, 17};
+  const Tensor dt = f.f32(k, int64_t(ids.size()), {});
+  f.be->get_rows({Type::kQ8_0, k, n, q.data()}, ids, dt);
+  const auto d = f.get(dt);
+  for (size_t t = 0; t < ids.size(); ++t)
+    ASSERT_EQ(0, std::memcmp(d.data() + t * k, deq.data() + ids[t] * k, size_t(k) * 4));
+}
+
+// Reference RoPE with angles from pow() in double: the backend's f32 recurrence must agree to
+// 1e-4 (angle error grows with position; positions here reach ~200).
+TEST(CpuOps, RopeNormalNeoxFactorsScale) {
+  Fixture f(2);
+  const int n_head = 4, hd = 64, rows = 6, pos0 = 190;
+  for (RopeMode mode : {RopeMode::kNormal, RopeMode::kNeox}) {
+    for (int n_rot : {64, 32}) {
+      for (bool factors : {false, true}) {
+        const auto x = test::random_floats(size_t(n_head * hd * rows), 1, 11);
+        std::vector<float> ff(size_t(n_rot / 2));
+        for (size_t i = 0; i < ff.size(); ++i) ff[i] = 1.0f + float(i % 5);
+        RopeParams p{mode, n_head, hd, n_rot, 10000.0f, 0.5f, {}};
+        if (factors) p.freq_factors = {Type::kF32, n_rot / 2, 1, ff.data()};
+        const Tensor xt = f.f32(n_head * hd, rows, x);
+        f.be->rope(xt, p, pos0);
+        const auto y = f.get(xt);
+        std::vector<float> ref = x;
+        for (int t = 0; t < rows; ++t)
+          for (int h = 0; h < n_head; ++h)
+            for (int i = 0; i < n_rot / 2; ++i) {
+              double th = double(pos0 + t) * std::pow(10000.0, -2.0 * i / n_rot) * 0.5;
+              if (factors) th /= ff[size_t(i)];
+              const int i0 = mode == RopeMode::kNormal ? 2 * i : i;
+              const int i1 = mode == RopeMode::kNormal ? 2 * i + 1 : i + n_rot / 2;
+              const size_t base = size_t((t * n_head + h) * hd);
+              const double a = x[base + i0], b = x[base + i1];
+              ref[base + i0] = float(a * std::cos(th) - b * std::sin(th));
+              ref[base + i1] = float(a * std::sin(th) + b * std::cos(th));
+            }
+        EXPECT_LT(test::normalized_error(y.data(), ref.data(), y.size()), 1e-4)
+            << "mode " << int(mode) << " n_rot " << n_rot << " factors " << factors;
+      }
+    }
+  }
+}
+
+// Attention against a double-precision softmax over the same f16 cache contents. Tolerance 3e-3:
+// the backend rounds q and the probabilities to f16 (as llama.cpp does), ~5e-4 relative each.
+TEST(CpuOps, AttentionCausalGqa) {
+  Fixture f(3);
+  const int n_head = 8, n_kv = 2, hd = 64, pos0 = 37, rows = 9, n_ctx = 64;
+  const float scale = 1.0f / 8.0f;
+  const auto kv_k = test::random_floats(size_t(n_ctx * n_kv * hd), 1, 12);
+  const auto kv_v = test::random_floats(size_t(n_ctx * n_kv * hd), 1, 13);
+  const auto q = test::random_floats(size_t(rows * n_head * hd), 1, 14);
+  auto kc = f.be->alloc(DType::kF16, n_kv * hd, n_ctx), vc = f.be->alloc(DType::kF16, n_kv * hd, n_ctx);
+  ASSERT_TRUE(kc.is_ok() && vc.is_ok());
+  const Tensor ks = f.f32(n_kv * hd, n_ctx, kv_k), vs = f.f32(n_kv * hd, n_ctx, kv_v);
+  f.be->store_rows(ks, *kc, 0);
+  f.be->store_rows(vs, *vc, 0);
+  const auto k16 = f.get(*kc), v16 = f.get(*vc);  // the f16-rounded cache
+  for (size_t i = 0; i < k16.size(); ++i) ASSERT_EQ(k16[i], quant::fp16_to_fp32(quant::fp32_to_fp16(kv_k[i])));
+  const Tensor qt = f.f32(n_head * hd, rows, q), ot = f.f32(n_head * hd, rows, {});
+  f.be->attention(qt, *kc, *vc, ot, {n_head, n_kv, hd, scale, pos0});
+  const auto o = f.get(ot);
+  std::vector<float> ref(o.size());
+  for (int t = 0; t < rows; ++t)
+    for (int h = 0; h < n_head; ++h) {
+      const int g = h / (n_head / n_kv);
+      const int n = pos0 + t + 1;
+      std::vector<double> s(static_cast<size_t>(n), 0.0);
+      double mx = -1e300, sum = 0;
+      for (int j = 0; j < n; ++j) {
+        double d = 0;
+        for (int i = 0; i < hd; ++i) d += double(q[size_t((t * n_head + h) * hd + i)]) * k16[size_t((j * n_kv + g) * hd + i)];
+        s[size_t(j)] = d * scale;
+        mx = std::max(mx, s[size_t(j)]);
+      }
+      for (auto& v : s) sum += (v = std::exp(v - mx));
+      for (int i = 0; i < hd; ++i) {
+        double acc = 0;
+        for (int j = 0; j < n; ++j) acc += s[size_t(j)] / sum * v16[size_t((j * n_kv + g) * hd + i)];
+        ref[size_t((t * n_head + h) * hd + i)] = float(acc);
+      }
+    }
+  EXPECT_LT(test::normalized_error(o.data(), ref.data(), o.size()), 3e-3);
+}
+
+}  // namespace
+}  // namespace sluice::backend
