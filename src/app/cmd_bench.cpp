@@ -1,13 +1,187 @@
+// sluice bench -m MODEL [-p 512] [-n 128] [-r 5] [-t T] [--json|--csv]: llama-bench-style
+// throughput. pp<N>: one batched eval of N tokens into an empty cache; tg<N>: N single-token
+// evals from an empty cache. Tokens are fixed pseudo-random ids (speed does not depend on
+// them). Each test runs once unmeasured (warm-up: page cache, allocations), then -r times.
+// tg also reports weight GB/s: weight bytes read per decoded token x tok/s, the number to hold
+// against the memory (or link) bandwidth.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+#include <vector>
 
 #include "app/commands.h"
+#include "app/common.h"
 
 namespace sluice::app {
+namespace {
 
-// Placeholder until the command lands.
-int cmd_bench(int, char**) {
-  std::fprintf(stderr, "sluice bench: not available in this build\n");
-  return kExitFailure;
+struct BenchResult {
+  std::string test;  // "pp512", "tg128"
+  int n_tokens = 0;
+  std::vector<double> tok_s;  // one per repetition
+  double mean = 0, stdev = 0, median = 0;
+  double weight_gb_s = 0;     // tg only: mean tok/s x bytes per token
+};
+
+void finish(BenchResult& r) {
+  const size_t n = r.tok_s.size();
+  double sum = 0;
+  for (double v : r.tok_s) sum += v;
+  r.mean = sum / double(n);
+  double ss = 0;
+  for (double v : r.tok_s) ss += (v - r.mean) * (v - r.mean);
+  r.stdev = n > 1 ? std::sqrt(ss / double(n - 1)) : 0.0;
+  std::vector<double> sorted = r.tok_s;
+  std::sort(sorted.begin(), sorted.end());
+  r.median = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+}
+
+Result<double> time_prefill(model::Model& m, const std::vector<int32_t>& tokens, std::vector<float>& logits) {
+  m.truncate(0);
+  const auto t0 = std::chrono::steady_clock::now();
+  SLUICE_RETURN_IF_ERROR(m.eval(tokens, logits));
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+Result<double> time_decode(model::Model& m, const std::vector<int32_t>& tokens, std::vector<float>& logits) {
+  m.truncate(0);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int32_t t : tokens) {
+    const int32_t one[1] = {t};
+    SLUICE_RETURN_IF_ERROR(m.eval(one, logits));
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string format_size(uint64_t bytes) {
+  char buf[32];
+  if (bytes >= (1ull << 30)) {
+    std::snprintf(buf, sizeof buf, "%.2f GiB", double(bytes) / double(1ull << 30));
+  } else {
+    std::snprintf(buf, sizeof buf, "%.2f MiB", double(bytes) / double(1ull << 20));
+  }
+  return buf;
+}
+
+std::string format_params(uint64_t n) {
+  char buf[32];
+  if (n >= 1000000000ull) {
+    std::snprintf(buf, sizeof buf, "%.2f B", double(n) / 1e9);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.2f M", double(n) / 1e6);
+  }
+  return buf;
+}
+
+}  // namespace
+
+int cmd_bench(int argc, char** argv) {
+  CLI::App app{"Prefill and decode throughput (llama-bench style)", "sluice bench"};
+  std::string model_path;
+  int n_prompt = 512, n_gen = 128, reps = 5, n_threads = 0;
+  bool json = false, csv = false;
+  app.add_option("-m,--model", model_path, "GGUF model file")->required();
+  app.add_option("-p,--n-prompt", n_prompt, "prompt tokens for the pp test; 0 = skip")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  app.add_option("-n,--n-gen", n_gen, "generated tokens for the tg test; 0 = skip")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  app.add_option("-r,--repetitions", reps, "measured repetitions per test")->check(CLI::Range(1, 1000))->capture_default_str();
+  app.add_option("-t,--threads", n_threads, "CPU threads (0: all physical cores)")->check(CLI::Range(0, 4096));
+  auto* json_flag = app.add_flag("--json", json, "JSON output");
+  app.add_flag("--csv", csv, "CSV output")->excludes(json_flag);
+  if (auto rc = parse_flags(app, argc, argv)) return *rc;
+  if (n_prompt == 0 && n_gen == 0) return report_error("bench", invalid_argument("-p and -n are both 0: nothing to run"));
+
+  auto meta = open_model_meta(model_path);
+  if (!meta.is_ok()) return report_error("bench", meta.status());
+  const ModelSummary summary = summarize(*meta->file);
+  ModelFlags mf;
+  mf.model_path = model_path;
+  mf.n_ctx = std::max(n_prompt, n_gen);
+  mf.n_threads = n_threads;
+  double load_s = 0;
+  auto model = load_weights(mf, load_s);
+  if (!model.is_ok()) return report_error("bench", model.status());
+  model::Model& m = **model;
+  if (m.n_ctx() < mf.n_ctx) {
+    return report_error("bench", invalid_argument("the model's context holds " + std::to_string(m.n_ctx()) +
+                                                  " tokens; -p/-n need " + std::to_string(mf.n_ctx)));
+  }
+
+  std::mt19937 rng(1234);  // fixed: every run benchmarks the same ids
+  std::uniform_int_distribution<int32_t> any_token(0, m.n_vocab() - 1);
+  std::vector<float> logits(size_t(m.n_vocab()));
+  std::vector<BenchResult> results;
+  auto run = [&](const char* kind, int n, auto timer) -> Status {
+    if (n == 0) return Status::ok();
+    std::vector<int32_t> tokens(static_cast<size_t>(n));
+    for (auto& t : tokens) t = any_token(rng);
+    BenchResult r;
+    r.test = std::string(kind) + std::to_string(n);
+    r.n_tokens = n;
+    SLUICE_ASSIGN_OR_RETURN(double warm, timer(m, tokens, logits));
+    (void)warm;
+    for (int i = 0; i < reps; ++i) {
+      SLUICE_ASSIGN_OR_RETURN(double s, timer(m, tokens, logits));
+      r.tok_s.push_back(double(n) / s);
+    }
+    finish(r);
+    if (std::string(kind) == "tg") r.weight_gb_s = r.mean * double(m.weight_bytes_per_token()) / 1e9;
+    results.push_back(r);
+    return Status::ok();
+  };
+  if (Status st = run("pp", n_prompt, time_prefill); !st.is_ok()) return report_error("bench", st);
+  if (Status st = run("tg", n_gen, time_decode); !st.is_ok()) return report_error("bench", st);
+
+  const std::string backend = "CPU";
+  const int threads = n_threads > 0 ? n_threads : int(std::thread::hardware_concurrency());
+  if (json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& r : results) {
+      out.push_back({{"model", summary.description}, {"model_size", summary.n_bytes},
+                     {"model_n_params", summary.n_params}, {"backend", backend}, {"threads", threads},
+                     {"test", r.test}, {"n_tokens", r.n_tokens}, {"samples_ts", r.tok_s}, {"avg_ts", r.mean},
+                     {"stddev_ts", r.stdev}, {"median_ts", r.median},
+                     {"weight_bytes_per_token", m.weight_bytes_per_token()}, {"weight_gb_s", r.weight_gb_s},
+                     {"load_s", load_s}});
+    }
+    std::printf("%s\n", out.dump(1).c_str());
+  } else if (csv) {
+    std::printf("model,size_bytes,params,backend,threads,test,avg_ts,stddev_ts,median_ts,weight_gb_s\n");
+    for (const auto& r : results) {
+      std::printf("\"%s\",%llu,%llu,%s,%d,%s,%.3f,%.3f,%.3f,%.3f\n", summary.description.c_str(),
+                  static_cast<unsigned long long>(summary.n_bytes), static_cast<unsigned long long>(summary.n_params),
+                  backend.c_str(), threads, r.test.c_str(), r.mean, r.stdev, r.median, r.weight_gb_s);
+    }
+  } else {
+    std::printf("| %-24s | %10s | %10s | %-7s | %7s | %6s | %18s | %10s | %11s |\n", "model", "size", "params",
+                "backend", "threads", "test", "t/s", "median t/s", "weight GB/s");
+    std::printf("| %s | %s: | %s: | %s | %s: | %s: | %s: | %s: | %s: |\n", std::string(24, '-').c_str(),
+                std::string(9, '-').c_str(), std::string(9, '-').c_str(), std::string(7, '-').c_str(),
+                std::string(6, '-').c_str(), std::string(5, '-').c_str(), std::string(17, '-').c_str(),
+                std::string(9, '-').c_str(), std::string(10, '-').c_str());
+    for (const auto& r : results) {
+      char ts[64], gbs[32];
+      std::snprintf(ts, sizeof ts, "%.2f ± %.2f", r.mean, r.stdev);
+      if (r.weight_gb_s > 0) {
+        std::snprintf(gbs, sizeof gbs, "%.2f", r.weight_gb_s);
+      } else {
+        std::snprintf(gbs, sizeof gbs, "-");
+      }
+      std::printf("| %-24s | %10s | %10s | %-7s | %7d | %6s | %19s | %10.2f | %11s |\n", summary.description.c_str(),
+                  format_size(summary.n_bytes).c_str(), format_params(summary.n_params).c_str(), backend.c_str(),
+                  threads, r.test.c_str(), ts, r.median, gbs);
+    }
+  }
+  std::fprintf(stderr, "load %.3f s; weights read per decoded token: %.1f MB\n", load_s,
+               double(m.weight_bytes_per_token()) / 1e6);
+  return kExitOk;
 }
 
 }  // namespace sluice::app

@@ -1,13 +1,122 @@
+// sluice chat -m MODEL: interactive chat over stdin (one line = one user turn; /exit or EOF
+// ends). The KV cache is kept across turns: each turn evaluates only its own tokens, i.e. the
+// template's end-of-turn text for the previous reply plus the new user turn (see
+// ChatTemplate::continuation and the KV-cache invariant in decode/generate.h).
+#include <unistd.h>
+
 #include <cstdio>
+#include <iostream>
+#include <vector>
 
 #include "app/commands.h"
+#include "app/common.h"
 
 namespace sluice::app {
+namespace {
 
-// Placeholder until the command lands.
-int cmd_chat(int, char**) {
-  std::fprintf(stderr, "sluice chat: not available in this build\n");
-  return kExitFailure;
+constexpr std::string_view kExitCommand = "/exit";
+
+}  // namespace
+
+int cmd_chat(int argc, char** argv) {
+  CLI::App app{"Interactive chat (reads one user turn per line from stdin; /exit or EOF ends)", "sluice chat"};
+  ModelFlags mf;
+  SamplingFlags sf;
+  std::string system, template_name;
+  int n_predict = -1;
+  add_model_flags(app, mf);
+  app.add_option("-n,--n-predict", n_predict, "most tokens per reply; -1 = until end of turn or context full")
+      ->check(CLI::Range(-1, 1 << 24))
+      ->capture_default_str();
+  app.add_option("--system", system, "system message");
+  app.add_option("--chat-template", template_name, "override the template family: chatml|llama3|mistral|llama2|gemma");
+  add_sampling_flags(app, sf);
+  if (auto rc = parse_flags(app, argc, argv)) return *rc;
+
+  auto sampling = resolve_sampling(sf);
+  if (!sampling.is_ok()) return report_error("chat", sampling.status());
+  auto meta = open_model_meta(mf.model_path);
+  if (!meta.is_ok()) return report_error("chat", meta.status());
+  const model::Tokenizer& tok = *meta->tokenizer;
+  auto tmpl = chat_template_for(*meta->file, template_name);
+  if (!tmpl.is_ok()) return report_error("chat", tmpl.status());
+
+  double load_s = 0;
+  auto model = load_weights(mf, load_s);
+  if (!model.is_ok()) return report_error("chat", model.status());
+  model::Model& m = **model;
+  if (sf.seed_option->count() == 0 && sampling->temperature > 0) {
+    std::fprintf(stderr, "seed: %llu\n", static_cast<unsigned long long>(sampling->seed));
+  }
+  decode::Sampler sampler(*sampling, m.n_vocab());
+  decode::GenerateOptions opts;
+  opts.n_predict = n_predict;
+
+  const bool interactive = isatty(STDIN_FILENO) != 0;
+  std::vector<model::ChatMessage> history;
+  if (!system.empty()) history.push_back({"system", system});
+  std::optional<decode::Generation> last;  // the previous turn's result
+  decode::Timings total;
+  int rc = kExitOk;
+
+  std::string line;
+  while (true) {
+    if (interactive) std::fputs("> ", stderr);
+    if (!std::getline(std::cin, line)) break;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line == kExitCommand) break;
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+
+    const std::vector<model::ChatMessage> turn{{"user", line}};
+    std::vector<int32_t> tokens;
+    std::string text;
+    if (!last) {
+      std::vector<model::ChatMessage> first = history;
+      first.push_back(turn[0]);
+      auto t = tmpl->apply(first, true);
+      if (!t.is_ok()) return report_error("chat", t.status());
+      tokens = tok.encode(*t, tok.add_bos_default(), /*parse_special=*/true);
+    } else {
+      // The previous reply's last sampled token is not in the cache yet. An end-of-turn token
+      // is re-spelled by assistant_suffix(); any other token (reply cut by -n) goes first.
+      if (last->pending && !tok.is_end_of_generation(*last->pending)) tokens.push_back(*last->pending);
+      auto t = tmpl->continuation(history, turn, true);
+      if (!t.is_ok()) return report_error("chat", t.status());
+      const std::vector<int32_t> more = tok.encode(tmpl->assistant_suffix() + *t, false, /*parse_special=*/true);
+      tokens.insert(tokens.end(), more.begin(), more.end());
+    }
+    if (m.n_past() + int64_t(tokens.size()) > m.n_ctx()) {
+      std::fprintf(stderr,
+                   "sluice chat: context full: this turn needs %zu tokens but only %d of %d positions are free; "
+                   "start a new chat with a larger -c\n",
+                   tokens.size(), m.n_ctx() - m.n_past(), m.n_ctx());
+      rc = kExitBadInput;
+      break;
+    }
+
+    auto gen = decode::generate(m, tok, sampler, tokens, opts, [](std::string_view piece) {
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+      return true;
+    });
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+    if (!gen.is_ok()) return report_error("chat", gen.status());
+    accumulate(total, gen->timings);
+    history.push_back(turn[0]);
+    history.push_back({"assistant", gen->text});
+    const bool context_full = gen->stop == decode::StopReason::kContextFull;
+    last = std::move(gen).value();
+    if (context_full) {
+      std::fprintf(stderr, "note: the context is full (%d tokens); the conversation cannot continue (use a larger -c)\n",
+                   m.n_ctx());
+      break;
+    }
+  }
+  std::fprintf(stderr, "turns:   %zu, %d of %d context positions used\n", (history.size() - !system.empty()) / 2,
+               m.n_past(), m.n_ctx());
+  print_stats(stderr, load_s, total, m.weight_bytes_per_token());
+  return rc;
 }
 
 }  // namespace sluice::app

@@ -1,13 +1,97 @@
+// sluice run -m MODEL -p PROMPT [-n N] [--chat [--system TEXT]] [sampling flags]: streams the
+// continuation to stdout as it is produced; stderr ends with load time, prefill and decode
+// tok/s and the weight bandwidth per decoded token.
 #include <cstdio>
+#include <vector>
 
 #include "app/commands.h"
+#include "app/common.h"
 
 namespace sluice::app {
 
-// Placeholder until the command lands.
-int cmd_run(int, char**) {
-  std::fprintf(stderr, "sluice run: not available in this build\n");
-  return kExitFailure;
+int cmd_run(int argc, char** argv) {
+  CLI::App app{"Generate text from a prompt", "sluice run"};
+  ModelFlags mf;
+  SamplingFlags sf;
+  std::string prompt, system, template_name;
+  int n_predict = 128;
+  bool chat = false;
+  add_model_flags(app, mf);
+  app.add_option("-p,--prompt", prompt, "prompt text")->required();
+  app.add_option("-n,--n-predict", n_predict, "tokens to generate; -1 = until end of generation or context full")
+      ->check(CLI::Range(-1, 1 << 24))
+      ->capture_default_str();
+  app.add_flag("--chat", chat, "wrap the prompt as one user turn in the model's chat template");
+  app.add_option("--system", system, "system message (implies --chat)");
+  app.add_option("--chat-template", template_name, "override the template family: chatml|llama3|mistral|llama2|gemma");
+  add_sampling_flags(app, sf);
+  if (auto rc = parse_flags(app, argc, argv)) return *rc;
+
+  auto sampling = resolve_sampling(sf);
+  if (!sampling.is_ok()) return report_error("run", sampling.status());
+  auto meta = open_model_meta(mf.model_path);
+  if (!meta.is_ok()) return report_error("run", meta.status());
+  const model::Tokenizer& tok = *meta->tokenizer;
+
+  std::string text = prompt;
+  if (chat || !system.empty() || !template_name.empty()) {
+    auto tmpl = chat_template_for(*meta->file, template_name);
+    if (!tmpl.is_ok()) return report_error("run", tmpl.status());
+    std::vector<model::ChatMessage> messages;
+    if (!system.empty()) messages.push_back({"system", system});
+    messages.push_back({"user", prompt});
+    auto formatted = tmpl->apply(messages, true);
+    if (!formatted.is_ok()) return report_error("run", formatted.status());
+    text = *formatted;
+  }
+  const std::vector<int32_t> tokens = tok.encode(text, tok.add_bos_default(), /*parse_special=*/true);
+  if (tokens.empty()) return report_error("run", invalid_argument("the prompt is empty after tokenization"));
+
+  // Checked before loading weights when the context size is known from -c, and again after.
+  auto check_fits = [&](int n_ctx) -> Status {
+    if (int64_t(tokens.size()) > n_ctx) {
+      return invalid_argument("prompt is " + std::to_string(tokens.size()) + " tokens, longer than the context (" +
+                              std::to_string(n_ctx) + "); use a larger -c or a shorter prompt");
+    }
+    if (n_predict > 0 && int64_t(tokens.size()) + n_predict > n_ctx) {
+      return invalid_argument("-n " + std::to_string(n_predict) + " is beyond the context: prompt " +
+                              std::to_string(tokens.size()) + " + " + std::to_string(n_predict) + " tokens > context " +
+                              std::to_string(n_ctx) + "; use a larger -c or a smaller -n");
+    }
+    return Status::ok();
+  };
+  if (mf.n_ctx > 0) {
+    if (Status st = check_fits(mf.n_ctx); !st.is_ok()) return report_error("run", st);
+  }
+
+  double load_s = 0;
+  auto model = load_weights(mf, load_s);
+  if (!model.is_ok()) return report_error("run", model.status());
+  model::Model& m = **model;
+  if (Status st = check_fits(m.n_ctx()); !st.is_ok()) return report_error("run", st);
+
+  if (sf.seed_option->count() == 0 && sampling->temperature > 0) {
+    std::fprintf(stderr, "seed: %llu\n", static_cast<unsigned long long>(sampling->seed));
+  }
+  decode::Sampler sampler(*sampling, m.n_vocab());
+  decode::GenerateOptions opts;
+  opts.n_predict = n_predict;
+  auto gen = decode::generate(m, tok, sampler, tokens, opts, [](std::string_view piece) {
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+    return true;
+  });
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+  if (!gen.is_ok()) return report_error("run", gen.status());
+
+  if (gen->stop == decode::StopReason::kContextFull) {
+    std::fprintf(stderr, "note: stopped because the context is full (%d tokens); use a larger -c for longer output\n",
+                 m.n_ctx());
+  }
+  std::fprintf(stderr, "stop:    %s after %zu tokens\n", decode::stop_reason_name(gen->stop), gen->tokens.size());
+  print_stats(stderr, load_s, gen->timings, m.weight_bytes_per_token());
+  return kExitOk;
 }
 
 }  // namespace sluice::app

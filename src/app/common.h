@@ -1,0 +1,57 @@
+// What the model-driven subcommands share: opening a model with its tokenizer and chat
+// template, mapping errors to exit codes, and the stats lines every run ends with.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "app/options.h"
+#include "core/status.h"
+#include "decode/generate.h"
+#include "gguf/gguf.h"
+#include "model/chat_template.h"
+#include "model/model.h"
+#include "model/tokenizer.h"
+
+namespace sluice::app {
+
+// 2 for errors caused by what the user gave us (flags, files, prompts), 1 otherwise.
+int exit_code_for(const Status& st);
+// Prints "sluice <command>: <message>" to stderr and returns exit_code_for(st).
+int report_error(std::string_view command, const Status& st);
+
+// The GGUF's metadata and tokenizer: cheap (header only), so prompts can be checked before
+// the weights are loaded.
+struct ModelMeta {
+  std::unique_ptr<gguf::File> file;
+  std::unique_ptr<model::Tokenizer> tokenizer;
+};
+// Errors name the path: missing file, not a GGUF, corrupt, unsupported tokenizer.
+Result<ModelMeta> open_model_meta(const std::string& path);
+
+// Loads the weights; `seconds` receives the wall time taken.
+Result<std::unique_ptr<model::Model>> load_weights(const ModelFlags& f, double& seconds);
+
+// The model's chat template (tokenizer.chat_template), or the family named by `override_name`
+// ("chatml", "llama3", ...) when non-empty. Error names the families on offer.
+Result<model::ChatTemplate> chat_template_for(const gguf::File& file, const std::string& override_name);
+
+// "llama 135M Q4_1"-style description, parameter count and tensor bytes, from the header.
+struct ModelSummary {
+  std::string description;
+  uint64_t n_params = 0;
+  uint64_t n_bytes = 0;
+};
+ModelSummary summarize(const gguf::File& file);
+
+// Final stats lines on stderr: load time, prefill and decode tok/s, weight GB/s per decoded
+// token (weight bytes read per token x decode tok/s).
+void print_stats(FILE* out, double load_s, const decode::Timings& t, uint64_t weight_bytes_per_token);
+
+// Adds b's counts and times to a (chat accumulates its turns).
+void accumulate(decode::Timings& a, const decode::Timings& b);
+
+}  // namespace sluice::app

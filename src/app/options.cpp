@@ -1,0 +1,55 @@
+#include "app/options.h"
+
+#include <random>
+
+#include "app/commands.h"
+
+namespace sluice::app {
+
+void add_model_flags(CLI::App& app, ModelFlags& f, int default_ctx) {
+  f.n_ctx = default_ctx;
+  app.add_option("-m,--model", f.model_path, "GGUF model file")->required();
+  app.add_option("-c,--ctx-size", f.n_ctx, "context size in tokens (0: the model's, capped at 4096)")
+      ->check(CLI::Range(0, 1 << 24))
+      ->capture_default_str();
+  app.add_option("-t,--threads", f.n_threads, "CPU threads (0: all physical cores)")
+      ->check(CLI::Range(0, 4096))
+      ->capture_default_str();
+}
+
+void add_sampling_flags(CLI::App& app, SamplingFlags& f) {
+  auto& p = f.params;
+  app.add_option("--temp", p.temperature, "temperature; 0 = greedy (argmax)")->capture_default_str();
+  app.add_option("--top-k", p.top_k, "keep the k most likely tokens; 0 = disabled")->capture_default_str();
+  app.add_option("--top-p", p.top_p, "keep the smallest set with probability mass >= p; 1 = disabled")
+      ->capture_default_str();
+  app.add_option("--min-p", p.min_p, "drop tokens below min-p x the top probability; 0 = disabled")
+      ->capture_default_str();
+  app.add_option("--repeat-penalty", p.repeat_penalty, "penalty for recently seen tokens; 1 = disabled")
+      ->capture_default_str();
+  app.add_option("--repeat-last-n", p.repeat_last_n, "tokens the repeat penalty looks back over")
+      ->capture_default_str();
+  f.seed_option = app.add_option("--seed", p.seed, "random seed (default: random, printed)");
+}
+
+std::optional<int> parse_flags(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);  // prints help or the error
+    return rc == 0 ? kExitOk : kExitBadInput;
+  }
+  return std::nullopt;
+}
+
+Result<decode::SamplerParams> resolve_sampling(const SamplingFlags& f) {
+  decode::SamplerParams p = f.params;
+  SLUICE_RETURN_IF_ERROR(decode::validate(p));
+  if (f.seed_option == nullptr || f.seed_option->count() == 0) {
+    std::random_device rd;
+    p.seed = (uint64_t(rd()) << 32) ^ rd();
+  }
+  return p;
+}
+
+}  // namespace sluice::app

@@ -1,0 +1,40 @@
+// Flags shared by the model-driven subcommands (run, chat, perplexity, bench), so each flag is
+// spelled, defaulted and range-checked once.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "decode/sampler.h"
+
+namespace sluice::app {
+
+struct ModelFlags {
+  std::string model_path;  // -m
+  int n_ctx = 0;           // -c; 0: the model's own context length (capped by model/)
+  int n_threads = 0;       // -t; 0: all physical cores
+};
+
+struct SamplingFlags {
+  decode::SamplerParams params;
+  CLI::Option* seed_option = nullptr;  // set by add_sampling_flags; count() == 0: no --seed given
+};
+
+// -m (required), -c, -t.
+void add_model_flags(CLI::App& app, ModelFlags& f, int default_ctx = 0);
+// --temp --top-k --top-p --min-p --repeat-penalty --repeat-last-n --seed. Ranges are checked by
+// decode::validate() after parsing, so the message names the flag and the accepted range.
+void add_sampling_flags(CLI::App& app, SamplingFlags& f);
+
+// Parses argv. Returns an exit code when the command should end now: 0 after --help, 2 (with
+// CLI11's message naming the flag on stderr) for unknown flags or unparsable values.
+std::optional<int> parse_flags(CLI::App& app, int argc, char** argv);
+
+// The sampler parameters with the seed resolved: --seed if given, else a fresh random one
+// (printed to stderr by the caller so the run can be replayed). Error: out-of-range value.
+Result<decode::SamplerParams> resolve_sampling(const SamplingFlags& f);
+
+}  // namespace sluice::app
