@@ -300,7 +300,8 @@ TEST(ModelSynthetic, QuantizedModelLoadsAndRuns) {
   const int32_t toks[] = {1, 2, 3};
   ASSERT_TRUE((*m)->eval(toks, logits).is_ok());
   // The reference sees the weights as stored (quantized, then dequantized), so what remains is
-  // the 8-bit activation quantization of every product: 3e-2 (measured ~1e-2).
+  // the 8-bit activation quantization of every product, which random weights amplify through the
+  // layers (measured 1e-2..3.5e-2 over seeds). 0.1 still catches wiring errors, which give ~1.
   Tensors deq = t;
   for (auto& [name, tv] : deq) {
     auto it = types.find(name);
@@ -313,7 +314,7 @@ TEST(ModelSynthetic, QuantizedModelLoadsAndRuns) {
     }
   }
   const auto ref = reference_forward(s, deq, {1, 2, 3});
-  EXPECT_LT(test::normalized_error(logits.data(), ref.data() + 2 * s.n_vocab, size_t(s.n_vocab)), 3e-2);
+  EXPECT_LT(test::normalized_error(logits.data(), ref.data() + 2 * s.n_vocab, size_t(s.n_vocab)), 0.1);
 }
 
 TEST(ModelSynthetic, UnknownArchitecture) {
