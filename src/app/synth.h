@@ -42,7 +42,8 @@ std::vector<std::string> shape_names();
 // Checks divisibility and sane bounds; the message names the offending option.
 Status validate(const SynthShape& s);
 
-// Type mix: "q4_k_m" (Q4_K; Q6_K for output, attn_v, ffn_down), "q6_k", "q8_0", "f16", or any
+// Type mix: "q4_k_m" (Q4_K; Q6_K for output and, in about half of the layers, attn_v and
+// ffn_down, as llama.cpp's Q4_K_M), "q6_k", "q8_0", "f16", or any
 // single format name known to quant. Norms, biases, rope_freqs and the MoE router stay F32. A
 // tensor whose row length is not a multiple of the chosen format's block falls back to Q8_0,
 // then F16.

@@ -205,6 +205,12 @@ Result<SynthPlan> make_plan(const SynthShape& s, const TypeMix& mix, uint64_t se
     ++plan.fallbacks;
     return fits(Type::kQ8_0) ? Type::kQ8_0 : Type::kF16;
   };
+  // q4_k_m gives attn_v and ffn_down more bits in the first and last eighth of the layers and
+  // every third layer between, as llama.cpp's Q4_K_M does; output.weight always.
+  auto more_bits = [&](uint32_t l) {
+    const uint32_t n = s.layers;
+    return l < n / 8 || l >= 7 * n / 8 || (l - n / 8) % 3 == 2;
+  };
   auto matrix = [&](const std::string& name, std::vector<uint64_t> shape, bool promote) {
     const Type want = (mix.k_m && promote) ? Type::kQ6_K : mix.base;
     const float scale = 1.0f / std::sqrt(static_cast<float>(shape[0]));
@@ -223,7 +229,7 @@ Result<SynthPlan> make_plan(const SynthShape& s, const TypeMix& mix, uint64_t se
     f32(p + "attn_norm.weight", s.dim, TensorKind::kNorm, 0.05f);
     matrix(p + "attn_q.weight", {s.dim, q_dim}, false);
     matrix(p + "attn_k.weight", {s.dim, kv_dim}, false);
-    matrix(p + "attn_v.weight", {s.dim, kv_dim}, true);
+    matrix(p + "attn_v.weight", {s.dim, kv_dim}, more_bits(l));
     matrix(p + "attn_output.weight", {q_dim, s.dim}, false);
     if (s.arch == "qwen2") {
       f32(p + "attn_q.bias", q_dim, TensorKind::kBias, 0.02f);
@@ -238,14 +244,14 @@ Result<SynthPlan> make_plan(const SynthShape& s, const TypeMix& mix, uint64_t se
     if (s.experts == 0) {
       matrix(p + "ffn_gate.weight", {s.dim, s.ffn}, false);
       matrix(p + "ffn_up.weight", {s.dim, s.ffn}, false);
-      matrix(p + "ffn_down.weight", {s.ffn, s.dim}, true);
+      matrix(p + "ffn_down.weight", {s.ffn, s.dim}, more_bits(l));
     } else {
       // The router stays F32, as llama.cpp's quantizer leaves it.
       plan.tensors.push_back({p + "ffn_gate_inp.weight", Type::kF32, {s.dim, s.experts}, TensorKind::kMatrix,
                               1.0f / std::sqrt(static_cast<float>(s.dim))});
       matrix(p + "ffn_gate_exps.weight", {s.dim, s.ffn, s.experts}, false);
       matrix(p + "ffn_up_exps.weight", {s.dim, s.ffn, s.experts}, false);
-      matrix(p + "ffn_down_exps.weight", {s.ffn, s.dim, s.experts}, true);
+      matrix(p + "ffn_down_exps.weight", {s.ffn, s.dim, s.experts}, more_bits(l));
     }
   }
   return plan;

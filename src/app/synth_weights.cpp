@@ -17,7 +17,8 @@ namespace sluice::app {
 namespace {
 
 constexpr uint64_t kMaxPoolElems = 1ull << 21;
-constexpr uint64_t kPiece = 1ull << 16;  // pool elements per work item (multiple of every block)
+// Pool elements per work item, a multiple of every block and > kRunBlocks blocks of 256.
+constexpr uint64_t kPiece = 1ull << 14;
 constexpr uint64_t kRunBlocks = 16;
 
 uint64_t splitmix(uint64_t x) {
