@@ -80,20 +80,15 @@ Result<std::vector<float>> float_array(const gguf::File& f, std::string_view key
 Result<int32_t> token_id(const gguf::File& f, std::string_view key) {
   const Value* v = f.find(key);
   if (!v) return int32_t{-1};
-  int64_t id = 0;
-  if (v->is_unsigned()) {
-    id = v->u > INT32_MAX ? int64_t{INT32_MAX} + 1 : static_cast<int64_t>(v->u);
-  } else if (v->is_signed()) {
-    id = v->i;
-  } else {
-    return wrong_type(f, key, *v, "an integer");
-  }
+  if (!v->is_unsigned() && !v->is_signed()) return wrong_type(f, key, *v, "an integer");
   // Some converters write -1 (as i32) or 0xFFFFFFFF for "no such token".
-  if (id == -1 || (v->is_unsigned() && v->u == 0xFFFFFFFFull)) return int32_t{-1};
-  if (id < 0 || id > INT32_MAX) {
-    return corrupt_file(where(f, key) + " = " + std::to_string(id) + " is not a valid token id");
+  if ((v->is_signed() && v->i == -1) || (v->is_unsigned() && v->u == 0xFFFFFFFFull)) return int32_t{-1};
+  const bool in_range = v->is_unsigned() ? v->u <= INT32_MAX : (v->i >= 0 && v->i <= INT32_MAX);
+  if (!in_range) {
+    const std::string shown = v->is_unsigned() ? std::to_string(v->u) : std::to_string(v->i);
+    return corrupt_file(where(f, key) + " = " + shown + " is not a valid token id");
   }
-  return static_cast<int32_t>(id);
+  return static_cast<int32_t>(v->is_unsigned() ? static_cast<int64_t>(v->u) : v->i);
 }
 
 // Optional bool: -1 when absent.
