@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# sluice inspect/synth: bad input is a message naming the problem and exit 2; good input exit 0.
+set -uo pipefail
+sluice=${1:?usage: exit_codes.sh SLUICE}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+
+# expect CODE PATTERN CMD...: exit status CODE and stderr/stdout matching PATTERN.
+expect() {
+  local code=$1 pattern=$2
+  shift 2
+  local out rc
+  out=$("$@" 2>&1)
+  rc=$?
+  if [ "$rc" -ne "$code" ] || ! grep -qE -- "$pattern" <<<"$out"; then
+    echo "FAIL: $* -> exit $rc (want $code), output: $out" | head -c 2000
+    echo
+    fail=1
+  else
+    echo "ok: $* -> $rc"
+  fi
+}
+
+printf 'GGML\3\0\0\0' >"$tmp/badmagic.gguf"
+head -c 100 /dev/urandom >"$tmp/random.bin"
+expect 2 "badmagic.gguf: header: magic" "$sluice" inspect "$tmp/badmagic.gguf"
+expect 2 "random.bin" "$sluice" inspect "$tmp/random.bin"
+expect 2 "missing.gguf: cannot open" "$sluice" inspect "$tmp/missing.gguf"
+expect 2 "not a regular file" "$sluice" inspect "$tmp"
+expect 2 "model is required|model" "$sluice" inspect
+expect 2 "unknown shape 'llama-9'" "$sluice" synth llama-9 -o "$tmp/x.gguf"
+expect 2 "--type 'q9'" "$sluice" synth tiny --type q9 -o "$tmp/x.gguf"
+expect 2 "--kv-heads 3" "$sluice" synth tiny --kv-heads 3 -o "$tmp/x.gguf"
+expect 2 "output" "$sluice" synth tiny
+expect 1 "cannot create" "$sluice" synth tiny -o "$tmp/no/such/dir/x.gguf"
+[ -e "$tmp/x.gguf" ] && { echo "FAIL: a rejected synth left a file"; fail=1; }
+
+expect 0 "GB/s" "$sluice" synth tiny --layers 3 --type q8_0 -o "$tmp/ok.gguf"
+expect 0 "block_count = 3" "$sluice" inspect "$tmp/ok.gguf"
+"$sluice" inspect --json "$tmp/ok.gguf" >"$tmp/ok.json" || { echo "FAIL: inspect --json"; fail=1; }
+if command -v python3 >/dev/null; then
+  python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert len(j['layers']) == 3 and j['architecture'] == 'llama', j" \
+    "$tmp/ok.json" || { echo "FAIL: inspect --json content"; fail=1; }
+fi
+# A truncated synth file is rejected with the tensor named.
+head -c 200000 "$tmp/ok.gguf" >"$tmp/trunc.gguf"
+expect 2 "trunc.gguf: tensor '.*': offset: .*past the end" "$sluice" inspect "$tmp/trunc.gguf"
+exit $fail
