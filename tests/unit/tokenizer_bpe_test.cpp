@@ -65,6 +65,18 @@ TEST_F(SmolLM2Tokenizer, MatchesHuggingFaceOnCorpus) {
   EXPECT_EQ(checked, static_cast<int>(doc["cases"].size()));
 }
 
+TEST_F(SmolLM2Tokenizer, MatchesLlamaCppOnCorpus) {
+  std::ifstream in(test::fixture_path("tokenizer/smollm2_llama_cpp.json"));
+  ASSERT_TRUE(in.good()) << "missing fixture tokenizer/smollm2_llama_cpp.json";
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  ASSERT_GE(doc["cases"].size(), 40u);
+  for (const auto& c : doc["cases"]) {
+    const std::string text = c["text"];
+    EXPECT_EQ(tok_->encode(text, false, true), c["ids"].get<std::vector<int32_t>>()) << "text: " << text;
+    EXPECT_EQ(tok_->encode(text, false, false), c["ids_no_special"].get<std::vector<int32_t>>()) << "text: " << text;
+  }
+}
+
 TEST_F(SmolLM2Tokenizer, RoundTripsCorpus) {
   const nlohmann::json fixture = load_fixture();
   for (const auto& c : fixture["cases"]) {
