@@ -17,6 +17,12 @@ namespace sluice::model {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+// Absolute time limits apply only to optimised, uninstrumented builds.
+#if defined(__SANITIZE_ADDRESS__) || !defined(NDEBUG)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 class SmolLM2Tokenizer : public ::testing::Test {
@@ -181,7 +187,7 @@ TEST_F(SmolLM2Tokenizer, DetokenizerFlushesIncompleteTail) {
 
 TEST_F(SmolLM2Tokenizer, BuildsAndEncodesOneMegabyteFast) {
   std::printf("tokenizer build: %.3f s\n", build_seconds_);
-  EXPECT_LT(build_seconds_, 1.0);
+  if (!kSanitized) EXPECT_LT(build_seconds_, 1.0);
 
   const nlohmann::json fixture = load_fixture();
   std::string corpus;
@@ -193,21 +199,27 @@ TEST_F(SmolLM2Tokenizer, BuildsAndEncodesOneMegabyteFast) {
   const double s = seconds_since(t0);
   std::printf("encode %zu bytes -> %zu tokens: %.3f s (%.1f MB/s)\n", text.size(), ids.size(), s,
               text.size() / s / 1e6);
-  EXPECT_LT(s, 2.0);  // target ~0.5 s; slack for shared CI cores
+  if (!kSanitized) EXPECT_LT(s, 2.0);  // measured ~0.2 s; slack for shared CI cores
   EXPECT_EQ(tok_->decode(ids), text);
 }
 
 TEST_F(SmolLM2Tokenizer, PathologicalLongRunsAreNotQuadratic) {
-  // One 1 MB pre-tokenizer piece (no spaces) and one 1 MB whitespace run: the merge loop and the
-  // \s+(?!\S) backtracking must both stay near linear.
-  for (const std::string& text : {std::string(1u << 20, 'a'), std::string(1u << 20, ' '),
-                                  std::string(1u << 20, '\n'), std::string(1u << 20, '7')}) {
-    const auto t0 = Clock::now();
-    const auto ids = tok_->encode(text, false, false);
-    const double s = seconds_since(t0);
-    std::printf("1 MB of 0x%02x: %zu tokens in %.3f s\n", text[0], ids.size(), s);
-    EXPECT_LT(s, 2.0);
-    EXPECT_EQ(tok_->decode(ids), text);
+  // One huge pre-tokenizer piece (no spaces) and huge whitespace runs: the merge loop and the
+  // \s+(?!\S) backtracking must stay near linear. Quadrupling the input must cost well under
+  // the 16x a quadratic algorithm would (measured 4-6.5x: n log n plus cache effects; a ratio
+  // test is independent of machine speed).
+  for (const char c : {'a', ' ', '\n', '7'}) {
+    double seconds[2] = {0, 0};
+    for (int k = 0; k < 2; ++k) {
+      const std::string text(k == 0 ? (1u << 18) : (1u << 20), c);
+      const auto t0 = Clock::now();
+      const auto ids = tok_->encode(text, false, false);
+      seconds[k] = seconds_since(t0);
+      EXPECT_EQ(tok_->decode(ids), text);
+    }
+    std::printf("run of 0x%02x: 256 KiB %.3f s, 1 MiB %.3f s\n", c, seconds[0], seconds[1]);
+    EXPECT_LT(seconds[1], 10 * seconds[0] + 0.05) << "byte 0x" << std::hex << int(c);
+    if (!kSanitized) EXPECT_LT(seconds[1], 3.0);
   }
 }
 
