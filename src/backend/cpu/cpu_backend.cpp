@@ -96,8 +96,11 @@ void CpuBackend::rms_norm(const Tensor& x, const WeightView& w, float eps, const
       const float* xr = row_f32(x, t);
       float* yr = row_f32(dst, t);
       for (int64_t g0 = 0; g0 < x.cols; g0 += group) {
-        double sum = 0;  // double accumulation: the mean of squares over thousands of elements
-        for (int64_t i = 0; i < group; ++i) sum += double(xr[g0 + i]) * double(xr[g0 + i]);
+        // Squares in f32, accumulated in double, in order: the rounding llama.cpp's CPU norm has.
+        // A last-bit difference here flips roundings in the next activation quantization, which
+        // the large-activation layers of real models amplify into visible logit differences.
+        double sum = 0;
+        for (int64_t i = 0; i < group; ++i) sum += double(xr[g0 + i] * xr[g0 + i]);
         const float mean = float(sum / double(group));
         const float scale = 1.0f / std::sqrt(mean + eps);
         for (int64_t i = 0; i < group; ++i) yr[g0 + i] = (xr[g0 + i] * scale) * wd[i];
