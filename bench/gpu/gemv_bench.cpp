@@ -1,0 +1,251 @@
+// GEMV weight-read bandwidth per format and Llama-3-8B layer shape, against the device's own
+// copy bandwidth measured in the same run.
+//
+//   bench_gpu_gemv [--quick] [--variants] [--csv FILE]
+//
+// Default: the launch shape gemv() picks (v = -1); --variants times both shapes (0 and 1) instead.
+//
+// Per case: a CUDA graph of N back-to-back gemv launches (decode runs them captured too), cycling
+// over enough copies of the matrix that they exceed 4x the L2 (each launch reads from DRAM, not
+// cache); replayed 7 times after a warm-up; median time per launch. GB/s counts weight bytes
+// only (activations and outputs are < 0.5% of them). Copy bandwidth: cudaMemcpy device to device
+// of 1 GiB, bytes read + written, median of 10.
+// Weights are random quantized blocks (64 distinct rows from quant's reference quantizer, tiled).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/gemv.h"
+#include "core/status.h"
+#include "quant/quant.h"
+#include "quant/ref.h"
+
+namespace {
+
+namespace cu = sluice::backend::cuda;
+using sluice::quant::Type;
+
+#define BENCH_CHECK(call)                                                                          \
+  do {                                                                                             \
+    const cudaError_t _e = (call);                                                                 \
+    if (_e != cudaSuccess) ::sluice::check_failed(__FILE__, __LINE__, #call, cudaGetErrorString(_e)); \
+  } while (0)
+#define BENCH_OK(expr)                                        \
+  do {                                                        \
+    const ::sluice::Status _s = (expr);                       \
+    SLUICE_CHECK(_s.is_ok(), _s.message());                   \
+  } while (0)
+
+struct Format {
+  Type type;
+  const char* name;
+  int block_elems, block_bytes;
+  void (*quantize)(const float*, void*, int64_t);
+};
+
+const Format kFormats[] = {
+    {Type::kF32, "f32", 1, 4, sluice::quant::ref::quantize_row_f32},
+    {Type::kF16, "f16", 1, 2, sluice::quant::ref::quantize_row_f16},
+    {Type::kBF16, "bf16", 1, 2, sluice::quant::ref::quantize_row_bf16},
+    {Type::kQ4_0, "q4_0", 32, 18, sluice::quant::ref::quantize_row_q4_0},
+    {Type::kQ4_1, "q4_1", 32, 20, sluice::quant::ref::quantize_row_q4_1},
+    {Type::kQ5_0, "q5_0", 32, 22, sluice::quant::ref::quantize_row_q5_0},
+    {Type::kQ5_1, "q5_1", 32, 24, sluice::quant::ref::quantize_row_q5_1},
+    {Type::kQ8_0, "q8_0", 32, 34, sluice::quant::ref::quantize_row_q8_0},
+    {Type::kQ2_K, "q2_k", 256, 84, sluice::quant::ref::quantize_row_q2_k},
+    {Type::kQ3_K, "q3_k", 256, 110, sluice::quant::ref::quantize_row_q3_k},
+    {Type::kQ4_K, "q4_k", 256, 144, sluice::quant::ref::quantize_row_q4_k},
+    {Type::kQ5_K, "q5_k", 256, 176, sluice::quant::ref::quantize_row_q5_k},
+    {Type::kQ6_K, "q6_k", 256, 210, sluice::quant::ref::quantize_row_q6_k},
+};
+
+struct Shape {
+  const char* name;
+  int64_t rows, cols;
+};
+const Shape kShapes[] = {
+    {"attn_q/o 4096x4096", 4096, 4096},
+    {"ffn_up/gate 14336x4096", 14336, 4096},
+    {"ffn_down 4096x14336", 4096, 14336},
+    {"output 128256x4096", 128256, 4096},
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double copy_bandwidth_gbs() {
+  const size_t bytes = size_t(1) << 30;
+  void *a = nullptr, *b = nullptr;
+  BENCH_CHECK(cudaMalloc(&a, bytes));
+  BENCH_CHECK(cudaMalloc(&b, bytes));
+  BENCH_CHECK(cudaMemset(a, 0x3C, bytes));
+  cudaEvent_t e0, e1;
+  BENCH_CHECK(cudaEventCreate(&e0));
+  BENCH_CHECK(cudaEventCreate(&e1));
+  std::vector<double> ms;
+  for (int i = 0; i < 12; ++i) {
+    BENCH_CHECK(cudaEventRecord(e0));
+    BENCH_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
+    BENCH_CHECK(cudaEventRecord(e1));
+    BENCH_CHECK(cudaEventSynchronize(e1));
+    float t = 0;
+    BENCH_CHECK(cudaEventElapsedTime(&t, e0, e1));
+    if (i >= 2) ms.push_back(t);
+  }
+  BENCH_CHECK(cudaEventDestroy(e0));
+  BENCH_CHECK(cudaEventDestroy(e1));
+  BENCH_CHECK(cudaFree(a));
+  BENCH_CHECK(cudaFree(b));
+  return 2.0 * double(bytes) / (median(ms) * 1e-3) / 1e9;
+}
+
+struct Result {
+  double us = 0, gbs = 0;
+  int64_t bytes = 0;
+};
+
+Result bench_case(const cu::DeviceInfo& dev, const Format& f, const Shape& s, int tokens, int variant,
+                  std::mt19937_64& rng) {
+  const int64_t row_bytes = s.cols / f.block_elems * f.block_bytes;
+  const int64_t mat_bytes = s.rows * row_bytes;
+  const int copies = int(std::clamp<int64_t>((4 * dev.l2_bytes + mat_bytes - 1) / mat_bytes, 1, 32));
+  // 64 distinct random rows from the reference quantizer, tiled over every copy on the device.
+  const int64_t seed_rows = std::min<int64_t>(64, s.rows);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> src(size_t(seed_rows * s.cols));
+  for (auto& v : src) v = nd(rng);
+  std::vector<uint8_t> seed(size_t(seed_rows * row_bytes));
+  for (int64_t r = 0; r < seed_rows; ++r) f.quantize(src.data() + r * s.cols, seed.data() + r * row_bytes, s.cols);
+  uint8_t* w = nullptr;
+  const int64_t total = mat_bytes * copies;
+  BENCH_CHECK(cudaMalloc(&w, size_t(total)));
+  BENCH_CHECK(cudaMemcpy(w, seed.data(), seed.size(), cudaMemcpyHostToDevice));
+  for (int64_t done = int64_t(seed.size()); done < total;) {
+    const int64_t n = std::min(done, total - done);
+    BENCH_CHECK(cudaMemcpy(w + done, w, size_t(n), cudaMemcpyDeviceToDevice));
+    done += n;
+  }
+  float *x = nullptr, *y = nullptr;
+  void* qbuf = nullptr;
+  std::vector<float> hx(size_t(s.cols * tokens));
+  for (auto& v : hx) v = nd(rng);
+  BENCH_CHECK(cudaMalloc(&x, hx.size() * 4));
+  BENCH_CHECK(cudaMalloc(&y, size_t(s.rows * tokens) * 4));
+  BENCH_CHECK(cudaMalloc(&qbuf, size_t(cu::q8_activation_bytes(s.cols, tokens))));
+  BENCH_CHECK(cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
+
+  cudaStream_t st;
+  BENCH_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cu::GemvArgs g;
+  g.type = f.type;
+  g.rows = s.rows;
+  g.cols = s.cols;
+  g.tokens = tokens;
+  g.variant = variant;
+  g.x = x;
+  g.y = y;
+  if (cu::gemv_needs_q8(f.type)) {
+    g.xq = cu::q8_activation_view(qbuf, s.cols, tokens);
+    BENCH_OK(cu::quantize_activation_q8(x, g.xq, st));
+  }
+  const int launches = std::max(copies, 20);
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  BENCH_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < launches; ++i) {
+    g.w = w + (i % copies) * mat_bytes;
+    BENCH_OK(cu::gemv(dev, g, st));
+  }
+  BENCH_CHECK(cudaStreamEndCapture(st, &graph));
+  BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t e0, e1;
+  BENCH_CHECK(cudaEventCreate(&e0));
+  BENCH_CHECK(cudaEventCreate(&e1));
+  std::vector<double> us;
+  for (int rep = 0; rep < 8; ++rep) {
+    BENCH_CHECK(cudaEventRecord(e0, st));
+    BENCH_CHECK(cudaGraphLaunch(exec, st));
+    BENCH_CHECK(cudaEventRecord(e1, st));
+    BENCH_CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    BENCH_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    if (rep > 0) us.push_back(double(ms) * 1e3 / launches);
+  }
+  BENCH_CHECK(cudaGetLastError());
+  BENCH_CHECK(cudaEventDestroy(e0));
+  BENCH_CHECK(cudaEventDestroy(e1));
+  BENCH_CHECK(cudaGraphExecDestroy(exec));
+  BENCH_CHECK(cudaGraphDestroy(graph));
+  BENCH_CHECK(cudaStreamDestroy(st));
+  BENCH_CHECK(cudaFree(w));
+  BENCH_CHECK(cudaFree(x));
+  BENCH_CHECK(cudaFree(y));
+  BENCH_CHECK(cudaFree(qbuf));
+  Result r;
+  r.us = median(us);
+  r.bytes = mat_bytes;
+  r.gbs = double(mat_bytes) / (r.us * 1e-6) / 1e9;
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false, variants = false;
+  const char* csv_path = nullptr;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else if (!std::strcmp(argv[i], "--variants")) variants = true;
+    else if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) csv_path = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: %s [--quick] [--variants] [--csv FILE]\n", argv[0]);
+      return 2;
+    }
+  }
+  auto dev = cu::query_device(0);
+  if (!dev.is_ok()) {
+    std::fprintf(stderr, "bench_gpu_gemv: %s\n", dev.status().message().c_str());
+    return 1;
+  }
+  cudaDeviceProp prop{};
+  BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
+  const double copy_gbs = copy_bandwidth_gbs();
+  std::printf("device: %s, %d SMs, L2 %lld MB; device copy (1 GiB D2D, read+write): %.0f GB/s\n", prop.name,
+              dev->sm_count, (long long)(dev->l2_bytes >> 20), copy_gbs);
+  FILE* csv = csv_path ? std::fopen(csv_path, "w") : nullptr;
+  if (csv) std::fprintf(csv, "format,shape,rows,cols,tokens,variant,weight_bytes,median_us,gbs,ratio_to_copy\n");
+  std::printf("%-6s %-24s %3s %2s %9s %10s %9s %7s\n", "format", "shape", "tok", "v", "MB", "median_us", "GB/s", "%copy");
+  std::mt19937_64 rng(12345);
+  auto run = [&](const Format& f, const Shape& s, int tokens) {
+    for (int variant = variants ? 0 : -1; variant <= (variants ? 1 : -1); ++variant) {
+      const Result r = bench_case(*dev, f, s, tokens, variant, rng);
+      std::printf("%-6s %-24s %3d %2d %9.2f %10.2f %9.0f %6.1f%%\n", f.name, s.name, tokens, variant,
+                  double(r.bytes) / 1e6, r.us, r.gbs, 100.0 * r.gbs / copy_gbs);
+      if (csv) {
+        std::fprintf(csv, "%s,%s,%lld,%lld,%d,%d,%lld,%.3f,%.1f,%.4f\n", f.name, s.name, (long long)s.rows,
+                     (long long)s.cols, tokens, variant, (long long)r.bytes, r.us, r.gbs, r.gbs / copy_gbs);
+      }
+      std::fflush(stdout);
+    }
+  };
+  for (const Format& f : kFormats) {
+    for (const Shape& s : kShapes) {
+      if (quick && s.rows > 20000) continue;
+      run(f, s, 1);
+    }
+  }
+  // Small batches (speculative decoding, several sequences): bytes read once for all tokens.
+  for (const Format& f : kFormats) {
+    if (f.type != Type::kQ4_K && f.type != Type::kQ8_0 && f.type != Type::kQ6_K) continue;
+    for (int tokens : {2, 4, 8}) run(f, kShapes[1], tokens);
+  }
+  if (csv) std::fclose(csv);
+  return 0;
+}

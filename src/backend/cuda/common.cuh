@@ -1,0 +1,94 @@
+// Shared CUDA plumbing of the CUDA backend: error checks, launch checks, warp reductions and the
+// small load helpers the kernels use. Included by .cu files only (model/ never sees it).
+//
+// Two kinds of CUDA failure, two macros:
+//   SLUICE_CUDA_RETURN_IF_ERROR(call)  failures that can happen to a correct program (out of
+//                                      memory, a lost device, a bad launch configuration that
+//                                      came from data) become a Status naming file:line and the
+//                                      CUDA error; the caller decides.
+//   SLUICE_CUDA_CHECK(call)            programming errors (and tests/benchmarks, where there is no
+//                                      caller to hand a Status to): abort with file:line.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "core/status.h"
+
+namespace sluice::backend::cuda {
+
+inline Status cuda_status(cudaError_t err, const char* what, const char* file, int line) {
+  if (err == cudaSuccess) return Status::ok();
+  const ErrorCode code = err == cudaErrorMemoryAllocation ? ErrorCode::kOutOfMemory : ErrorCode::kInternal;
+  return Status(code, std::string("CUDA error at ") + file + ":" + std::to_string(line) + ": " + what + ": " +
+                          cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
+}
+
+}  // namespace sluice::backend::cuda
+
+#define SLUICE_CUDA_RETURN_IF_ERROR(call)                                                         \
+  do {                                                                                            \
+    const cudaError_t _cu_err = (call);                                                           \
+    if (_cu_err != cudaSuccess) return ::sluice::backend::cuda::cuda_status(_cu_err, #call, __FILE__, __LINE__); \
+  } while (0)
+
+#define SLUICE_CUDA_CHECK(call)                                                                   \
+  do {                                                                                            \
+    const cudaError_t _cu_err = (call);                                                           \
+    if (_cu_err != cudaSuccess)                                                                   \
+      ::sluice::check_failed(__FILE__, __LINE__, #call,                                           \
+                             std::string(cudaGetErrorName(_cu_err)) + ": " + cudaGetErrorString(_cu_err)); \
+  } while (0)
+
+// After every launch: a bad configuration (grid, shared memory) is reported here, at the launch,
+// not at some later unrelated call. Asynchronous faults inside the kernel surface at the next
+// synchronizing call, which is checked too.
+#define SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED(what) SLUICE_CUDA_RETURN_IF_ERROR((static_cast<void>(what), cudaGetLastError()))
+
+namespace sluice::backend::cuda {
+
+inline constexpr int kWarpSize = 32;
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = kWarpSize / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = kWarpSize / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+__device__ __forceinline__ int warp_sum_int(int v) {
+#pragma unroll
+  for (int o = kWarpSize / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// ---- shared-memory loads of packed weight bytes ------------------------------------------------
+// Blocks of several formats are only 2-byte aligned (Q4_0 18 B, Q8_0 34 B, Q3_K 110 B, Q6_K 210 B),
+// so a 32-bit word at an even offset is assembled from two 16-bit loads.
+__device__ __forceinline__ uint32_t lds_u16(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
+__device__ __forceinline__ uint32_t lds_u32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+__device__ __forceinline__ uint32_t lds_u32_a2(const uint8_t* p) {
+  const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
+  return uint32_t(h[0]) | (uint32_t(h[1]) << 16);
+}
+__device__ __forceinline__ uint4 lds_u128(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
+
+__device__ __forceinline__ float half_bits_to_float(uint32_t h) { return __half2float(__ushort_as_half(uint16_t(h))); }
+__device__ __forceinline__ float bf16_bits_to_float(uint32_t h) { return __uint_as_float(h << 16); }
+
+// Per-byte (q - k) for packed unsigned bytes q in [0, 127] and k in [0, 127]: setting bit 7
+// first keeps every byte's subtraction from borrowing out of its lane, and flipping bit 7 back
+// leaves the two's-complement int8 difference that dp4a reads as signed.
+__device__ __forceinline__ int sub_bytes(uint32_t q, uint32_t k4) {
+  return int(((q | 0x80808080u) - k4) ^ 0x80808080u);
+}
+
+}  // namespace sluice::backend::cuda

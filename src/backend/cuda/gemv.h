@@ -1,0 +1,76 @@
+// Decode-time matrix-vector products on the GPU: y[t][r] = sum_c W[r][c] * x[t][c] for a weight
+// matrix W of `rows` rows of `cols` elements in any weight format of quant/ (the GGUF bytes as
+// they are: row r starts at r * row_bytes(type, cols)), and 1..8 activation vectors x (tokens).
+//
+// Activations: F32/F16/BF16 weights multiply f32 activations. Every block-quantized format
+// multiplies int8 activations quantized once per vector by quantize_activation_q8() (32-element
+// blocks; per block a float scale d and d * sum(q), which folds the weights' min/offset terms
+// into one multiply per block; dp4a does the int8 products). One quantized activation serves
+// every matrix that multiplies the same x (Q, K and V; gate and up).
+//
+// Host-only header: plain C++ may include it. All pointers are device pointers; all work is
+// enqueued on `stream`; nothing synchronizes.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/status.h"
+#include "quant/quant.h"
+
+namespace sluice::backend::cuda {
+
+inline constexpr int kMaxGemvTokens = 8;  // the small-batch (speculative / multi-sequence) limit
+
+// What the launches need to know about the device; read once (query_device) and passed along.
+struct DeviceInfo {
+  int device = 0;
+  int sm_count = 0;
+  int cc_major = 0, cc_minor = 0;
+  int64_t global_mem_bytes = 0;
+  int64_t l2_bytes = 0;
+};
+Result<DeviceInfo> query_device(int device);
+
+// Activation of `tokens` vectors of `cols` elements (cols a multiple of 32), int8 per element.
+struct Q8Activation {
+  int8_t* q = nullptr;    // [tokens][cols]
+  float2* ds = nullptr;   // [tokens][cols / 32]: (d, d * sum of the block's q)
+  int64_t cols = 0;
+  int tokens = 0;
+};
+// Device bytes a Q8Activation of this size needs (q then ds, ds 16-byte aligned).
+int64_t q8_activation_bytes(int64_t cols, int tokens);
+// Lays a Q8Activation over `buffer` (q8_activation_bytes long, 16-byte aligned).
+Q8Activation q8_activation_view(void* buffer, int64_t cols, int tokens);
+
+// x: [tokens][cols] f32. d = max|x| / 127 per 32-block, q = round-to-nearest-even(x * 127 / max|x|)
+// (the rounding the CPU path's q8 activations use).
+Status quantize_activation_q8(const float* x, const Q8Activation& out, cudaStream_t stream);
+
+// True for the formats whose gemv reads a Q8Activation (every block-quantized weight format).
+bool gemv_needs_q8(quant::Type type);
+// True where a gemv kernel exists for this weight format.
+bool gemv_supported(quant::Type type);
+
+struct GemvArgs {
+  quant::Type type = quant::Type::kF32;
+  const void* w = nullptr;     // [rows][row_bytes(type, cols)]
+  int64_t rows = 0;
+  int64_t cols = 0;            // multiple of the format's block size
+  int tokens = 1;              // 1..kMaxGemvTokens
+  const float* x = nullptr;    // [tokens][cols] f32, read for F32/F16/BF16 weights
+  Q8Activation xq;             // read for block-quantized weights
+  float* y = nullptr;          // [tokens][rows]
+  // Launch shape: -1 = chosen by shape (default), 0 = 8 warps x 2 KB stages, 1 = 4 warps x 4 KB
+  // stages (see gemv_kernel.cuh); 0 and 1 are for benchmarks and tests. Results are identical up
+  // to f32 summation order.
+  int variant = -1;
+};
+
+// Enqueues y = W x. Fast path: W 16-byte aligned and row_bytes a multiple of 16 (every GGUF
+// tensor of the usual model shapes); otherwise a correct, slower path that loads bytes one by one.
+Status gemv(const DeviceInfo& dev, const GemvArgs& args, cudaStream_t stream);
+
+}  // namespace sluice::backend::cuda

@@ -1,0 +1,379 @@
+// Per-format block decoding for the streaming GEMV (gemv_kernel.cuh). Layouts and bit diagrams:
+// quant/blocks.h (the definition; this file only re-reads them).
+//
+// Each format is a struct with
+//   kBlockElems, kBlockBytes   the on-disk block
+//   kPieceElems                the elements one lane decodes at a time (a piece never straddles a
+//                              quantized block; for F32/F16/BF16 a piece is 16 bytes)
+//   dot<NT>(chunk, p, e_chunk, a, acc)
+//       adds piece p of a shared-memory chunk (whole blocks; first element e_chunk of the row)
+//       times each of NT activation vectors to acc[t]. Weights are decoded once into registers,
+//       then reused for every token.
+// Quantized formats multiply int8 weights by int8 activations with dp4a (exact int32 sums per
+// 16 or 32 elements), then apply the float block scales: d_w * d_x * sum(q_w q_x), with the
+// weights' offset or min terms folded in through the activation block sums (ActRef::ds.y).
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/common.cuh"
+
+namespace sluice::backend::cuda::gemv_detail {
+
+// Activation vectors as the kernels read them; tokens are `cols` apart (ds: cols / 32 apart).
+struct ActRef {
+  const float* x;      // f32, for F32/F16/BF16 weights
+  const int8_t* q;     // int8, for quantized weights
+  const float2* ds;    // per 32 elements: (d, d * sum q)
+  int64_t cols;
+};
+
+__device__ __forceinline__ void load_x32(const ActRef& a, int t, int64_t e, int (&xi)[8]) {
+  const int4* p = reinterpret_cast<const int4*>(a.q + t * a.cols + e);  // e % 32 == 0: 16-B aligned
+  const int4 v0 = __ldg(p), v1 = __ldg(p + 1);
+  xi[0] = v0.x; xi[1] = v0.y; xi[2] = v0.z; xi[3] = v0.w;
+  xi[4] = v1.x; xi[5] = v1.y; xi[6] = v1.z; xi[7] = v1.w;
+}
+__device__ __forceinline__ float2 load_ds(const ActRef& a, int t, int64_t e) {
+  return __ldg(a.ds + t * (a.cols / 32) + e / 32);
+}
+__device__ __forceinline__ float4 load_xf4(const ActRef& a, int t, int64_t e) {
+  return __ldg(reinterpret_cast<const float4*>(a.x + t * a.cols + e));
+}
+
+// Byte n of a little-endian word array (n a compile-time constant after unrolling).
+__device__ __forceinline__ uint32_t ub(const uint32_t* w, int n) {
+  return (w[n / 4] >> (8 * (n % 4))) & 0xFFu;
+}
+// Four bits t0..t3 moved to bit 4 of bytes 0..3 (the fifth bit of Q5 weights): the multiply
+// places copies of t at bits 0, 7, 14, 21, which do not overlap, so no carries.
+__device__ __forceinline__ uint32_t spread4_to_bit4(uint32_t t) { return (((t & 0xFu) * 0x00204081u) & 0x01010101u) << 4; }
+
+// ---- float formats ----------------------------------------------------------------------------
+
+struct FmtF32 {
+  static constexpr int kBlockElems = 1, kBlockBytes = 4, kPieceElems = 4;
+  static constexpr bool kQ8 = false;
+  template <int NT>
+  __device__ static void dot(const uint8_t* chunk, int p, int64_t e_chunk, const ActRef& a, float (&acc)[NT]) {
+    const uint4 r = lds_u128(chunk + 16 * p);
+    const float w0 = __uint_as_float(r.x), w1 = __uint_as_float(r.y), w2 = __uint_as_float(r.z), w3 = __uint_as_float(r.w);
+    const int64_t e = e_chunk + 4 * p;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      const float4 x = load_xf4(a, t, e);
+      acc[t] += w0 * x.x + w1 * x.y + w2 * x.z + w3 * x.w;
+    }
+  }
+};
+
+template <bool kBf16>
+struct FmtHalfLike {
+  static constexpr int kBlockElems = 1, kBlockBytes = 2, kPieceElems = 8;
+  static constexpr bool kQ8 = false;
+  __device__ static float cvt(uint32_t bits) { return kBf16 ? bf16_bits_to_float(bits) : half_bits_to_float(bits); }
+  template <int NT>
+  __device__ static void dot(const uint8_t* chunk, int p, int64_t e_chunk, const ActRef& a, float (&acc)[NT]) {
+    const uint4 r = lds_u128(chunk + 16 * p);
+    const uint32_t u[4] = {r.x, r.y, r.z, r.w};
+    float w[8];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      w[2 * j] = cvt(u[j] & 0xFFFFu);
+      w[2 * j + 1] = cvt(u[j] >> 16);
+    }
+    const int64_t e = e_chunk + 8 * p;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      const float4 x0 = load_xf4(a, t, e), x1 = load_xf4(a, t, e + 4);
+      acc[t] += w[0] * x0.x + w[1] * x0.y + w[2] * x0.z + w[3] * x0.w + w[4] * x1.x + w[5] * x1.y + w[6] * x1.z +
+                w[7] * x1.w;
+    }
+  }
+};
+using FmtF16 = FmtHalfLike<false>;
+using FmtBF16 = FmtHalfLike<true>;
+
+// ---- 32-element formats: one piece per block ----------------------------------------------------
+
+// Q8_0 (34 B, 2-byte aligned): [d:f16][qs:32 x i8].
+struct FmtQ8_0 {
+  static constexpr int kBlockElems = 32, kBlockBytes = 34, kPieceElems = 32;
+  static constexpr bool kQ8 = true;
+  template <int NT>
+  __device__ static void dot(const uint8_t* chunk, int p, int64_t e_chunk, const ActRef& a, float (&acc)[NT]) {
+    const uint8_t* b = chunk + p * kBlockBytes;
+    const float d = half_bits_to_float(lds_u16(b));
+    int wq[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) wq[j] = int(lds_u32_a2(b + 2 + 4 * j));
+    const int64_t e = e_chunk + 32 * p;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      int xi[8];
+      load_x32(a, t, e, xi);
+      int s = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) s = __dp4a(wq[j], xi[j], s);
+      acc[t] += d * load_ds(a, t, e).x * float(s);
+    }
+  }
+};
+
+// Q4_0 / Q4_1 / Q5_0 / Q5_1 share the nibble order: byte j holds elements j (low) and j+16 (high).
+// kHasMin: x = d*q + m (Q4_1, Q5_1); else x = d*(q - kOffset).
+template <int kBytes, int kQhOff, int kQsOff, bool kHasMin, int kOffset>
+struct FmtLegacy {
+  static constexpr int kBlockElems = 32, kBlockBytes = kBytes, kPieceElems = 32;
+  static constexpr bool kQ8 = true;
+  static constexpr bool kFiveBit = kQhOff >= 0;
+  template <int NT>
+  __device__ static void dot(const uint8_t* chunk, int p, int64_t e_chunk, const ActRef& a, float (&acc)[NT]) {
+    const uint8_t* b = chunk + p * kBlockBytes;
+    const float d = half_bits_to_float(lds_u16(b));
+    const float m = kHasMin ? half_bits_to_float(lds_u16(b + 2)) : 0.0f;
+    uint32_t qh = 0;
+    if constexpr (kFiveBit) qh = lds_u32_a2(b + kQhOff);
+    int lo[4], hi[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t q4 = lds_u32_a2(b + kQsOff + 4 * j);
+      uint32_t l = q4 & 0x0F0F0F0Fu, h = (q4 >> 4) & 0x0F0F0F0Fu;
+      if constexpr (kFiveBit) {
+        l |= spread4_to_bit4(qh >> (4 * j));
+        h |= spread4_to_bit4(qh >> (16 + 4 * j));
+      }
+      lo[j] = int(l);
+      hi[j] = int(h);
+    }
+    const int64_t e = e_chunk + 32 * p;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      int xi[8];
+      load_x32(a, t, e, xi);
+      int s = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) s = __dp4a(hi[j], xi[4 + j], __dp4a(lo[j], xi[j], s));
+      const float2 ds = load_ds(a, t, e);
+      if constexpr (kHasMin) {
+        acc[t] += d * ds.x * float(s) + m * ds.y;
+      } else {
+        acc[t] += d * (ds.x * float(s) - float(kOffset) * ds.y);
+      }
+    }
+  }
+};
+using FmtQ4_0 = FmtLegacy<18, -1, 2, false, 8>;
+using FmtQ4_1 = FmtLegacy<20, -1, 4, true, 0>;
+using FmtQ5_0 = FmtLegacy<22, 2, 6, false, 16>;
+using FmtQ5_1 = FmtLegacy<24, 4, 8, true, 0>;
+
+// ---- K-quants (256-element super-blocks) --------------------------------------------------------
+
+// Q2_K (84 B, 4-byte aligned): piece = half h (128 elements) = 4 groups k of 32, each two
+// 16-element sub-blocks with 4-bit scale and min. x = d*sc*q - dmin*mn, q in [0,3]; the min term
+// needs the activation sum per 16, taken with a dp4a against ones.
+struct FmtQ2_K {
+  static constexpr int kBlockElems = 256, kBlockBytes = 84, kPieceElems = 128;
+  static constexpr bool kQ8 = true;
+  template <int NT>
+  __device__ static void dot(const uint8_t* chunk, int p, int64_t e_chunk, const ActRef& a, float (&acc)[NT]) {
+    const int blk = p >> 1, h = p & 1;
+    const uint8_t* b = chunk + blk * kBlockBytes;
+    const float d = half_bits_to_float(lds_u16(b + 80)), dmin = half_bits_to_float(lds_u16(b + 82));
+    const uint32_t sc[2] = {lds_u32(b + 8 * h), lds_u32(b + 8 * h + 4)};  // scales of sub-blocks 8h..8h+7
+    uint32_t qw[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) qw[j] = lds_u32(b + 16 + 32 * h + 4 * j);
+    const int64_t e0 = e_chunk + int64_t(blk) * 256 + 128 * h;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        int xi[8];
+        load_x32(a, t, e0 + 32 * k, xi);
+        int sq0 = 0, sq1 = 0, sa0 = 0, sa1 = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          sq0 = __dp4a(int((qw[j] >> (2 * k)) & 0x03030303u), xi[j], sq0);
+          sa0 = __dp4a(0x01010101, xi[j], sa0);
+          sq1 = __dp4a(int((qw[4 + j] >> (2 * k)) & 0x03030303u), xi[4 + j], sq1);
+          sa1 = __dp4a(0x01010101, xi[4 + j], sa1);
+        }
+        const int s0 = int(ub(sc, 2 * k)), s1 = int(ub(sc, 2 * k + 1));
+        const float dx = load_ds(a, t, e0 + 32 * k).x;
+        sum += dx * (d * float((s0 & 0xF) * sq0 + (s1 & 0xF) * sq1) - dmin * float((s0 >> 4) * sa0 + (s1 >> 4) * sa1));
+      }
+      acc[t] += sum;
+    }
+  }
+};
+
+// Q3_K (110 B, 2-byte aligned): piece = half h. q = low2 + 4*hmask_bit - 4 in [-4,3], made
+// signed per byte with sub_bytes; 6-bit scales (biased by 32) of the 8 sub-blocks 8h..8h+7.
+struct FmtQ3_K {
+  static constexpr int kBlockElems = 256, kBlockBytes = 110, kPieceElems = 128;
+  static constexpr bool kQ8 = true;
+  template <int NT>
+  __device__ static void dot(const uint8_t* chunk, int p, int64_t e_chunk, const ActRef& a, float (&acc)[NT]) {
+    const int blk = p >> 1, h = p & 1;
+    const uint8_t* b = chunk + blk * kBlockBytes;
+    const float d = half_bits_to_float(lds_u16(b + 108));
+    const uint32_t sw[3] = {lds_u32_a2(b + 96), lds_u32_a2(b + 100), lds_u32_a2(b + 104)};
+    int sc[8];  // sub-block 8h + i: low 4 bits from byte i (nibble h), high 2 from byte 8 + i%4
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const uint32_t lo = (ub(sw, i) >> (4 * h)) & 0xF;
+      const uint32_t hi = (ub(sw, 8 + i % 4) >> (4 * h + 2 * (i / 4))) & 3;
+      sc[i] = int(lo | hi << 4) - 32;
+    }
+    int wq[4][8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const uint32_t q2 = lds_u32_a2(b + 32 + 32 * h + 4 * j);
+      const uint32_t hm = lds_u32_a2(b + 4 * j);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t q = ((q2 >> (2 * k)) & 0x03030303u) | (((hm >> (4 * h + k)) & 0x01010101u) << 2);
+        wq[k][j] = sub_bytes(q, 0x04040404u);
+      }
+    }
+    const int64_t e0 = e_chunk + int64_t(blk) * 256 + 128 * h;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        int xi[8];
+        load_x32(a, t, e0 + 32 * k, xi);
+        int s0 = 0, s1 = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          s0 = __dp4a(wq[k][j], xi[j], s0);
+          s1 = __dp4a(wq[k][4 + j], xi[4 + j], s1);
+        }
+        sum += load_ds(a, t, e0 + 32 * k).x * float(sc[2 * k] * s0 + sc[2 * k + 1] * s1);
+      }
+      acc[t] += d * sum;
+    }
+  }
+};
+
+// 6-bit scale and min of sub-block j of Q4_K/Q5_K from the 12 scale bytes (words s0..s2). j is
+// a run-time value: bytes are picked with selects, not by indexing an array, which would put the
+// array in local memory.
+__device__ __forceinline__ uint32_t byte_of3(uint32_t s0, uint32_t s1, uint32_t s2, int n) {
+  const uint32_t w = n < 4 ? s0 : (n < 8 ? s1 : s2);
+  return (w >> (8 * (n & 3))) & 0xFFu;
+}
+__device__ __forceinline__ void k_scale_min(uint32_t s0, uint32_t s1, uint32_t s2, int j, int* sc, int* mn) {
+  if (j < 4) {
+    *sc = int(byte_of3(s0, s1, s2, j) & 63);
+    *mn = int(byte_of3(s0, s1, s2, j + 4) & 63);
+  } else {
+    const uint32_t hi = byte_of3(s0, s1, s2, j + 4);
+    *sc = int((hi & 0xF) | ((byte_of3(s0, s1, s2, j - 4) >> 6) << 4));
+    *mn = int((hi >> 4) | ((byte_of3(s0, s1, s2, j) >> 6) << 4));
+  }
+}
+
+// Q4_K (144 B) and Q5_K (176 B), both 16-byte aligned: piece = pair pp (64 elements, sub-blocks
+// 2pp (low nibbles) and 2pp+1 (high nibbles) of the same 32 qs bytes). x = d*sc*q - dmin*mn.
+template <bool kFive>
+struct FmtQ45_K {
+  static constexpr int kBlockElems = 256, kBlockBytes = kFive ? 176 : 144, kPieceElems = 64;
+  static constexpr int kQsOff = kFive ? 48 : 16;
+  static constexpr bool kQ8 = true;
+  template <int NT>
+  __device__ static void dot(const uint8_t* chunk, int p, int64_t e_chunk, const ActRef& a, float (&acc)[NT]) {
+    const int blk = p >> 2, pp = p & 3;
+    const uint8_t* b = chunk + blk * kBlockBytes;
+    const uint4 hd = lds_u128(b);  // d, dmin, scales[12]
+    const float d = half_bits_to_float(hd.x & 0xFFFFu), dmin = half_bits_to_float(hd.x >> 16);
+    int sc0, mn0, sc1, mn1;
+    k_scale_min(hd.y, hd.z, hd.w, 2 * pp, &sc0, &mn0);
+    k_scale_min(hd.y, hd.z, hd.w, 2 * pp + 1, &sc1, &mn1);
+    const uint4 q0 = lds_u128(b + kQsOff + 32 * pp), q1 = lds_u128(b + kQsOff + 32 * pp + 16);
+    const uint32_t qw[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+    int lo[8], hi[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      lo[j] = int(qw[j] & 0x0F0F0F0Fu);
+      hi[j] = int((qw[j] >> 4) & 0x0F0F0F0Fu);
+    }
+    if constexpr (kFive) {
+      const uint4 h0 = lds_u128(b + 16), h1 = lds_u128(b + 32);
+      const uint32_t qh[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        lo[j] |= int(((qh[j] >> (2 * pp)) & 0x01010101u) << 4);
+        hi[j] |= int(((qh[j] >> (2 * pp + 1)) & 0x01010101u) << 4);
+      }
+    }
+    const int64_t e0 = e_chunk + int64_t(blk) * 256 + 64 * pp;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      int x0[8], x1[8];
+      load_x32(a, t, e0, x0);
+      load_x32(a, t, e0 + 32, x1);
+      int s0 = 0, s1 = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        s0 = __dp4a(lo[j], x0[j], s0);
+        s1 = __dp4a(hi[j], x1[j], s1);
+      }
+      const float2 ds0 = load_ds(a, t, e0), ds1 = load_ds(a, t, e0 + 32);
+      acc[t] += d * (float(sc0 * s0) * ds0.x + float(sc1 * s1) * ds1.x) - dmin * (float(mn0) * ds0.y + float(mn1) * ds1.y);
+    }
+  }
+};
+using FmtQ4_K = FmtQ45_K<false>;
+using FmtQ5_K = FmtQ45_K<true>;
+
+// Q6_K (210 B, 2-byte aligned): piece = (half h, pair kp) = 64 elements: groups k = kp and
+// kp + 2 of half h share their 32 ql bytes (low / high nibbles); all four groups share the 32 qh
+// bytes. q = low4 | high2 << 4 in [0,63], made signed (q - 32) per byte with sub_bytes. Four
+// pieces per block, so 8 blocks (1680 B) give one piece per lane.
+struct FmtQ6_K {
+  static constexpr int kBlockElems = 256, kBlockBytes = 210, kPieceElems = 64;
+  static constexpr bool kQ8 = true;
+  template <int NT>
+  __device__ static void dot(const uint8_t* chunk, int p, int64_t e_chunk, const ActRef& a, float (&acc)[NT]) {
+    const int blk = p >> 2, h = (p >> 1) & 1, kp = p & 1;
+    const uint8_t* b = chunk + blk * kBlockBytes;
+    const float d = half_bits_to_float(lds_u16(b + 208));
+    // scales of sub-blocks 8h + 2k + {0,1} for k = kp and kp + 2
+    const uint32_t s_lo = lds_u16(b + 192 + 8 * h + 2 * kp), s_hi = lds_u16(b + 192 + 8 * h + 2 * kp + 4);
+    const int sc00 = int(int8_t(s_lo & 0xFF)), sc01 = int(int8_t(s_lo >> 8));
+    const int sc20 = int(int8_t(s_hi & 0xFF)), sc21 = int(int8_t(s_hi >> 8));
+    int wl[8], wh[8];  // group k = kp (low nibbles), k = kp + 2 (high nibbles)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const uint32_t ql = lds_u32_a2(b + 64 * h + 32 * kp + 4 * j);
+      const uint32_t hq = lds_u32_a2(b + 128 + 32 * h + 4 * j) >> (2 * kp);
+      wl[j] = sub_bytes((ql & 0x0F0F0F0Fu) | ((hq << 4) & 0x30303030u), 0x20202020u);
+      wh[j] = sub_bytes(((ql >> 4) & 0x0F0F0F0Fu) | (hq & 0x30303030u), 0x20202020u);
+    }
+    const int64_t e_lo = e_chunk + int64_t(blk) * 256 + 128 * h + 32 * kp;  // group k = kp
+    const int64_t e_hi = e_lo + 64;                                          // group k = kp + 2
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      int x0[8], x1[8];
+      load_x32(a, t, e_lo, x0);
+      load_x32(a, t, e_hi, x1);
+      int s00 = 0, s01 = 0, s20 = 0, s21 = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        s00 = __dp4a(wl[j], x0[j], s00);
+        s01 = __dp4a(wl[4 + j], x0[4 + j], s01);
+        s20 = __dp4a(wh[j], x1[j], s20);
+        s21 = __dp4a(wh[4 + j], x1[4 + j], s21);
+      }
+      acc[t] += d * (load_ds(a, t, e_lo).x * float(sc00 * s00 + sc01 * s01) +
+                     load_ds(a, t, e_hi).x * float(sc20 * s20 + sc21 * s21));
+    }
+  }
+};
+
+}  // namespace sluice::backend::cuda::gemv_detail

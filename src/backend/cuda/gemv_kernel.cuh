@@ -1,0 +1,121 @@
+// The one streaming GEMV kernel every weight format runs through. Per-format block decoding lives
+// in gemv_formats.cuh; this file moves bytes.
+//
+// Why stage through shared memory: most GGUF block sizes are not multiples of 16 bytes (Q8_0 34,
+// Q6_K 210, Q3_K 110, ...), so a thread that reads "its" block straight from global memory cannot
+// use 16-byte loads. Here each warp streams a contiguous byte range of its row (a chunk of whole
+// blocks, chunk starts 16-byte aligned) with 16-byte cp.async copies, lanes side by side (fully
+// coalesced, L1 bypassed), Cfg::kStages chunks deep, and decodes the blocks from shared memory, where
+// 2-byte alignment costs only extra shared loads.
+//
+// Work split: a persistent grid (as many blocks as are resident at once: 4 per SM at <= 64
+// registers, 4 * 48 KB fitting the 228 KB of an H100 SM); block b owns rows
+// [b*rows/G, (b+1)*rows/G) so every SM gets the same bytes to within one row, and warp w of the
+// block takes rows w, w + kWarps, ... of that range. A warp's chunk stream runs across its rows
+// without draining, so kStages-1 chunks (up to 4 KB per warp, 128 KB per SM) stay in flight.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/gemv_formats.cuh"
+
+namespace sluice::backend::cuda::gemv_detail {
+
+// Two launch shapes, both 48 KB of static shared memory per block and 4 blocks per SM:
+//   kWide:  8 warps, 3 stages of 2 KB per warp (32 warps per SM, more warps to hide latency)
+//   kDeep:  4 warps, 3 stages of 4 KB per warp (16 warps per SM, two or more pieces per lane per
+//           chunk, so each lane has independent work in flight; up to 128 registers per thread)
+// Both keep 2 chunks per warp in flight: 128 KB per SM.
+struct CfgWide {
+  static constexpr int kWarps = 8, kStages = 3, kStageBytes = 2048;
+};
+struct CfgDeep {
+  static constexpr int kWarps = 4, kStages = 3, kStageBytes = 4096;
+};
+__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem_src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Shapes (host-checked): cols = nb * F::kBlockElems; chunk = cb blocks, cb * kBlockBytes <=
+// kStageBytes; nchunks = ceil(nb / cb). kAligned: w and row_bytes and cb * kBlockBytes are
+// multiples of 16 (else bytes are copied one at a time: the slow, general path).
+template <class F, int NT, bool kAligned, class Cfg>
+__global__ void __launch_bounds__(Cfg::kWarps * kWarpSize) gemv_kernel(const uint8_t* __restrict__ w, int64_t rows,
+                                                        int64_t row_bytes, int nb, int cb, int nchunks,
+                                                        ActRef a, float* __restrict__ y) {
+  constexpr int kWarps = Cfg::kWarps, kStages = Cfg::kStages, kStageBytes = Cfg::kStageBytes;
+  __shared__ alignas(16) uint8_t stage[kWarps][kStages][kStageBytes];
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t r_begin = int64_t(blockIdx.x) * rows / gridDim.x;
+  const int64_t r_end = int64_t(blockIdx.x + 1) * rows / gridDim.x;
+  const int64_t first_row = r_begin + warp;
+  const int64_t my_rows = first_row < r_end ? (r_end - first_row - 1) / kWarps + 1 : 0;
+  const int64_t total = my_rows * nchunks;  // chunks this warp streams
+
+  auto issue = [&](int64_t i) {
+    const int64_t row = first_row + (i / nchunks) * kWarps;
+    const int c = int(i % nchunks);
+    const int nblk = min(cb, nb - c * cb);
+    const int bytes = nblk * F::kBlockBytes;
+    const uint8_t* src = w + row * row_bytes + int64_t(c) * cb * F::kBlockBytes;
+    uint8_t* dst = stage[warp][i % kStages];
+    if constexpr (kAligned) {
+      for (int off = lane * 16; off < bytes; off += kWarpSize * 16) cp_async_16(dst + off, src + off);
+    } else {
+      for (int off = lane; off < bytes; off += kWarpSize) dst[off] = src[off];
+    }
+  };
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < total) issue(s);
+    cp_async_commit();  // empty groups keep the group count uniform
+  }
+
+  float acc[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+
+  for (int64_t i = 0; i < total; ++i) {
+    if (i + kStages - 1 < total) issue(i + kStages - 1);
+    cp_async_commit();
+    cp_async_wait<kStages - 1>();  // chunk i has landed (for this lane's copies)
+    __syncwarp();                  // ... and for every lane's
+
+    const int64_t row = first_row + (i / nchunks) * kWarps;
+    const int c = int(i % nchunks);
+    const int nblk = min(cb, nb - c * cb);
+    const uint8_t* buf = stage[warp][i % kStages];
+    const int npieces = nblk * F::kBlockElems / F::kPieceElems;
+    const int64_t e_chunk = int64_t(c) * cb * F::kBlockElems;  // first element of the chunk in the row
+    // Two pieces per step: their shared loads, activation loads and dp4a chains are independent,
+    // so the scheduler overlaps them (one piece alone is a chain of dependent latencies).
+    int p = lane;
+    for (; p + kWarpSize < npieces; p += 2 * kWarpSize) {
+      F::template dot<NT>(buf, p, e_chunk, a, acc);
+      F::template dot<NT>(buf, p + kWarpSize, e_chunk, a, acc);
+    }
+    if (p < npieces) F::template dot<NT>(buf, p, e_chunk, a, acc);
+
+    if (c == nchunks - 1) {
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const float s = warp_sum(acc[t]);
+        if (lane == 0) y[int64_t(t) * rows + row] = s;
+        acc[t] = 0.0f;
+      }
+    }
+    __syncwarp();  // every lane is done with this buffer before it is refilled
+  }
+  cp_async_wait<0>();
+}
+
+}  // namespace sluice::backend::cuda::gemv_detail
