@@ -123,6 +123,7 @@ class Backend {
 
 struct CpuOptions {
   int n_threads = 0;  // 0: hardware concurrency
+  bool simd = true;   // false: the backend's own ops take their portable paths (tests compare both)
 };
 // The CPU backend (backend/cpu).
 std::unique_ptr<Backend> make_cpu_backend(const CpuOptions& opts);

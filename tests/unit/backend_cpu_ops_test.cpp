@@ -15,7 +15,7 @@ namespace {
 using quant::Type;
 
 struct Fixture {
-  explicit Fixture(int threads) : be(make_cpu_backend({threads})) {}
+  explicit Fixture(int threads, bool simd = true) : be(make_cpu_backend({threads, simd})) {}
   Tensor f32(int64_t cols, int64_t rows, const std::vector<float>& v) {
     auto t = be->alloc(DType::kF32, cols, rows);
     EXPECT_TRUE(t.is_ok());
@@ -228,9 +228,12 @@ TEST(CpuOps, RopeNormalNeoxFactorsScale) {
 // Attention against a double-precision softmax over the same f16 cache contents. Tolerance 3e-3:
 // the backend rounds q and the probabilities to f16 (as llama.cpp does), ~5e-4 relative each.
 TEST(CpuOps, AttentionCausalGqa) {
-  Fixture f(3);
-  const int n_head = 8, n_kv = 2, hd = 64, pos0 = 37, rows = 9, n_ctx = 64;
-  const float scale = 1.0f / 8.0f;
+  // Both the SIMD path (head dim multiple of 8) and the portable one (simd off, or hd = 12).
+  for (auto [simd, hd] : {std::pair{true, 64}, std::pair{false, 64}, std::pair{true, 12}}) {
+  SCOPED_TRACE(testing::Message() << "simd " << simd << " hd " << hd);
+  Fixture f(3, simd);
+  const int n_head = 8, n_kv = 2, pos0 = 37, rows = 9, n_ctx = 64;
+  const float scale = 1.0f / std::sqrt(float(hd));
   const auto kv_k = test::random_floats(size_t(n_ctx * n_kv * hd), 1, 12);
   const auto kv_v = test::random_floats(size_t(n_ctx * n_kv * hd), 1, 13);
   const auto q = test::random_floats(size_t(rows * n_head * hd), 1, 14);
@@ -265,6 +268,7 @@ TEST(CpuOps, AttentionCausalGqa) {
       }
     }
   EXPECT_LT(test::normalized_error(o.data(), ref.data(), o.size()), 3e-3);
+  }
 }
 
 }  // namespace

@@ -15,7 +15,7 @@ namespace sluice::backend {
 std::unique_ptr<Backend> make_cpu_backend(const CpuOptions& opts) {
   int n = opts.n_threads;
   if (n <= 0) n = int(std::max(1u, std::thread::hardware_concurrency()));
-  return std::make_unique<cpu::CpuBackend>(n);
+  return std::make_unique<cpu::CpuBackend>(n, opts.simd);
 }
 
 namespace cpu {
@@ -33,7 +33,8 @@ void check_same_shape(const Tensor& a, const Tensor& b, const char* op) {
 
 }  // namespace
 
-CpuBackend::CpuBackend(int n_threads) : pool_(n_threads), scratch_(size_t(std::max(1, n_threads))) {}
+CpuBackend::CpuBackend(int n_threads, bool simd)
+    : pool_(n_threads), simd_f16_(simd && cpu_has_f16c_fma()), scratch_(size_t(std::max(1, n_threads))) {}
 
 Result<Tensor> CpuBackend::alloc(DType dtype, int64_t cols, int64_t rows) {
   SLUICE_CHECK(cols > 0 && rows > 0, "alloc: empty tensor");

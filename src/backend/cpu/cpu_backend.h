@@ -38,9 +38,12 @@ class AlignedBuffer {
   size_t size_ = 0;
 };
 
+// Whether this CPU runs the AVX2/FMA/F16C attention path (checked once per backend).
+bool cpu_has_f16c_fma();
+
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int n_threads);
+  CpuBackend(int n_threads, bool simd);
   const char* name() const override { return "cpu"; }
   int n_threads() const { return pool_.size(); }
 
@@ -67,6 +70,7 @@ class CpuBackend final : public Backend {
   void for_rows(int64_t n, int64_t grain, int64_t work, F&& fn);
 
   core::ThreadPool pool_;
+  const bool simd_f16_;  // attention's AVX2/F16C path (else the portable one)
   std::vector<AlignedBuffer> buffers_;  // every Tensor allocated, alive until destruction
   AlignedBuffer act_q_;                 // quantized activations for matmul (grow-only)
   std::vector<AlignedBuffer> scratch_;  // per-thread attention scratch (grow-only)
