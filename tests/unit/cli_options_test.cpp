@@ -1,0 +1,88 @@
+// Shared CLI plumbing: error -> exit code mapping, flag parsing outcomes, sampling resolution.
+#include <vector>
+
+#include "app/commands.h"
+#include "app/common.h"
+#include "app/options.h"
+#include "test_util.h"
+
+namespace sluice::app {
+namespace {
+
+// CLI11 wants a mutable argv.
+struct Argv {
+  explicit Argv(std::vector<std::string> a) : args(std::move(a)) {
+    for (auto& s : args) ptrs.push_back(s.data());
+  }
+  int argc() { return int(ptrs.size()); }
+  char** argv() { return ptrs.data(); }
+  std::vector<std::string> args;
+  std::vector<char*> ptrs;
+};
+
+TEST(CliOptions, BadInputErrorsExitTwoOthersOne) {
+  EXPECT_EQ(exit_code_for(Status::ok()), kExitOk);
+  EXPECT_EQ(exit_code_for(invalid_argument("x")), kExitBadInput);
+  EXPECT_EQ(exit_code_for(corrupt_file("x")), kExitBadInput);
+  EXPECT_EQ(exit_code_for(unsupported("x")), kExitBadInput);
+  EXPECT_EQ(exit_code_for(io_error("x")), kExitBadInput);
+  EXPECT_EQ(exit_code_for(out_of_memory("x")), kExitFailure);
+  EXPECT_EQ(exit_code_for(internal_error("x")), kExitFailure);
+}
+
+TEST(CliOptions, ParseFlagsMapsHelpToZeroAndErrorsToTwo) {
+  auto parse = [](std::vector<std::string> args, ModelFlags& mf, SamplingFlags& sf) {
+    CLI::App app{"test", "sluice test"};
+    add_model_flags(app, mf);
+    add_sampling_flags(app, sf);
+    Argv a(std::move(args));
+    return parse_flags(app, a.argc(), a.argv());
+  };
+  ModelFlags mf;
+  SamplingFlags sf;
+  EXPECT_EQ(parse({"run", "-m", "x.gguf", "--temp", "0.5", "--seed", "9", "-c", "64"}, mf, sf), std::nullopt);
+  EXPECT_EQ(mf.model_path, "x.gguf");
+  EXPECT_EQ(mf.n_ctx, 64);
+  EXPECT_FLOAT_EQ(sf.params.temperature, 0.5f);
+  auto p = resolve_sampling(sf);
+  ASSERT_TRUE(p.is_ok());
+  EXPECT_EQ(p->seed, 9u);
+
+  ModelFlags mf2;
+  SamplingFlags sf2;
+  testing::internal::CaptureStdout();
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(parse({"run", "--help"}, mf2, sf2), std::optional<int>(kExitOk));
+  EXPECT_EQ(parse({"run", "-m", "x", "--bogus"}, mf2, sf2), std::optional<int>(kExitBadInput));
+  EXPECT_EQ(parse({"run"}, mf2, sf2), std::optional<int>(kExitBadInput));  // -m is required
+  EXPECT_EQ(parse({"run", "-m", "x", "--temp", "warm"}, mf2, sf2), std::optional<int>(kExitBadInput));
+  EXPECT_EQ(parse({"run", "-m", "x", "-c", "-3"}, mf2, sf2), std::optional<int>(kExitBadInput));
+  testing::internal::GetCapturedStdout();
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("bogus"), std::string::npos) << err;
+}
+
+TEST(CliOptions, ResolveSamplingValidatesAndDrawsASeedWhenNoneGiven) {
+  CLI::App app{"test"};
+  SamplingFlags sf;
+  add_sampling_flags(app, sf);
+  Argv a({"run", "--top-p", "1.5"});
+  ASSERT_EQ(parse_flags(app, a.argc(), a.argv()), std::nullopt);
+  auto bad = resolve_sampling(sf);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_EQ(exit_code_for(bad.status()), kExitBadInput);
+  EXPECT_NE(bad.status().message().find("--top-p"), std::string::npos);
+
+  CLI::App app2{"test"};
+  SamplingFlags sf2;
+  add_sampling_flags(app2, sf2);
+  Argv b({"run"});
+  ASSERT_EQ(parse_flags(app2, b.argc(), b.argv()), std::nullopt);
+  // Two unseeded resolutions differ (64 random bits each).
+  auto s1 = resolve_sampling(sf2), s2 = resolve_sampling(sf2);
+  ASSERT_TRUE(s1.is_ok() && s2.is_ok());
+  EXPECT_NE(s1->seed, s2->seed);
+}
+
+}  // namespace
+}  // namespace sluice::app
