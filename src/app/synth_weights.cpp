@@ -59,7 +59,9 @@ Pool make_pool(quant::Type type, float scale, uint64_t elems, uint64_t seed, uns
   p.block_bytes = static_cast<uint64_t>(tt.block_bytes);
   p.n_blocks = elems / static_cast<uint64_t>(tt.block_elems);
   p.bytes.resize(p.n_blocks * p.block_bytes);
-  const auto quantize = quant::kernels(type).quantize_row;
+  // The scalar reference quantizer: the same seed must give the same bytes on every CPU (golden
+  // fixtures are made from synth files and checked by sha256).
+  const auto quantize = quant::kernels_for(type, quant::Isa::kRef)->quantize_row;
   const uint64_t pieces = elems / kPiece;
   parallel_for(pieces, threads, [&](uint64_t begin, uint64_t end) {
     std::vector<float> buf(kPiece);

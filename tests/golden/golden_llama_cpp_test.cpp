@@ -1,25 +1,43 @@
 // Whole-model parity with llama.cpp (the correctness oracle). Fixtures in tests/fixtures/golden
 // were produced by tools/golden/make_fixtures.sh (llama.cpp built from the llama-cpp-python
 // 0.3.36 source package, CPU backend, flash attention off). For each prompt they hold the prompt
-// token ids, llama.cpp's 64 greedy tokens, its top-1/top-2 logit gap at every generated
-// position, and its full logits at the first generated position.
+// token ids, llama.cpp's 64 greedy tokens, at every generated position its top-8 ids and logits
+// and top-2 gap, its full logits at the first generated position, and its own numerical noise:
+// the largest logit difference over the top-8 ids between its two attention paths (flash
+// attention on vs off), both correct, which differ only in summation order and rounding.
 //
-// Pass criteria:
+// Pass criteria, checked at EVERY generated position by teacher forcing (our model is fed
+// llama.cpp's tokens, so one early near-tie does not end the comparison). Let noise(p) be
+// llama.cpp's own top-8 discrepancy at position p and tol = 2 x max_p noise(p) for the prompt:
+// twice the largest disagreement of llama.cpp with itself, because an independent
+// implementation differs in the summation order of every op, not only attention.
 // - tokenizer: our ids for the prompt text equal llama.cpp's;
-// - greedy continuation: identical, except that a divergence is accepted only where llama.cpp's
-//   own top-2 gap at that position is below kNearTie (a near-tie, where rounding differences
-//   between two correct implementations may pick either token); the rest of that case is then
-//   not compared;
-// - first-position logits: top-1 agrees and max |Δ| <= kMaxLogitDelta.
+// - greedy token: our argmax equals llama.cpp's, except where llama.cpp's own top-2 gap is a
+//   near-tie: below max(kNearTie, 2 x noise(p)) — there llama.cpp's two attention paths could
+//   disagree with each other too; and agreement on at least kMinAgreement of all positions;
+// - logits over llama.cpp's top-8 ids: max |delta| <= max(kMinLogitTol, tol);
+// - first-position logits over the whole vocabulary: top-1 agrees, RMS |delta| <= tol / 2.
+// The free-running greedy continuation is reported too (identical prefix length).
+//
+// Why not a fixed 1e-2 near-tie: on SmolLM2-135M, llama.cpp with flash attention on diverges
+// from itself with flash attention off in 6 of 8 prompts, at top-2 gaps up to 0.18, and its
+// first-position logits differ by up to 0.77: this small model amplifies last-bit rounding
+// differences (where an F16 or Q8 rounding flips) to tenths of a logit.
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "app/commands.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
@@ -29,20 +47,23 @@ namespace sluice {
 namespace {
 
 constexpr float kNearTie = 1e-2f;
-// Activations are quantized to 8 bits the same way on both sides; what remains is summation
-// order and F16 rounding in attention, which moves logits by far less than this.
-constexpr float kMaxLogitDelta = 0.1f;
+// Floor of the logit tolerance: activations are quantized to 8 bits the same way on both sides.
+constexpr float kMinLogitTol = 0.05f;
+constexpr double kMinAgreement = 0.95;
 
 struct GoldenCase {
   std::string prompt;
   std::vector<int32_t> prompt_ids;
   std::vector<int32_t> tokens;
   std::vector<float> gaps;
+  std::vector<float> noise;                                // per position
+  std::vector<std::vector<std::pair<int, float>>> top8;   // per position
 };
 
 struct Golden {
   int n_vocab = 0;
   std::string model_sha256;
+  std::string synth_args;  // for synthetic models: the `sluice synth` arguments that make it
   std::vector<GoldenCase> cases;
   std::vector<float> first_logits;  // cases.size() * n_vocab
 };
@@ -55,12 +76,19 @@ Golden load_golden(const std::string& name) {
   nlohmann::json j = nlohmann::json::parse(in);
   g.n_vocab = j.at("n_vocab").get<int>();
   g.model_sha256 = j.value("model_sha256", "");
+  g.synth_args = j.value("synth_args", "");
   for (const auto& c : j.at("cases")) {
     GoldenCase gc;
     gc.prompt = c.at("prompt").get<std::string>();
     gc.prompt_ids = c.at("prompt_ids").get<std::vector<int32_t>>();
     gc.tokens = c.at("tokens").get<std::vector<int32_t>>();
     gc.gaps = c.at("top2_gap").get<std::vector<float>>();
+    gc.noise = c.at("self_noise").get<std::vector<float>>();
+    for (const auto& pos : c.at("top8")) {
+      std::vector<std::pair<int, float>> t;
+      for (const auto& e : pos) t.push_back({e.at(0).get<int>(), e.at(1).get<float>()});
+      gc.top8.push_back(std::move(t));
+    }
     g.cases.push_back(std::move(gc));
   }
   std::ifstream lf(test::fixture_path("golden/" + name + ".logits.f32"), std::ios::binary);
@@ -85,48 +113,76 @@ void check_model_against_golden(const std::string& path, const Golden& g, bool c
   model::Model& mdl = **m;
   ASSERT_EQ(mdl.n_vocab(), g.n_vocab);
 
-  std::vector<float> logits(size_t(g.n_vocab));
-  float worst_delta = 0;
-  int top1_agree = 0, identical_cases = 0, near_tie_cases = 0;
+  const int nv = g.n_vocab;
+  std::vector<float> logits(static_cast<size_t>(nv));
+  float worst_rms = 0, worst_top8 = 0, worst_ratio = 0;
+  int top1_first = 0, positions = 0, agree = 0, near_tie_flips = 0, identical_runs = 0;
+  size_t shortest_prefix = SIZE_MAX;
   for (size_t ci = 0; ci < g.cases.size(); ++ci) {
     const GoldenCase& c = g.cases[ci];
     SCOPED_TRACE("prompt: " + c.prompt);
+    ASSERT_EQ(c.top8.size(), c.tokens.size());
+    ASSERT_EQ(c.noise.size(), c.tokens.size());
     if (check_tokenizer) {
       EXPECT_EQ((*tok)->encode(c.prompt, (*tok)->add_bos_default(), true), c.prompt_ids);
     }
+    // Teacher forcing: prompt, then llama.cpp's tokens one at a time.
     mdl.truncate(0);
     ASSERT_TRUE(mdl.eval(c.prompt_ids, logits).is_ok());
-    const float* ref = &g.first_logits[ci * size_t(g.n_vocab)];
-    float delta = 0;
-    for (int i = 0; i < g.n_vocab; ++i) {
+    const float* ref = &g.first_logits[ci * size_t(nv)];
+    double sq = 0;
+    for (int i = 0; i < nv; ++i) {
       ASSERT_TRUE(std::isfinite(logits[i])) << "logit " << i;
-      delta = std::max(delta, std::fabs(logits[i] - ref[i]));
+      sq += double(logits[i] - ref[i]) * double(logits[i] - ref[i]);
     }
-    worst_delta = std::max(worst_delta, delta);
-    EXPECT_LE(delta, kMaxLogitDelta) << "first-position logits differ from llama.cpp";
-    if (argmax(logits.data(), g.n_vocab) == argmax(ref, g.n_vocab)) ++top1_agree;
-
-    bool diverged = false;
+    const float tol = 2.0f * *std::max_element(c.noise.begin(), c.noise.end());
+    const float rms = float(std::sqrt(sq / nv));
+    worst_rms = std::max(worst_rms, rms);
+    EXPECT_LE(rms, std::max(kMinLogitTol, tol) / 2) << "first-position logits: RMS difference from llama.cpp";
+    if (argmax(logits.data(), nv) == argmax(ref, nv)) ++top1_first;
     for (size_t step = 0; step < c.tokens.size(); ++step) {
-      int32_t ours = argmax(logits.data(), g.n_vocab);
-      if (ours != c.tokens[step]) {
-        EXPECT_LT(c.gaps[step], kNearTie) << "greedy token " << step << " differs (ours " << ours << ", llama.cpp "
-                                          << c.tokens[step] << ") where llama.cpp's top-2 gap is " << c.gaps[step]
-                                          << ": not a near-tie, so this is a bug";
-        diverged = true;
-        break;
+      if (step > 0) {
+        const int32_t prev = c.tokens[step - 1];
+        ASSERT_TRUE(mdl.eval(std::span<const int32_t>(&prev, 1), logits).is_ok());
       }
-      if (step + 1 == c.tokens.size()) break;
-      int32_t next = c.tokens[step];
-      ASSERT_TRUE(mdl.eval(std::span<const int32_t>(&next, 1), logits).is_ok());
+      ++positions;
+      const float noise = c.noise[step];
+      float d8 = 0;
+      for (const auto& [id, v] : c.top8[step]) d8 = std::max(d8, std::fabs(logits[size_t(id)] - v));
+      worst_top8 = std::max(worst_top8, d8);
+      worst_ratio = std::max(worst_ratio, d8 / std::max(noise, 1e-6f));
+      EXPECT_LE(d8, std::max(kMinLogitTol, tol))
+          << "position " << step << ": top-8 logits differ from llama.cpp by " << d8 << " (llama.cpp's own noise " << noise << ")";
+      const int32_t ours = argmax(logits.data(), nv);
+      if (ours == c.tokens[step]) {
+        ++agree;
+      } else {
+        ++near_tie_flips;
+        EXPECT_LT(c.gaps[step], std::max(kNearTie, 2 * noise))
+            << "position " << step << ": greedy token differs (ours " << ours << ", llama.cpp " << c.tokens[step]
+            << ") where llama.cpp's top-2 gap " << c.gaps[step] << " exceeds twice its own noise " << noise
+            << ": not a near-tie, so this is a bug";
+      }
     }
-    if (diverged) ++near_tie_cases; else ++identical_cases;
+    // Free-running greedy, for the report: how long our own continuation stays identical.
+    mdl.truncate(0);
+    ASSERT_TRUE(mdl.eval(c.prompt_ids, logits).is_ok());
+    size_t same = 0;
+    while (same < c.tokens.size() && argmax(logits.data(), nv) == c.tokens[same]) {
+      const int32_t t = c.tokens[same++];
+      if (same < c.tokens.size()) ASSERT_TRUE(mdl.eval(std::span<const int32_t>(&t, 1), logits).is_ok());
+    }
+    shortest_prefix = std::min(shortest_prefix, same);
+    if (same == c.tokens.size()) ++identical_runs;
   }
-  std::printf("[golden] %s: %d/%zu cases identical for %zu tokens, %d diverged at a near-tie; first-position "
-              "logits max|d| = %.4g, top-1 agreement %d/%zu\n",
-              path.c_str(), identical_cases, g.cases.size(), g.cases.empty() ? 0 : g.cases[0].tokens.size(),
-              near_tie_cases, worst_delta, top1_agree, g.cases.size());
-  EXPECT_EQ(top1_agree, int(g.cases.size()));
+  EXPECT_GE(agree, kMinAgreement * positions) << "greedy agreement with llama.cpp";
+  std::printf("[golden] %s: teacher-forced greedy agreement %d/%d positions (%d flips at near-ties); "
+              "top-8 logits max|d| %.3g (worst %.2gx llama.cpp's own noise at that position); first-position RMS max %.3g, top-1 %d/%zu; "
+              "free-running: %d/%zu continuations identical for %zu tokens, shortest identical prefix %zu\n",
+              path.c_str(), agree, positions, near_tie_flips, worst_top8, worst_ratio, worst_rms, top1_first,
+              g.cases.size(), identical_runs, g.cases.size(), g.cases.empty() ? 0 : g.cases[0].tokens.size(),
+              shortest_prefix);
+  EXPECT_EQ(top1_first, int(g.cases.size()));
 }
 
 TEST(GoldenLlamaCpp, SmolLM2Q4_1) {
@@ -136,6 +192,59 @@ TEST(GoldenLlamaCpp, SmolLM2Q4_1) {
   ASSERT_FALSE(g.cases.empty());
   check_model_against_golden(path, g, /*check_tokenizer=*/true);
 }
+
+// Synthetic random-weight models of the other architectures and formats: regenerated here with
+// `sluice synth` and the fixture's arguments (deterministic: reference quantizers, fixed seed),
+// checked to be byte-identical (sha256) to the file llama.cpp was run on, then compared.
+class GoldenSynth : public ::testing::TestWithParam<std::string> {};
+
+std::string sha256_of(const std::string& path) {
+  std::string cmd = "sha256sum '" + path + "'";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return "";
+  char buf[128] = {};
+  std::string out = std::fgets(buf, sizeof buf, p) ? std::string(buf) : "";
+  pclose(p);
+  return out.substr(0, out.find(' '));
+}
+
+TEST_P(GoldenSynth, MatchesLlamaCpp) {
+  Golden g = load_golden(GetParam());
+  ASSERT_FALSE(g.synth_args.empty());
+  ASSERT_FALSE(g.cases.empty());
+  const std::string dir = (std::filesystem::temp_directory_path() / ("sluice-golden-" + std::to_string(::getpid()))).string();
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/" + GetParam() + ".gguf";
+  std::vector<std::string> args{"synth"};
+  std::istringstream in(g.synth_args);
+  for (std::string a; in >> a;) args.push_back(a);
+  args.push_back("-o");
+  args.push_back(path);
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  ASSERT_EQ(app::cmd_synth(int(argv.size()), argv.data()), 0);
+  ASSERT_EQ(sha256_of(path), g.model_sha256) << "sluice synth " << g.synth_args
+                                             << " no longer writes the file the fixture was made from; regenerate "
+                                                "fixtures with tools/golden/make_fixtures.sh";
+  check_model_against_golden(path, g, /*check_tokenizer=*/true);
+  std::filesystem::remove_all(dir);
+}
+
+std::vector<std::string> synth_fixtures() {
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(test::fixture_path("golden"))) {
+    const std::string f = e.path().filename().string();
+    if (e.path().extension() == ".json" && f != "smollm2.json") names.push_back(e.path().stem().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, GoldenSynth, ::testing::ValuesIn(synth_fixtures()), [](const auto& info) {
+  std::string n = info.param;
+  for (char& c : n) if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  return n;
+});
 
 }  // namespace
 }  // namespace sluice

@@ -1,11 +1,19 @@
 // Golden-fixture generator: runs llama.cpp (the correctness oracle) on a GGUF model and writes
 // what sluice's golden tests compare against. Not part of the sluice build: it links a
 // llama.cpp CPU build (see make_fixtures.sh). For each prompt it records the prompt's token ids
-// (llama.cpp tokenizer), the greedy continuation, the top-2 logit gap at every generated
-// position (to tell near-ties from bugs), and the full logits at the first generated position.
+// (llama.cpp tokenizer), the greedy continuation (flash attention off), at every generated
+// position the top-8 token ids and logits and the top-2 gap, and the full logits at the first
+// generated position.
+//
+// It also measures llama.cpp's own numerical noise: the same token sequence is evaluated again
+// with flash attention on (a different but equally correct summation order and rounding of the
+// attention), and for every position the largest |logit difference| over the top-8 ids is
+// recorded as "self_noise". Two correct implementations can disagree on the greedy token where
+// the top-2 gap is within that noise.
 //
 // usage: llama_fixture MODEL PROMPTS.txt N_GEN OUT.json OUT_LOGITS.f32
 //   PROMPTS.txt: one prompt per line; "\n" inside a line stands for a newline.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -83,7 +91,10 @@ int main(int argc, char** argv) {
   cp.n_threads_batch = 2;
   cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
   llama_context* ctx = llama_init_from_model(model, cp);
-  if (!ctx) {
+  llama_context_params cp_fa = cp;
+  cp_fa.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+  llama_context* ctx_fa = llama_init_from_model(model, cp_fa);
+  if (!ctx || !ctx_fa) {
     std::fprintf(stderr, "cannot create context\n");
     return 1;
   }
@@ -107,6 +118,7 @@ int main(int argc, char** argv) {
     ids.resize(n);
     std::vector<llama_token> gen;
     std::vector<float> gaps;
+    std::vector<std::vector<std::pair<int, float>>> top8;
     llama_batch batch = llama_batch_get_one(ids.data(), int(ids.size()));
     for (int step = 0; step < n_gen; ++step) {
       if (llama_decode(ctx, batch) != 0) {
@@ -126,7 +138,38 @@ int main(int argc, char** argv) {
       }
       gen.push_back(best);
       gaps.push_back(logits[best] - logits[second]);
+      std::vector<int> order(n_vocab);
+      for (int i = 0; i < n_vocab; ++i) order[i] = i;
+      std::partial_sort(order.begin(), order.begin() + 8, order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
+      std::vector<std::pair<int, float>> t8;
+      for (int i = 0; i < 8; ++i) t8.push_back({order[i], logits[order[i]]});
+      top8.push_back(t8);
       batch = llama_batch_get_one(&gen.back(), 1);
+    }
+    // Teacher-forced replay with flash attention: logits at every generated position.
+    std::vector<float> noise(gen.size(), 0.0f);
+    {
+      llama_memory_clear(llama_get_memory(ctx_fa), true);
+      std::vector<llama_token> seq = ids;
+      seq.insert(seq.end(), gen.begin(), gen.end() - 1);
+      llama_batch b = llama_batch_init(int(seq.size()), 0, 1);
+      for (size_t i = 0; i < seq.size(); ++i) {
+        b.token[i] = seq[i];
+        b.pos[i] = int(i);
+        b.n_seq_id[i] = 1;
+        b.seq_id[i][0] = 0;
+        b.logits[i] = i + 1 >= ids.size();
+      }
+      b.n_tokens = int(seq.size());
+      if (llama_decode(ctx_fa, b) != 0) {
+        std::fprintf(stderr, "decode (flash attention) failed\n");
+        return 1;
+      }
+      for (size_t step = 0; step < gen.size(); ++step) {
+        const float* lf = llama_get_logits_ith(ctx_fa, int(ids.size() - 1 + step));
+        for (const auto& [id, v] : top8[step]) noise[step] = std::max(noise[step], std::fabs(lf[id] - v));
+      }
+      llama_batch_free(b);
     }
     std::fprintf(js, "    {\"prompt\": \"%s\",\n     \"prompt_ids\": [", json_escape(prompts[p]).c_str());
     for (size_t i = 0; i < ids.size(); ++i) std::fprintf(js, "%s%d", i ? ", " : "", ids[i]);
@@ -134,12 +177,21 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < gen.size(); ++i) std::fprintf(js, "%s%d", i ? ", " : "", gen[i]);
     std::fprintf(js, "],\n     \"top2_gap\": [");
     for (size_t i = 0; i < gaps.size(); ++i) std::fprintf(js, "%s%.6g", i ? ", " : "", gaps[i]);
+    std::fprintf(js, "],\n     \"self_noise\": [");
+    for (size_t i = 0; i < noise.size(); ++i) std::fprintf(js, "%s%.6g", i ? ", " : "", noise[i]);
+    std::fprintf(js, "],\n     \"top8\": [");
+    for (size_t i = 0; i < top8.size(); ++i) {
+      std::fprintf(js, "%s[", i ? ", " : "");
+      for (size_t k = 0; k < top8[i].size(); ++k) std::fprintf(js, "%s[%d, %.6g]", k ? ", " : "", top8[i][k].first, top8[i][k].second);
+      std::fprintf(js, "]");
+    }
     std::fprintf(js, "]}%s\n", p + 1 < prompts.size() ? "," : "");
   }
   std::fprintf(js, "  ]\n}\n");
   std::fclose(js);
   std::fclose(logits_out);
   llama_free(ctx);
+  llama_free(ctx_fa);
   llama_model_free(model);
   return 0;
 }

@@ -30,7 +30,7 @@ p, sha, name = sys.argv[1:]
 d = json.load(open(p))
 d["model"] = name
 d["model_sha256"] = sha
-json.dump(d, open(p, "w"), indent=1)
+json.dump(d, open(p, "w"), separators=(",", ":"))
 PY
   echo "fixture $1: $(basename "$2")"
 }
@@ -49,4 +49,11 @@ while read -r name args; do
   # shellcheck disable=SC2086
   "$sluice" synth $args -o "$tmp/$name.gguf" >/dev/null
   gen "$name" "$tmp/$name.gguf" "$here/prompts_synth.txt" 64
+  python3 - "$out/$name.json" "$args" <<'PY'
+import json, sys
+p, args = sys.argv[1:]
+d = json.load(open(p))
+d["synth_args"] = args
+json.dump(d, open(p, "w"), separators=(",", ":"))
+PY
 done < "$here/synth_models.txt"
