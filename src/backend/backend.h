@@ -122,7 +122,7 @@ class Backend {
 };
 
 struct CpuOptions {
-  int n_threads = 0;  // 0: hardware concurrency
+  int n_threads = 0;  // 0: physical cores
   bool simd = true;   // false: the backend's own ops take their portable paths (tests compare both)
 };
 // The CPU backend (backend/cpu).

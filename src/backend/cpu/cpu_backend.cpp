@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -12,9 +14,29 @@
 
 namespace sluice::backend {
 
+namespace {
+
+// Physical cores (distinct package/core id pairs in sysfs): matrix products saturate a core's
+// SIMD units, so a second hyper-thread per core adds contention, not throughput. Falls back to
+// the logical count where sysfs is unavailable.
+int physical_cores() {
+  const unsigned logical = std::max(1u, std::thread::hardware_concurrency());
+  std::set<std::pair<long, long>> cores;
+  for (unsigned c = 0; c < logical; ++c) {
+    const std::string dir = "/sys/devices/system/cpu/cpu" + std::to_string(c) + "/topology/";
+    std::ifstream pkg(dir + "physical_package_id"), core(dir + "core_id");
+    long p = -1, k = -1;
+    if (!(pkg >> p) || !(core >> k)) return int(logical);
+    cores.insert({p, k});
+  }
+  return cores.empty() ? int(logical) : int(cores.size());
+}
+
+}  // namespace
+
 std::unique_ptr<Backend> make_cpu_backend(const CpuOptions& opts) {
   int n = opts.n_threads;
-  if (n <= 0) n = int(std::max(1u, std::thread::hardware_concurrency()));
+  if (n <= 0) n = physical_cores();
   return std::make_unique<cpu::CpuBackend>(n, opts.simd);
 }
 
