@@ -78,6 +78,21 @@ struct Kernels {
   Type vec_dot_type = Type::kF32;
   // *out = sum_i w[i] * a[i] over n elements; w is a row in this format, a is in vec_dot_type.
   void (*vec_dot)(int64_t n, const void* w, const void* a, float* out) = nullptr;
+  // Multi-column dot for prefill: one weight row against n_cols activation rows, each already in
+  // vec_dot_type:
+  //   out[c] = vec_dot(n, w, (const char*)a + c * a_stride, ...)   for c in [0, n_cols)
+  // a_stride is in bytes (>= row_bytes(vec_dot_type, n)); n_cols >= 0; out has n_cols floats.
+  // The kernel decodes each weight block once and dots it with several columns, so weight
+  // decode and weight bandwidth are shared; results equal vec_dot's up to f32 summation order.
+  // nullptr where no such kernel exists for this format and ISA: loop over vec_dot instead.
+  // The kRef table has one for every weight format (a loop over its vec_dot: the specification).
+  void (*vec_dot_cols)(int64_t n, const void* w, const void* a, int64_t a_stride, int n_cols,
+                       float* out) = nullptr;
+  // Instruction set of the code behind vec_dot and vec_dot_cols in this table entry. A table of a
+  // higher ISA keeps the lower ISA's kernel where it has no specialised one (e.g. the AVX-512
+  // table's Q3_K vec_dot is AVX2 code); benchmarks and docs label rows with these.
+  Isa vec_dot_isa = Isa::kRef;
+  Isa vec_dot_cols_isa = Isa::kRef;
 };
 
 // Fastest kernels for this CPU.

@@ -51,4 +51,10 @@ void vec_dot_q4_k(int64_t n, const void* w, const void* a, float* out);   // a: 
 void vec_dot_q5_k(int64_t n, const void* w, const void* a, float* out);   // a: Q8_K
 void vec_dot_q6_k(int64_t n, const void* w, const void* a, float* out);   // a: Q8_K
 
+// Specification of Kernels::vec_dot_cols: out[c] = Dot(n, w, a + c * a_stride) for each column.
+template <void (*Dot)(int64_t, const void*, const void*, float*)>
+void vec_dot_cols(int64_t n, const void* w, const void* a, int64_t a_stride, int n_cols, float* out) {
+  for (int c = 0; c < n_cols; ++c) Dot(n, w, static_cast<const unsigned char*>(a) + c * a_stride, out + c);
+}
+
 }  // namespace sluice::quant::ref

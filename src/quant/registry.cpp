@@ -65,6 +65,21 @@ Table make_ref_table() {
   set(Type::kQ5_K, ref::dequantize_row_q5_k, ref::quantize_row_q5_k, Type::kQ8_K, ref::vec_dot_q5_k);
   set(Type::kQ6_K, ref::dequantize_row_q6_k, ref::quantize_row_q6_k, Type::kQ8_K, ref::vec_dot_q6_k);
   set(Type::kQ8_K, ref::dequantize_row_q8_k, ref::quantize_row_q8_k, Type::kQ8_K, VecDot{nullptr});
+  // vec_dot_cols specification: a loop over the reference vec_dot, for every weight format.
+  auto cols = [&t](Type ty, auto fn) { t[size_t(ty)].vec_dot_cols = fn; };
+  cols(Type::kF32, ref::vec_dot_cols<ref::vec_dot_f32>);
+  cols(Type::kF16, ref::vec_dot_cols<ref::vec_dot_f16>);
+  cols(Type::kBF16, ref::vec_dot_cols<ref::vec_dot_bf16>);
+  cols(Type::kQ4_0, ref::vec_dot_cols<ref::vec_dot_q4_0>);
+  cols(Type::kQ4_1, ref::vec_dot_cols<ref::vec_dot_q4_1>);
+  cols(Type::kQ5_0, ref::vec_dot_cols<ref::vec_dot_q5_0>);
+  cols(Type::kQ5_1, ref::vec_dot_cols<ref::vec_dot_q5_1>);
+  cols(Type::kQ8_0, ref::vec_dot_cols<ref::vec_dot_q8_0>);
+  cols(Type::kQ2_K, ref::vec_dot_cols<ref::vec_dot_q2_k>);
+  cols(Type::kQ3_K, ref::vec_dot_cols<ref::vec_dot_q3_k>);
+  cols(Type::kQ4_K, ref::vec_dot_cols<ref::vec_dot_q4_k>);
+  cols(Type::kQ5_K, ref::vec_dot_cols<ref::vec_dot_q5_k>);
+  cols(Type::kQ6_K, ref::vec_dot_cols<ref::vec_dot_q6_k>);
   return t;
 }
 
@@ -76,6 +91,9 @@ bool cpu_has(Isa isa) {
     case Isa::kAvx2:
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     case Isa::kAvx512:
+      // Every feature cpu_avx512.cpp is compiled for (src/quant/CMakeLists.txt), each checked
+      // on its own: parts exist with avx512f but without VNNI or BF16 (Skylake-X, Zen 3 has
+      // none). __builtin_cpu_supports also requires the OS to save the zmm/opmask state.
       return cpu_has(Isa::kAvx2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
              __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bf16");
@@ -84,6 +102,14 @@ bool cpu_has(Isa isa) {
 #else
   return isa == Isa::kRef;
 #endif
+}
+
+// Records which entries an install replaced, so each entry names the ISA of its code.
+void mark_isa(const Table& before, Table& after, Isa isa) {
+  for (size_t i = 0; i < after.size(); ++i) {
+    if (after[i].vec_dot != before[i].vec_dot) after[i].vec_dot_isa = isa;
+    if (after[i].vec_dot_cols != before[i].vec_dot_cols) after[i].vec_dot_cols_isa = isa;
+  }
 }
 
 // Tables for each ISA the CPU has; a higher ISA starts from the lower one's kernels.
@@ -99,9 +125,21 @@ const Tables& tables() {
     t.has_avx2 = cpu_has(Isa::kAvx2);
     t.has_avx512 = t.has_avx2 && cpu_has(Isa::kAvx512);
     t.avx2 = t.ref;
-    if (t.has_avx2) detail::install_avx2(t.avx2.data());
+    // The reference vec_dot_cols loops over the scalar vec_dot: slower than the AVX2 vec_dot a
+    // caller would fall back to, so a SIMD table carries only specialised multi-column kernels.
+    for (Kernels& k : t.avx2) k.vec_dot_cols = nullptr;
+    if (t.has_avx2) {
+      const Table before = t.avx2;
+      detail::install_avx2(t.avx2.data());
+      detail::install_avx2_cols(t.avx2.data());
+      mark_isa(before, t.avx2, Isa::kAvx2);
+    }
     t.avx512 = t.avx2;
-    if (t.has_avx512) detail::install_avx512(t.avx512.data());
+    if (t.has_avx512) {
+      const Table before = t.avx512;
+      detail::install_avx512(t.avx512.data());
+      mark_isa(before, t.avx512, Isa::kAvx512);
+    }
     return t;
   }();
   return kTables;

@@ -11,6 +11,7 @@ inline constexpr int kMaxTypeId = 31;  // one past the largest supported raw typ
 
 // Overwrites the entries that the ISA accelerates; entries left alone keep the lower ISA's kernel.
 void install_avx2(Kernels* table);
+void install_avx2_cols(Kernels* table);  // vec_dot_cols (cpu_avx2_cols.cpp)
 void install_avx512(Kernels* table);
 
 }  // namespace sluice::quant::detail

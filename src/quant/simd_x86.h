@@ -6,6 +6,9 @@
 
 #include <cstdint>
 #include <cstring>
+#include <utility>
+
+#include "core/status.h"
 
 namespace sluice::quant::x86 {
 
@@ -53,6 +56,35 @@ inline __m256i dot_u8_s8(__m256i u, __m256i s) {
 // the second operand so maddubs' unsigned first operand sees |x|).
 inline __m256i dot_s8_s8(__m256i x, __m256i y) {
   return dot_u8_s8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+}
+
+// ---- multi-column drivers --------------------------------------------------------------------
+// A kernel K is a struct with `template <int NC> static void run(int64_t n, const void* w,
+// const uint8_t* a, int64_t a_stride, float* out)` computing NC columns with NC accumulators kept
+// in registers. vec_dot is its one-column instance; vec_dot_cols splits n_cols into groups of at
+// most kMax (the most columns whose accumulators fit the register file next to the decoded
+// weights) and runs the exact-width instance for the remainder.
+
+template <class K>
+void vec_dot_of(int64_t n, const void* w, const void* a, float* out) {
+  K::template run<1>(n, w, static_cast<const uint8_t*>(a), 0, out);
+}
+
+template <class K, int kMax>
+void vec_dot_cols_of(int64_t n, const void* w, const void* a, int64_t a_stride, int n_cols, float* out) {
+  SLUICE_CHECK(n_cols >= 0, "vec_dot_cols: negative column count");
+  const auto* act = static_cast<const uint8_t*>(a);
+  int c = 0;
+  for (; c + kMax <= n_cols; c += kMax) K::template run<kMax>(n, w, act + c * a_stride, a_stride, out + c);
+  const int rest = n_cols - c;
+  [&]<int... I>(std::integer_sequence<int, I...>) {
+    ((rest == I + 1 ? K::template run<I + 1>(n, w, act + c * a_stride, a_stride, out + c) : void()), ...);
+  }(std::make_integer_sequence<int, kMax - 1>{});
+}
+
+inline int64_t blocks_of(int64_t n, int64_t block) {
+  SLUICE_CHECK(n >= 0 && n % block == 0, "row length must be a non-negative multiple of the block size");
+  return n / block;
 }
 
 }  // namespace sluice::quant::x86

@@ -1,7 +1,9 @@
 // Every ISA's kernels against the scalar reference, on fresh random data. Tolerances:
-//  - vec_dot: normalized error (test_util.h) over a vector of dot results <= 1e-5; the kernels
-//    compute the same per-block integer sums, so only f32 summation order differs;
+//  - vec_dot and vec_dot_cols: normalized error (test_util.h) over a vector of dot results
+//    <= 1e-5; the kernels compute the same per-block integer sums, so only f32 summation order
+//    differs (F32/F16/BF16: f32 lanes against the reference's double);
 //  - quantize_row of activations and F16, and every dequantize_row: bit-identical.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -64,6 +66,28 @@ std::vector<uint8_t> random_raw_row(Type t, int64_t n, uint64_t salt) {
   return raw;
 }
 
+// Row lengths for a dot test: whole super-blocks, plus odd block counts (the AVX-512 legacy
+// kernels take blocks in pairs) and, for float formats, lengths that end in a partial vector.
+std::vector<int64_t> test_lengths(Type t) {
+  const int64_t be = traits(t).block_elems;
+  std::vector<int64_t> ns;
+  for (int64_t blocks : {1, 2, 3, 7, 64}) ns.push_back(blocks * std::max<int64_t>(256, be));
+  if (be == 32)
+    for (int64_t blocks : {1, 3, 5, 9}) ns.push_back(blocks * be);
+  if (be == 1)
+    for (int64_t n : {1, 15, 17, 33, 100, 129, 300}) ns.push_back(n);
+  return ns;
+}
+
+// A weight row for dot tests: even reps from our quantizer, odd reps raw random blocks.
+std::vector<uint8_t> test_weights(Type t, int64_t n, int rep) {
+  if (rep % 2) return random_raw_row(t, n, 1000 + uint64_t(rep));
+  std::vector<uint8_t> w(size_t(row_bytes(t, n)));
+  const auto wf = test::random_floats(size_t(n), 0.5f, 2000 + uint64_t(rep));
+  kernels_for(t, Isa::kRef)->quantize_row(wf.data(), w.data(), n);
+  return w;
+}
+
 TEST_P(QuantSimd, VecDotMatchesReference) {
   const Isa isa = GetParam();
   for (Type t : kWeightTypes) {
@@ -71,17 +95,11 @@ TEST_P(QuantSimd, VecDotMatchesReference) {
     const Kernels* k = kernels_for(t, isa);
     ASSERT_EQ(k->vec_dot_type, ref_k->vec_dot_type);
     const Type at = ref_k->vec_dot_type;
-    for (int64_t blocks : {1, 2, 3, 7, 64}) {
-      const int64_t n = blocks * std::max<int64_t>(256, traits(t).block_elems);
+    for (int64_t n : test_lengths(t)) {
       std::vector<float> got, want;
       for (int rep = 0; rep < 16; ++rep) {
         // Half the rows from our quantizer, half raw random blocks.
-        std::vector<uint8_t> w = rep % 2 ? random_raw_row(t, n, 1000 + rep)
-                                         : std::vector<uint8_t>(size_t(row_bytes(t, n)));
-        if (rep % 2 == 0) {
-          const auto wf = test::random_floats(size_t(n), 0.5f, 2000 + rep);
-          ref_k->quantize_row(wf.data(), w.data(), n);
-        }
+        const std::vector<uint8_t> w = test_weights(t, n, rep);
         const auto af = test::random_floats(size_t(n), 2.0f, 3000 + rep);
         std::vector<uint8_t> act(size_t(row_bytes(at, n)));
         kernels_for(at, isa)->quantize_row(af.data(), act.data(), n);
@@ -94,6 +112,70 @@ TEST_P(QuantSimd, VecDotMatchesReference) {
       const double err = test::normalized_error(got.data(), want.data(), got.size());
       EXPECT_LE(err, 1e-5) << isa_name(isa) << " " << type_name(t) << " n=" << n << " seed " << test::test_seed();
     }
+  }
+}
+
+// vec_dot_cols against the reference vec_dot of each column, for column counts around the
+// kernels' group widths (4, 8) and an activation stride with padding between rows. Tolerance as
+// vec_dot: normalized error <= 1e-5 over all outputs of one (format, n).
+TEST_P(QuantSimd, VecDotColsMatchesReference) {
+  const Isa isa = GetParam();
+  int tested = 0;
+  for (Type t : kWeightTypes) {
+    const Kernels* k = kernels_for(t, isa);
+    const Kernels* ref_k = kernels_for(t, Isa::kRef);
+    if (k->vec_dot_cols == nullptr) continue;
+    ++tested;
+    const Type at = ref_k->vec_dot_type;
+    for (int64_t n : test_lengths(t)) {
+      const int64_t stride = row_bytes(at, n) + 64 + 4;  // padded, and not a multiple of 64
+      std::vector<float> got, want;
+      for (int n_cols : {0, 1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 19}) {
+        const auto w = test_weights(t, n, n_cols);
+        std::vector<uint8_t> act(size_t(stride * std::max(n_cols, 1)));
+        for (int c = 0; c < n_cols; ++c) {
+          const auto af = test::random_floats(size_t(n), 2.0f, 3000 + uint64_t(100 * n_cols + c));
+          kernels_for(at, isa)->quantize_row(af.data(), act.data() + c * stride, n);
+        }
+        std::vector<float> out(size_t(n_cols) + 1, NAN);
+        out[size_t(n_cols)] = 12345.0f;  // must stay untouched
+        k->vec_dot_cols(n, w.data(), act.data(), stride, n_cols, out.data());
+        EXPECT_EQ(out[size_t(n_cols)], 12345.0f) << isa_name(isa) << " " << type_name(t) << " wrote past n_cols";
+        for (int c = 0; c < n_cols; ++c) {
+          float r = NAN;
+          ref_k->vec_dot(n, w.data(), act.data() + c * stride, &r);
+          got.push_back(out[size_t(c)]);
+          want.push_back(r);
+        }
+      }
+      const double err = test::normalized_error(got.data(), want.data(), got.size());
+      EXPECT_LE(err, 1e-5) << isa_name(isa) << " " << type_name(t) << " n=" << n << " seed " << test::test_seed();
+    }
+  }
+  // The formats prefill needs most have a multi-column kernel in every table.
+  EXPECT_GE(tested, isa == Isa::kRef ? 13 : 5) << isa_name(isa);
+  for (Type t : {Type::kQ4_0, Type::kQ4_1, Type::kQ8_0, Type::kQ4_K, Type::kQ6_K}) {
+    EXPECT_NE(kernels_for(t, isa)->vec_dot_cols, nullptr) << isa_name(isa) << " " << type_name(t);
+    EXPECT_EQ(kernels_for(t, isa)->vec_dot_cols_isa, isa) << isa_name(isa) << " " << type_name(t);
+  }
+}
+
+// The ISA label of each entry names the code behind it (bench rows and docs rely on it).
+TEST_P(QuantSimd, IsaLabelsNameTheCode) {
+  const Isa isa = GetParam();
+  for (Type t : kWeightTypes) {
+    const Kernels* k = kernels_for(t, isa);
+    EXPECT_LE(int(k->vec_dot_isa), int(isa)) << type_name(t);
+    const Kernels* own = kernels_for(t, k->vec_dot_isa);
+    ASSERT_NE(own, nullptr);
+    EXPECT_EQ(own->vec_dot, k->vec_dot) << isa_name(isa) << " " << type_name(t) << " labelled "
+                                        << isa_name(k->vec_dot_isa);
+    if (isa != Isa::kRef) EXPECT_NE(k->vec_dot, kernels_for(t, Isa::kRef)->vec_dot) << type_name(t);
+  }
+  if (isa == Isa::kAvx512) {
+    for (Type t : {Type::kF32, Type::kF16, Type::kBF16, Type::kQ4_0, Type::kQ4_1, Type::kQ5_0, Type::kQ5_1,
+                   Type::kQ8_0, Type::kQ4_K, Type::kQ5_K, Type::kQ6_K})
+      EXPECT_EQ(kernels_for(t, isa)->vec_dot_isa, Isa::kAvx512) << type_name(t);
   }
 }
 
