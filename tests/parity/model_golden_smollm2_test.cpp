@@ -18,8 +18,10 @@ namespace {
 // amplify that to a few percent of the logits: measured max|delta| 0.7-1.0, normalized error
 // 2e-2..9e-2 (our own ref vs AVX2 kernels differ by as much). Bounds are set just above.
 constexpr double kMaxLogitError = 0.15;
-// Greedy sequences may then part only at near ties: measured top-2 gaps at divergence <= 0.09.
-constexpr float kNearTie = 0.15f;
+// Greedy sequences may then part only at near ties: measured llama.cpp top-2 gaps at the first
+// divergence 0.02..0.2 over two fixture generations; a real defect diverges at gaps of several
+// logits.
+constexpr float kNearTie = 0.3f;
 
 TEST(ParitySmolLM2, GreedyTokensAndFirstLogitsMatchLlamaCpp) {
   SLUICE_REQUIRE_MODEL(model_path(kSmolLM2));
