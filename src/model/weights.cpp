@@ -15,7 +15,9 @@ enum class Use {
 };
 
 std::string shape_str(int64_t ne0, int64_t ne1) {
-  return ne1 == 1 ? "[" + std::to_string(ne0) + "]" : "[" + std::to_string(ne0) + ", " + std::to_string(ne1) + "]";
+  std::vector<uint64_t> shape{uint64_t(ne0)};
+  if (ne1 != 1) shape.push_back(uint64_t(ne1));
+  return gguf::shape_string(shape);
 }
 
 // Finds `name` and checks it against the expected shape [ne0, ne1] and its use. When the tensor
