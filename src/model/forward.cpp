@@ -26,10 +26,26 @@ constexpr int kMaxBatch = 512;
 constexpr int kLogitRows = 16;
 constexpr int kDefaultMaxCtx = 4096;
 
+// The default layer source: the validated views into the mmapped file, nothing to fetch.
+class MappedLayerSource final : public LayerSource {
+ public:
+  explicit MappedLayerSource(const Weights& w) : w_(w) {}
+  const Weights& globals() const override { return w_; }
+  Status begin_pass(int) override { return Status::ok(); }
+  Result<const LayerWeights*> acquire(int layer) override { return &w_.layers[size_t(layer)]; }
+  void release(int) override {}
+
+ private:
+  const Weights& w_;
+};
+
 class LlamaFamilyModel final : public Model {
  public:
   LlamaFamilyModel(gguf::File file, Config cfg, Weights w, std::unique_ptr<backend::Backend> be)
       : file_(std::move(file)), cfg_(std::move(cfg)), w_(std::move(w)), be_(std::move(be)) {}
+
+  // Replaces the mmapped views as the loop's weight source (before the first eval).
+  void set_layer_source(std::unique_ptr<LayerSource> src) { src_ = std::move(src); }
 
   Status init(int n_ctx) {
     SLUICE_RETURN_IF_ERROR(kv_.init(*be_, cfg_.n_layer, n_ctx, cfg_.n_embd_k(), cfg_.n_embd_v()));
@@ -79,7 +95,7 @@ class LlamaFamilyModel final : public Model {
       const size_t m = std::min<size_t>(kMaxBatch, n - b);
       const bool last_chunk = b + m == n;
       float* out = all ? logits.data() + b * nv : (last_chunk ? logits.data() : nullptr);
-      forward(tokens.subspan(b, m), kv_.n_past(), out, all);
+      SLUICE_RETURN_IF_ERROR(forward(tokens.subspan(b, m), kv_.n_past(), out, all));
       kv_.set_n_past(kv_.n_past() + int(m));
     }
     be_->sync();
@@ -96,29 +112,34 @@ class LlamaFamilyModel final : public Model {
 
  private:
   // Runs tokens at positions [pos0, pos0 + n). Writes logits of every token (all) or the last
-  // one to `out` (nullptr: none, for a non-final prefill chunk).
-  void forward(std::span<const int32_t> ids, int pos0, float* out, bool all) {
+  // one to `out` (nullptr: none, for a non-final prefill chunk). Errors come only from the weight
+  // source (I/O, file changed); the pass stops before computing on the layer it could not get.
+  Status forward(std::span<const int32_t> ids, int pos0, float* out, bool all) {
     backend::Backend& be = *be_;
+    LayerSource& src = *src_;
+    const Weights& g = src.globals();
     const int64_t n = int64_t(ids.size());
     const Tensor x = x_.first_rows(n), xn = xn_.first_rows(n), q = q_.first_rows(n), k = k_.first_rows(n),
                  v = v_.first_rows(n), attn = attn_.first_rows(n), gate = gate_.first_rows(n), up = up_.first_rows(n);
     const float eps = cfg_.rms_eps;
 
     backend::RopeParams rq{cfg_.rope_mode, cfg_.n_head, cfg_.head_dim, cfg_.n_rot, cfg_.rope_freq_base,
-                           cfg_.rope_freq_scale, w_.rope_freqs.view()};
+                           cfg_.rope_freq_scale, g.rope_freqs.view()};
     backend::RopeParams rk = rq;
     rk.n_head = cfg_.n_head_kv;
     const backend::AttentionParams ap{cfg_.n_head, cfg_.n_head_kv, cfg_.head_dim,
                                       1.0f / std::sqrt(float(cfg_.head_dim)), pos0};
 
-    be.get_rows(w_.token_embd.view(), ids, x);
+    SLUICE_RETURN_IF_ERROR(src.begin_pass(int(n)));
+    be.get_rows(g.token_embd.view(), ids, x);
     for (int l = 0; l < cfg_.n_layer; ++l) {
-      const LayerWeights& L = w_.layers[size_t(l)];
+      SLUICE_ASSIGN_OR_RETURN(const LayerWeights* lw, src.acquire(l));
+      const LayerWeights& L = *lw;
       // Attention block: x += Wo . attention(rope(norm(Wq xn)), rope(norm(Wk xn)), Wv xn).
       be.rms_norm(x, L.attn_norm.view(), eps, xn);
-      be.matmul(L.wq.view(), xn, q);
-      be.matmul(L.wk.view(), xn, k);
-      be.matmul(L.wv.view(), xn, v);
+      const backend::WeightView qkv_w[] = {L.wq.view(), L.wk.view(), L.wv.view()};
+      const Tensor qkv_y[] = {q, k, v};
+      be.matmul_multi(qkv_w, xn, qkv_y);
       if (L.bq.present()) be.add_bias(q, L.bq.view());
       if (L.bk.present()) be.add_bias(k, L.bk.view());
       if (L.bv.present()) be.add_bias(v, L.bv.view());
@@ -133,28 +154,33 @@ class LlamaFamilyModel final : public Model {
       be.add(x, xn);
       // Feed-forward block: x += W_down . (silu(W_gate xn) * (W_up xn)).
       be.rms_norm(x, L.ffn_norm.view(), eps, xn);
-      be.matmul(L.w_gate.view(), xn, gate);
-      be.matmul(L.w_up.view(), xn, up);
+      const backend::WeightView gate_up_w[] = {L.w_gate.view(), L.w_up.view()};
+      const Tensor gate_up_y[] = {gate, up};
+      be.matmul_multi(gate_up_w, xn, gate_up_y);
       be.swiglu(gate, up, gate);
       be.matmul(L.w_down.view(), gate, xn);
       be.add(x, xn);
+      be.sync();  // the source may overwrite this layer's memory once released
+      src.release(l);
     }
-    if (!out) return;
+    if (!out) return Status::ok();
     // Output head only for the rows whose logits are wanted (the last one in generation).
     const int64_t first = all ? 0 : n - 1;
     for (int64_t r = first; r < n; r += kLogitRows) {
       const int64_t m = std::min<int64_t>(kLogitRows, n - r);
       const Tensor xr = x.row_range(r, m), xo = xn.first_rows(m), lg = logits_.first_rows(m);
-      be.rms_norm(xr, w_.output_norm.view(), eps, xo);
-      be.matmul(w_.output.view(), xo, lg);
+      be.rms_norm(xr, g.output_norm.view(), eps, xo);
+      be.matmul(g.output.view(), xo, lg);
       be.download(lg, out + (r - first) * cfg_.n_vocab);
     }
+    return Status::ok();
   }
 
   gguf::File file_;  // owns the mapping every TensorRef points into
   Config cfg_;
   Weights w_;
   std::unique_ptr<backend::Backend> be_;
+  std::unique_ptr<LayerSource> src_ = std::make_unique<MappedLayerSource>(w_);
   KvCache kv_;
   // Activations, [kMaxBatch rows, width] each, allocated once at load.
   Tensor x_;      // residual stream       [n_embd]
@@ -188,8 +214,13 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& path, const LoadOp
     return invalid_argument("n_ctx " + std::to_string(n_ctx) + " exceeds the model's " + cfg.arch +
                             ".context_length " + std::to_string(cfg.n_ctx_train));
   }
+  std::unique_ptr<LayerSource> source;
+  if (opts.layer_source) {
+    SLUICE_ASSIGN_OR_RETURN(source, opts.layer_source(file, w));
+  }
   auto be = backend::make_cpu_backend({opts.n_threads});
   auto model = std::make_unique<LlamaFamilyModel>(std::move(file), std::move(cfg), std::move(w), std::move(be));
+  if (source) model->set_layer_source(std::move(source));
   SLUICE_RETURN_IF_ERROR(model->init(n_ctx));
   return std::unique_ptr<Model>(std::move(model));
 }

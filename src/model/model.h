@@ -3,15 +3,22 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
 
 #include "core/status.h"
 
+namespace sluice::gguf {
+class File;
+}
+
 namespace sluice::model {
 
 struct Config;  // hyper-parameters (model/config.h)
+struct Weights;
+class LayerSource;  // model/weights.h
 
 // Wall-clock time spent in eval, split as the CLI reports it: calls with more than one token are
 // prefill, single-token calls are decode.
@@ -25,6 +32,9 @@ struct Timings {
 struct LoadOptions {
   int n_threads = 0;   // 0: all physical cores
   int n_ctx = 0;       // 0: the model's own context length, capped at 4096
+  // Where the layer loop gets its weights (stream/ supplies a disk-streaming one). Called once at
+  // load with the opened file and the validated weight views; empty: the mmapped file itself.
+  std::function<Result<std::unique_ptr<LayerSource>>(const gguf::File&, const Weights&)> layer_source;
 };
 
 class Model {

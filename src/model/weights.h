@@ -59,6 +59,25 @@ struct Weights {
   uint64_t bytes_per_token() const;
 };
 
+// Where the layer loop gets its weights. The loop asks for layer l's weights right before computing
+// it and hands them back right after, so a source may keep them anywhere: the default source
+// returns views into the mmapped file, a streaming source (stream/) returns a RAM slot it has just
+// filled from disk and refills that slot once it is released. The loop cannot tell which.
+// Contract: each pass calls begin_pass once, then acquire(l)/release(l) for l = 0 .. n_layer-1 in
+// order; a layer's pointers are valid from acquire until release (the backend must be done with
+// them: callers sync a backend whose ops may still be running). Errors (I/O, model file changed)
+// mean the weights are unusable: the pass must stop and report, never compute.
+class LayerSource {
+ public:
+  virtual ~LayerSource() = default;
+  // Embeddings, output head, final norm, rope factors (layers empty); valid for the source's life.
+  virtual const Weights& globals() const = 0;
+  // Once per forward pass of n_tokens tokens, before the first acquire.
+  virtual Status begin_pass(int n_tokens) = 0;
+  virtual Result<const LayerWeights*> acquire(int layer) = 0;
+  virtual void release(int layer) = 0;
+};
+
 // Resolves and validates every tensor of `arch` in `file` against `cfg`. Errors name the tensor
 // and give expected and actual shape or type.
 Result<Weights> load_weights(const gguf::File& file, const ArchSpec& arch, const Config& cfg);
