@@ -1,0 +1,136 @@
+// CPU-only streaming: the layer source for a model larger than the RAM budget. From the plan
+// (make_plan with has_gpu = false), resident layers and the non-layer tensors (token_embd, output,
+// output_norm, rope_freqs) are read once at load into memory this class owns (not the page-cache
+// mmap, so every resident byte is counted against the budget); the other layers are read from disk
+// each pass into a ring of n_slots RAM slots allocated once at start-up.
+//
+// Slot life cycle (sequence number s = pass * n_streamed + index among streamed layers; slot
+// s % n_slots):  free --submit--> reading --acquire waits--> in use --release--> free (and the
+// read of s + n_slots is submitted into it at once). So while layer s is computed, the reads of
+// s+1 .. s+n_slots-1 are in flight: prefetch depth k = n_slots - 1, wrapping from the last layer
+// to the first of the next pass. Nothing is allocated on the hot path.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "model/model.h"
+#include "model/weights.h"
+#include "stream/io.h"
+#include "stream/plan.h"
+
+namespace sluice::gguf {
+class File;
+}
+
+namespace sluice::stream {
+
+struct CpuStreamOptions {
+  uint64_t ram_budget = 0;  // bytes for all weights held in RAM: non-layer + resident + slots
+  int n_slots = 2;          // ring slots for streamed layers (>= 1; 2+ overlaps disk and compute)
+  IoOptions io;
+  Bandwidths bw;            // for the predicted token time only
+};
+
+// One aligned read of a unit: file bytes [offset, offset + len) land at unit buffer + dst.
+struct ReadRun {
+  uint64_t offset = 0;
+  uint64_t len = 0;
+  uint64_t dst = 0;
+};
+struct UnitLayout {
+  std::string name;             // "blk.3" or "globals"
+  std::vector<ReadRun> runs;
+  uint64_t bytes = 0;           // buffer bytes: the sum of the aligned runs
+};
+// Where each layer's tensors lie in the file, grouped into large aligned reads (tensors of one
+// layer are close together in GGUF files; gaps under 1 MiB are read rather than split).
+struct FileLayout {
+  std::vector<UnitLayout> layers;  // blk.0 .. blk.{n-1}
+  UnitLayout globals;              // every tensor outside blk.*
+};
+Result<FileLayout> layout_of(const gguf::File& file);
+
+struct CpuPlan {
+  PlanInput input;        // units = layers
+  Plan plan;
+  uint64_t globals_bytes = 0;
+  uint64_t total_bytes = 0;  // globals + resident layers + slots: what the budget must hold
+  std::string describe() const;
+};
+// Errors (kInvalidArgument) when the budget cannot hold the non-layer tensors plus n_slots slots
+// of the largest layer, stating that minimum.
+Result<CpuPlan> plan_cpu(const FileLayout& layout, const CpuStreamOptions& opts);
+
+// Counters since load; "decode" is passes of one token.
+struct StreamStats {
+  uint64_t passes = 0, decode_passes = 0;
+  uint64_t bytes_read = 0, decode_bytes_read = 0;  // streamed bytes consumed by passes
+  double stall_seconds = 0, decode_stall_seconds = 0;  // compute waiting for a slot's read
+};
+
+class CpuLayerStreamer final : public model::LayerSource {
+ public:
+  // Reads the resident units, allocates the slots and starts the first reads.
+  static Result<std::unique_ptr<CpuLayerStreamer>> create(const std::string& path, const gguf::File& file,
+                                                          const model::Weights& w, const CpuStreamOptions& opts);
+  ~CpuLayerStreamer() override;
+
+  const model::Weights& globals() const override { return globals_; }
+  Status begin_pass(int n_tokens) override;
+  Result<const model::LayerWeights*> acquire(int layer) override;
+  void release(int layer) override;
+
+  const CpuPlan& plan() const { return plan_; }
+  const StreamStats& stats() const { return stats_; }
+  uint64_t owned_bytes() const { return resident_bytes_ + slot_pool_bytes_; }
+  const FileReader& reader() const { return *reader_; }
+
+ private:
+  struct AlignedFree {
+    void operator()(uint8_t* p) const;
+  };
+  using Buffer = std::unique_ptr<uint8_t, AlignedFree>;
+  enum class SlotState { kFree, kReading, kReady, kInUse };
+  struct Slot {
+    uint8_t* base = nullptr;
+    SlotState state = SlotState::kFree;
+    std::vector<FileReader::Ticket> tickets;  // capacity reserved at start-up
+    uint64_t seq = 0;
+  };
+
+  CpuLayerStreamer() = default;
+  Status submit_next();  // starts the read of sequence submitted_ into its slot
+  Status fail(Status st);
+
+  CpuPlan plan_;
+  FileLayout layout_;
+  // Buffers before the reader: members are destroyed in reverse order, and the reader drains its
+  // in-flight reads on destruction, so the kernel never writes into freed memory.
+  Buffer resident_;
+  Buffer slot_pool_;
+  uint64_t resident_bytes_ = 0, slot_pool_bytes_ = 0;
+  std::unique_ptr<FileReader> reader_;
+
+  model::Weights globals_;                    // views into resident_
+  std::vector<model::LayerWeights> resident_views_;  // per layer (used when resident)
+  std::vector<int> stream_index_;             // per layer: index among streamed layers, or -1
+  std::vector<int> streamed_;                 // streamed layer ids, in order
+  std::vector<model::LayerWeights> slot_views_;  // [streamed index * n_slots + slot]
+  std::vector<Slot> slots_;
+  uint64_t next_seq_ = 0;   // next sequence number to acquire
+  uint64_t submitted_ = 0;  // next sequence number to submit
+  bool decode_pass_ = false;
+  Status failed_;           // sticky: once a read failed, every later call reports it
+  StreamStats stats_;
+};
+
+// The LoadOptions::layer_source hook for CPU streaming; *out (optional) receives the streamer the
+// model will own, for stats.
+std::function<Result<std::unique_ptr<model::LayerSource>>(const gguf::File&, const model::Weights&)>
+cpu_streaming_source(const std::string& path, const CpuStreamOptions& opts, CpuLayerStreamer** out);
+
+}  // namespace sluice::stream
