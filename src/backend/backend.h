@@ -98,6 +98,13 @@ class Backend {
   // backend does). One row of x is a gemv; many rows take the batched (prefill) path.
   virtual void matmul(const WeightView& w, const Tensor& x, const Tensor& y) = 0;
 
+  // ys[i] = x ws[i]^T for several weights sharing the input (Q/K/V, gate/up): one dispatch, and x
+  // quantized once per activation format. Same results as separate matmul calls.
+  virtual void matmul_multi(std::span<const WeightView> ws, const Tensor& x, std::span<const Tensor> ys) {
+    SLUICE_CHECK(ws.size() == ys.size(), "matmul_multi: weights and outputs differ in count");
+    for (size_t i = 0; i < ws.size(); ++i) matmul(ws[i], x, ys[i]);
+  }
+
   // dst = x / rms(x) * w, over groups of w.ne0 consecutive elements of each row (the whole row for
   // a layer norm, each head for Q/K norms). w is F32. dst may alias x.
   virtual void rms_norm(const Tensor& x, const WeightView& w, float eps, const Tensor& dst) = 0;

@@ -69,11 +69,12 @@ std::vector<float> ref_matmul(Type type, const std::vector<float>& wdeq, const s
 class MatmulTest : public ::testing::TestWithParam<Type> {};
 
 // Tolerance 1e-4: same quantized operands, only the kernels' f32 summation order differs (and
-// per-block f16 scale products in the K-quant dots). Q4_1/Q5_1: 1e-3, because their Q8_1
-// activation blocks carry d * sum(q) rounded to f16, which the min term multiplies.
+// per-block f16 scale products in the K-quant dots). Q4_1/Q5_1: 5e-3, because their Q8_1
+// activation blocks carry d * sum(q) rounded to f16 (2^-11 relative), which the weight block's
+// min multiplies and the sum over blocks partly cancels (measured up to 1.6e-3 over seeds).
 TEST_P(MatmulTest, GemvAndGemmMatchReference) {
   const Type type = GetParam();
-  const double tol = (type == Type::kQ4_1 || type == Type::kQ5_1) ? 1e-3 : 1e-4;
+  const double tol = (type == Type::kQ4_1 || type == Type::kQ5_1) ? 5e-3 : 1e-4;
   // Unquantized f32 math differs by the weights' own quantization error on gaussian data.
   const double loose = type == Type::kQ2_K ? 0.4 : type == Type::kQ3_K ? 0.25 : 0.15;
   const int64_t k = 512, n_out = 200;
@@ -127,6 +128,36 @@ TEST(CpuOps, GemmRowsEqualGemv) {
     f.be->matmul(wv, xt.row_range(t, 1), yr);
     const auto one = f.get(yr);
     ASSERT_EQ(0, std::memcmp(one.data(), y.data() + t * n_out, size_t(n_out) * 4)) << "row " << t;
+  }
+}
+
+// Several weights over one input in one job (Q/K/V, gate/up), with different activation
+// formats (Q8_K, Q8_0, F32): bit-identical to separate matmul calls.
+TEST(CpuOps, MatmulMultiEqualsSeparateCalls) {
+  const int64_t k = 256;
+  const Type types[] = {Type::kQ4_K, Type::kQ8_0, Type::kF32};
+  const int64_t outs[] = {96, 40, 24};
+  std::vector<std::vector<uint8_t>> wq;
+  std::vector<WeightView> ws;
+  for (int i = 0; i < 3; ++i) {
+    std::vector<float> deq;
+    wq.push_back(quantize_matrix(types[i], test::random_floats(size_t(k * outs[i]), 1, 20 + i), k, outs[i], &deq));
+  }
+  for (int i = 0; i < 3; ++i) ws.push_back({types[i], k, outs[i], wq[size_t(i)].data()});
+  for (int64_t n_tok : {1, 9}) {
+    Fixture f(3);
+    const Tensor xt = f.f32(k, n_tok, test::random_floats(size_t(k * n_tok), 1, 30));
+    std::vector<Tensor> multi, single;
+    for (int i = 0; i < 3; ++i) {
+      multi.push_back(f.f32(outs[i], n_tok, {}));
+      single.push_back(f.f32(outs[i], n_tok, {}));
+      f.be->matmul(ws[size_t(i)], xt, single.back());
+    }
+    f.be->matmul_multi(ws, xt, multi);
+    for (int i = 0; i < 3; ++i) {
+      const auto a = f.get(multi[size_t(i)]), b = f.get(single[size_t(i)]);
+      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << "part " << i << " n_tok " << n_tok;
+    }
   }
 }
 

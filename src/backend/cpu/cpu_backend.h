@@ -54,6 +54,7 @@ class CpuBackend final : public Backend {
 
   void get_rows(const WeightView& table, std::span<const int32_t> ids, const Tensor& dst) override;
   void matmul(const WeightView& w, const Tensor& x, const Tensor& y) override;
+  void matmul_multi(std::span<const WeightView> ws, const Tensor& x, std::span<const Tensor> ys) override;
   void rms_norm(const Tensor& x, const WeightView& w, float eps, const Tensor& dst) override;
   void add_bias(const Tensor& y, const WeightView& b) override;
   void add(const Tensor& dst, const Tensor& src) override;
@@ -72,7 +73,9 @@ class CpuBackend final : public Backend {
   core::ThreadPool pool_;
   const bool simd_f16_;  // attention's AVX2/F16C path (else the portable one)
   std::vector<AlignedBuffer> buffers_;  // every Tensor allocated, alive until destruction
-  AlignedBuffer act_q_;                 // quantized activations for matmul (grow-only)
+  // Quantized activations for matmul, one per activation format in a matmul_multi (grow-only).
+  static constexpr size_t kMaxMulti = 4;
+  AlignedBuffer act_q_[kMaxMulti];
   std::vector<AlignedBuffer> scratch_;  // per-thread attention scratch (grow-only)
 };
 

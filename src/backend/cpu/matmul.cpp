@@ -5,6 +5,8 @@
 // Decode (one row of x) is bound by reading W once: output rows are split into chunks handed
 // out dynamically across threads. Prefill (many rows) reuses each weight row across a tile of
 // tokens while it is in L1, so W is streamed from memory once per tile rather than per token.
+// matmul_multi runs several weights over one input (Q/K/V, gate/up) as one job: fewer
+// dispatches per layer, and small matrices (K, V) no longer leave threads idle on their own.
 #include <algorithm>
 #include <string>
 
@@ -19,57 +21,97 @@ constexpr int64_t kRowBlock = 16;
 // Tokens per tile: the tile's quantized activations (<= 32 x 4.5 KiB for 4096 wide) stay in L2.
 constexpr int64_t kTokenTile = 32;
 
-}  // namespace
+struct Part {
+  const quant::Kernels* wk;
+  const uint8_t* w;
+  int64_t w_row;
+  const uint8_t* act;  // x in the weight's vec_dot_type, row t at act + t * a_stride
+  int64_t a_stride;
+  float* y;
+  int64_t y_stride;
+  int64_t first_chunk;  // chunks of all parts are numbered consecutively
+  int64_t n_out;
+};
 
-void CpuBackend::matmul(const WeightView& w, const Tensor& x, const Tensor& y) {
+void check_shapes(const WeightView& w, const Tensor& x, const Tensor& y) {
   SLUICE_CHECK(x.dtype == DType::kF32 && y.dtype == DType::kF32, "matmul: f32 activations expected");
   SLUICE_CHECK(x.cols == w.ne0 && y.cols == w.ne1 && x.rows == y.rows,
                "matmul: shapes x[" + std::to_string(x.rows) + "," + std::to_string(x.cols) + "] W[" +
-                   std::to_string(w.ne0) + "," + std::to_string(w.ne1) + "] y[" + std::to_string(y.rows) +
-                   "," + std::to_string(y.cols) + "]");
-  const quant::Kernels& wk = quant::kernels(w.type);
-  SLUICE_CHECK(wk.vec_dot != nullptr, std::string("matmul: no vec_dot for ") + quant::type_name(w.type));
-  const quant::Type at = wk.vec_dot_type;
-  const quant::Kernels& ak = quant::kernels(at);
+                   std::to_string(w.ne0) + "," + std::to_string(w.ne1) + "] y[" + std::to_string(y.rows) + "," +
+                   std::to_string(y.cols) + "]");
+  SLUICE_CHECK(quant::kernels(w.type).vec_dot != nullptr,
+               std::string("matmul: no vec_dot for ") + quant::type_name(w.type));
+}
+
+}  // namespace
+
+void CpuBackend::matmul(const WeightView& w, const Tensor& x, const Tensor& y) {
+  matmul_multi(std::span(&w, 1), x, std::span(&y, 1));
+}
+
+void CpuBackend::matmul_multi(std::span<const WeightView> ws, const Tensor& x, std::span<const Tensor> ys) {
+  SLUICE_CHECK(ws.size() == ys.size() && !ws.empty() && ws.size() <= kMaxMulti, "matmul_multi: bad part count");
   const int64_t n_tok = x.rows;
-  const int64_t n_out = w.ne1;
-  const int64_t k = w.ne0;
-  const int64_t w_row = w.row_bytes();
-  const int64_t a_row = quant::row_bytes(at, k);
-  const auto* wd = static_cast<const uint8_t*>(w.data);
+  const int64_t k = x.cols;
+  const bool gemv = n_tok == 1;
 
-  // Activations in vec_dot_type, row t at act + t * a_stride.
-  const uint8_t* act;
-  int64_t a_stride;
-  if (at == quant::Type::kF32) {
-    act = static_cast<const uint8_t*>(x.data);
-    a_stride = x.stride * 4;
-  } else {
-    SLUICE_CHECK(act_q_.reserve(size_t(n_tok * a_row)), "matmul: out of memory for activations");
-    uint8_t* q = act_q_.data();
-    for_rows(n_tok, 1, n_tok * k, [&](int64_t b, int64_t e, int) {
-      for (int64_t t = b; t < e; ++t) ak.quantize_row(static_cast<const float*>(x.data) + t * x.stride, q + t * a_row, k);
-    });
-    act = q;
-    a_stride = a_row;
+  // Quantize x once per distinct activation format.
+  quant::Type done_types[kMaxMulti];
+  const uint8_t* done_act[kMaxMulti];
+  int64_t done_stride[kMaxMulti];
+  size_t n_done = 0;
+  Part parts[kMaxMulti];
+  int64_t n_chunks = 0, total_out = 0;
+  for (size_t i = 0; i < ws.size(); ++i) total_out += ws[i].ne1;
+  // Decode: enough chunks (8 per thread) that a descheduled thread does not hold up the op.
+  const int64_t grain = gemv ? std::max<int64_t>(4, total_out / (8 * pool_.size())) : kRowBlock;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const WeightView& w = ws[i];
+    check_shapes(w, x, ys[i]);
+    const quant::Kernels& wk = quant::kernels(w.type);
+    const quant::Type at = wk.vec_dot_type;
+    size_t d = 0;
+    while (d < n_done && done_types[d] != at) ++d;
+    if (d == n_done) {
+      if (at == quant::Type::kF32) {
+        done_act[d] = static_cast<const uint8_t*>(x.data);
+        done_stride[d] = x.stride * 4;
+      } else {
+        const int64_t a_row = quant::row_bytes(at, k);
+        SLUICE_CHECK(act_q_[d].reserve(size_t(n_tok * a_row)), "matmul: out of memory for activations");
+        uint8_t* q = act_q_[d].data();
+        const quant::Kernels& ak = quant::kernels(at);
+        for_rows(n_tok, 1, n_tok * k, [&](int64_t b, int64_t e, int) {
+          for (int64_t t = b; t < e; ++t) ak.quantize_row(static_cast<const float*>(x.data) + t * x.stride, q + t * a_row, k);
+        });
+        done_act[d] = q;
+        done_stride[d] = a_row;
+      }
+      done_types[d] = at;
+      ++n_done;
+    }
+    parts[i] = {&wk, static_cast<const uint8_t*>(w.data), w.row_bytes(), done_act[d], done_stride[d],
+                static_cast<float*>(ys[i].data), ys[i].stride, n_chunks, w.ne1};
+    n_chunks += (w.ne1 + grain - 1) / grain;
   }
-  auto* yd = static_cast<float*>(y.data);
-  const int64_t y_stride = y.stride;
 
-  if (n_tok == 1) {
-    // Enough chunks (8 per thread) that a descheduled thread does not hold up the op.
-    const int64_t grain = std::max<int64_t>(4, n_out / (8 * pool_.size()));
-    for_rows(n_out, grain, n_out * k, [&](int64_t b, int64_t e, int) {
-      for (int64_t o = b; o < e; ++o) wk.vec_dot(k, wd + o * w_row, act, yd + o);
-    });
-    return;
-  }
-  for_rows(n_out, kRowBlock, n_out * k * n_tok, [&](int64_t b, int64_t e, int) {
-    for (int64_t t0 = 0; t0 < n_tok; t0 += kTokenTile) {
-      const int64_t t1 = std::min(n_tok, t0 + kTokenTile);
-      for (int64_t o = b; o < e; ++o) {
-        const uint8_t* wr = wd + o * w_row;
-        for (int64_t t = t0; t < t1; ++t) wk.vec_dot(k, wr, act + t * a_stride, yd + t * y_stride + o);
+  const size_t n_parts = ws.size();
+  for_rows(n_chunks, 1, total_out * k * n_tok, [&](int64_t cb, int64_t ce, int) {
+    for (int64_t c = cb; c < ce; ++c) {
+      size_t pi = 0;
+      while (pi + 1 < n_parts && parts[pi + 1].first_chunk <= c) ++pi;
+      const Part& p = parts[pi];
+      const int64_t b = (c - p.first_chunk) * grain, e = std::min(p.n_out, b + grain);
+      if (gemv) {
+        for (int64_t o = b; o < e; ++o) p.wk->vec_dot(k, p.w + o * p.w_row, p.act, p.y + o);
+        continue;
+      }
+      for (int64_t t0 = 0; t0 < n_tok; t0 += kTokenTile) {
+        const int64_t t1 = std::min(n_tok, t0 + kTokenTile);
+        for (int64_t o = b; o < e; ++o) {
+          const uint8_t* wr = p.w + o * p.w_row;
+          for (int64_t t = t0; t < t1; ++t) p.wk->vec_dot(k, wr, p.act + t * p.a_stride, p.y + t * p.y_stride + o);
+        }
       }
     }
   });
