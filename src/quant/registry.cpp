@@ -1,5 +1,9 @@
 // Type traits, run-time ISA detection and the per-ISA kernel tables. Every table is built once,
 // on first use, into a function-local immutable static.
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include <array>
 #include <cctype>
 #include <cstdlib>
@@ -83,13 +87,21 @@ Table make_ref_table() {
   return t;
 }
 
+#if defined(SLUICE_QUANT_X86)
+// F16C from CPUID leaf 1 (ECX bit 29): clang does not accept "f16c" in __builtin_cpu_supports.
+bool cpu_has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29)) != 0;
+}
+#endif
+
 bool cpu_has(Isa isa) {
 #if defined(SLUICE_QUANT_X86)
   switch (isa) {
     case Isa::kRef:
       return true;
     case Isa::kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
     case Isa::kAvx512:
       // Every feature cpu_avx512.cpp is compiled for (src/quant/CMakeLists.txt), each checked
       // on its own: parts exist with avx512f but without VNNI or BF16 (Skylake-X, Zen 3 has
