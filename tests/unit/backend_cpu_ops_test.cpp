@@ -112,7 +112,8 @@ INSTANTIATE_TEST_SUITE_P(Formats, MatmulTest,
                                            Type::kQ5_K, Type::kQ6_K),
                          [](const auto& info) { return std::string(quant::type_name(info.param)); });
 
-// A batch must give bit-identical rows to one-token calls: prefill == decode.
+// A batch must give the rows of one-token calls: prefill == decode, up to the f32 summation order
+// of the multi-column kernels (normalized error 1e-6; bit-identical where a format has none).
 TEST(CpuOps, GemmRowsEqualGemv) {
   const int64_t k = 256, n_out = 96, n_tok = 40;
   std::vector<float> wdeq;
@@ -127,7 +128,7 @@ TEST(CpuOps, GemmRowsEqualGemv) {
     const Tensor yr = f.f32(n_out, 1, {});
     f.be->matmul(wv, xt.row_range(t, 1), yr);
     const auto one = f.get(yr);
-    ASSERT_EQ(0, std::memcmp(one.data(), y.data() + t * n_out, size_t(n_out) * 4)) << "row " << t;
+    ASSERT_LT(test::normalized_error(one.data(), y.data() + t * n_out, size_t(n_out)), 1e-6) << "row " << t;
   }
 }
 

@@ -4,7 +4,9 @@
 //
 // Decode (one row of x) is bound by reading W once: output rows are split into chunks handed
 // out dynamically across threads. Prefill (many rows) reuses each weight row across a tile of
-// tokens while it is in L1, so W is streamed from memory once per tile rather than per token.
+// tokens while it is in L1, so W is streamed from memory once per tile rather than per token;
+// where the format has a multi-column kernel (vec_dot_cols) of the same ISA as its vec_dot, each
+// weight block is also decoded once per tile instead of once per token.
 // matmul_multi runs several weights over one input (Q/K/V, gate/up) as one job: fewer
 // dispatches per layer, and small matrices (K, V) no longer leave threads idle on their own.
 #include <algorithm>
@@ -31,6 +33,7 @@ struct Part {
   int64_t y_stride;
   int64_t first_chunk;  // chunks of all parts are numbered consecutively
   int64_t n_out;
+  bool cols;  // use wk->vec_dot_cols for token tiles
 };
 
 void check_shapes(const WeightView& w, const Tensor& x, const Tensor& y) {
@@ -90,8 +93,10 @@ void CpuBackend::matmul_multi(std::span<const WeightView> ws, const Tensor& x, s
       done_types[d] = at;
       ++n_done;
     }
+    // A lower-ISA fallback (e.g. the reference loop) would be slower than vec_dot itself.
+    const bool cols = wk.vec_dot_cols != nullptr && wk.vec_dot_cols_isa == wk.vec_dot_isa;
     parts[i] = {&wk, static_cast<const uint8_t*>(w.data), w.row_bytes(), done_act[d], done_stride[d],
-                static_cast<float*>(ys[i].data), ys[i].stride, n_chunks, w.ne1};
+                static_cast<float*>(ys[i].data), ys[i].stride, n_chunks, w.ne1, cols};
     n_chunks += (w.ne1 + grain - 1) / grain;
   }
 
@@ -106,11 +111,17 @@ void CpuBackend::matmul_multi(std::span<const WeightView> ws, const Tensor& x, s
         for (int64_t o = b; o < e; ++o) p.wk->vec_dot(k, p.w + o * p.w_row, p.act, p.y + o);
         continue;
       }
+      float tile[kTokenTile];
       for (int64_t t0 = 0; t0 < n_tok; t0 += kTokenTile) {
         const int64_t t1 = std::min(n_tok, t0 + kTokenTile);
         for (int64_t o = b; o < e; ++o) {
           const uint8_t* wr = p.w + o * p.w_row;
-          for (int64_t t = t0; t < t1; ++t) p.wk->vec_dot(k, wr, p.act + t * p.a_stride, p.y + t * p.y_stride + o);
+          if (p.cols) {
+            p.wk->vec_dot_cols(k, wr, p.act + t0 * p.a_stride, p.a_stride, int(t1 - t0), tile);
+            for (int64_t t = t0; t < t1; ++t) p.y[t * p.y_stride + o] = tile[t - t0];
+          } else {
+            for (int64_t t = t0; t < t1; ++t) p.wk->vec_dot(k, wr, p.act + t * p.a_stride, p.y + t * p.y_stride + o);
+          }
         }
       }
     }
