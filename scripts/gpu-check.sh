@@ -147,13 +147,39 @@ step_bench() {
   if [[ $rc -eq 0 ]]; then record bench ok "$OUT_DIR/gemv_bench.txt"; else record bench FAIL "exit $rc"; fi
 }
 
+# CPU inference next to llama.cpp's CPU backend on this machine's idle cores (issue: CPU decode and
+# prefill >= 0.8x llama.cpp). Needs a carried static `sluice` and `llama-bench` in $PREBUILT
+# (scripts/gpu-check.sh documents how they are made); models are synthesized into /dev/shm.
+step_cpu() {
+  local sl="$PREBUILT/sluice" lb="$PREBUILT/llama-bench"
+  [[ -x "$sl" && -x "$lb" ]] || { record cpu skipped "no carried sluice/llama-bench in $PREBUILT"; return; }
+  local dir=/dev/shm/sluice-cpu-models threads
+  threads=$(nproc)
+  mkdir -p "$dir"
+  echo "== CPU: sluice vs llama.cpp, $threads threads"
+  : >"$OUT_DIR/cpu_compare.txt"
+  while read -r name pp tg reps args; do
+    "$sl" synth $args --seed 1 -o "$dir/$name.gguf" >>"$OUT_DIR/cpu_synth.log" 2>&1 ||
+      { record cpu FAIL "synth $name"; return; }
+    echo "### $name ($args), pp$pp tg$tg, $reps reps" | tee -a "$OUT_DIR/cpu_compare.txt"
+    SLUICE="$sl" LLAMA_BENCH="$lb" PP=$pp TG=$tg REPS=$reps bash bench/e2e/compare.sh "$dir/$name.gguf" "$threads" \
+      >>"$OUT_DIR/cpu_compare.txt" 2>>"$OUT_DIR/cpu_compare.err" || { record cpu FAIL "compare $name"; return; }
+    rm -f "$dir/$name.gguf"
+  done <<'MODELS'
+smollm2-135m-shape 512 128 3 custom --layers 30 --dim 576 --ffn 1536 --heads 9 --kv-heads 3 --vocab 49152 --type q4_1 --tied-output
+llama-1b-q4_k_m 512 128 3 custom --layers 16 --dim 2048 --ffn 8192 --heads 32 --kv-heads 8 --vocab 128256 --type q4_k_m
+llama-3-8b-q4_k_m 64 32 2 llama-3-8b --type q4_k_m
+MODELS
+  record cpu ok "$OUT_DIR/cpu_compare.txt"
+}
+
 if [[ -n "$PACKAGE" ]]; then
   build_here || { tail -30 "$OUT_DIR"/*.log; exit 1; }
   mkdir -p "$PACKAGE" && cp "$TEST_BIN" "$BENCH_BIN" "$PACKAGE"/ && ls -la "$PACKAGE"
   exit 0
 fi
 
-STEPS=(build test memcheck bench)
+STEPS=(build test memcheck bench cpu)
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader 2>&1 |
   tee "$OUT_DIR/gpu.txt"
 for s in "${STEPS[@]}"; do
@@ -164,5 +190,6 @@ echo
 echo "================ gpu-check summary ($(date -u +%F) $(head -1 "$OUT_DIR/gpu.txt" | cut -d, -f1)) ================"
 [[ -s "$OUT_DIR/parity.txt" ]] && { echo "parity (normalized error; tol exact 2e-5, e2e 2e-2 for q8 activations):"; cat "$OUT_DIR/parity.txt"; }
 [[ -s "$OUT_DIR/gemv_bench.txt" ]] && cat "$OUT_DIR/gemv_bench.txt"
+[[ -s "$OUT_DIR/cpu_compare.txt" ]] && { echo "CPU inference, sluice vs llama.cpp (same machine, same threads):"; cat "$OUT_DIR/cpu_compare.txt"; }
 printf '%s\n' "${SUMMARY[@]}"
 exit $FAILED
