@@ -45,7 +45,7 @@ int cmd_chat(int argc, char** argv) {
   auto model = load_weights(mf, load_s);
   if (!model.is_ok()) return report_error("chat", model.status());
   model::Model& m = **model;
-  if (sf.seed_option->count() == 0 && sampling->temperature > 0) {
+  if (!sf.seed_given && sampling->temperature > 0) {
     std::fprintf(stderr, "seed: %llu\n", static_cast<unsigned long long>(sampling->seed));
   }
   decode::Sampler sampler(*sampling, m.n_vocab());

@@ -29,7 +29,9 @@ void add_sampling_flags(CLI::App& app, SamplingFlags& f) {
       ->capture_default_str();
   app.add_option("--repeat-last-n", p.repeat_last_n, "tokens the repeat penalty looks back over")
       ->capture_default_str();
-  f.seed_option = app.add_option("--seed", p.seed, "random seed (default: random, printed)");
+  app.add_option("--seed", p.seed, "random seed (default: random, printed)")->each([&f](const std::string&) {
+    f.seed_given = true;
+  });
 }
 
 std::optional<int> parse_flags(CLI::App& app, int argc, char** argv) {
@@ -45,7 +47,7 @@ std::optional<int> parse_flags(CLI::App& app, int argc, char** argv) {
 Result<decode::SamplerParams> resolve_sampling(const SamplingFlags& f) {
   decode::SamplerParams p = f.params;
   SLUICE_RETURN_IF_ERROR(decode::validate(p));
-  if (f.seed_option == nullptr || f.seed_option->count() == 0) {
+  if (!f.seed_given) {
     std::random_device rd;
     p.seed = (uint64_t(rd()) << 32) ^ rd();
   }

@@ -20,7 +20,7 @@ struct ModelFlags {
 
 struct SamplingFlags {
   decode::SamplerParams params;
-  CLI::Option* seed_option = nullptr;  // set by add_sampling_flags; count() == 0: no --seed given
+  bool seed_given = false;  // --seed appeared on the command line (set while parsing)
 };
 
 // -m (required), -c, -t.
