@@ -3,8 +3,9 @@
 // llama.cpp's CPU backend, then every output element is one quant vec_dot.
 //
 // Decode (one row of x) is bound by reading W once: output rows are split into chunks handed
-// out dynamically across threads. Prefill (many rows) reuses each weight row across a tile of
-// tokens while it is in L1, so W is streamed from memory once per tile rather than per token;
+// out dynamically across threads. Prefill (many rows) reuses each chunk of weight rows (in L2)
+// across a tile of tokens whose activations stay in L1, so W is streamed from memory once per
+// chunk and the activations from L2 once per chunk and tile rather than once per weight row;
 // where the format has a multi-column kernel (vec_dot_cols) of the same ISA as its vec_dot, each
 // weight block is also decoded once per tile instead of once per token.
 // matmul_multi runs several weights over one input (Q/K/V, gate/up) as one job: fewer
@@ -20,8 +21,13 @@ namespace {
 // Output rows per work chunk in the batched path (16 rows of a 4096-wide Q4_K matrix are 37 KiB:
 // they stay in L2 while a token tile streams past).
 constexpr int64_t kRowBlock = 16;
-// Tokens per tile: the tile's quantized activations (<= 32 x 4.5 KiB for 4096 wide) stay in L2.
-constexpr int64_t kTokenTile = 32;
+// Tokens per tile: the column count of one vec_dot_cols register block (8 for the AVX-512 and
+// AVX2 legacy kernels, two blocks of 4 for the AVX2 K-quant ones). The tile loop is outside the
+// row loop, so the tile's activations (8 x 2.3 KiB of Q8_K for 2048 wide) stay in L1 while the
+// chunk's rows pass over them, and the chunk's rows (in L2) are what is re-read per tile. With a
+// 32-token tile each row's vec_dot_cols walked 4 groups of 8 columns, pulling the whole 32-row
+// activation tile through L1 once per weight row.
+constexpr int64_t kTokenTile = 8;
 
 struct Part {
   const quant::Kernels* wk;
