@@ -94,11 +94,7 @@ int cmd_chat(int argc, char** argv) {
       break;
     }
 
-    auto gen = decode::generate(m, tok, sampler, tokens, opts, [](std::string_view piece) {
-      std::fwrite(piece.data(), 1, piece.size(), stdout);
-      std::fflush(stdout);
-      return true;
-    });
+    auto gen = decode::generate(m, tok, sampler, tokens, opts, print_to_stdout);
     std::fputc('\n', stdout);
     std::fflush(stdout);
     if (!gen.is_ok()) return report_error("chat", gen.status());

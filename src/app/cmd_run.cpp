@@ -125,11 +125,7 @@ int cmd_run(int argc, char** argv) {
   decode::Sampler sampler(*sampling, m.n_vocab());
   decode::GenerateOptions opts;
   opts.n_predict = n_predict;
-  auto gen = decode::generate(m, tok, sampler, tokens, opts, [](std::string_view piece) {
-    std::fwrite(piece.data(), 1, piece.size(), stdout);
-    std::fflush(stdout);
-    return true;
-  });
+  auto gen = decode::generate(m, tok, sampler, tokens, opts, print_to_stdout);
   std::fputc('\n', stdout);
   std::fflush(stdout);
   if (!gen.is_ok()) return report_error("run", gen.status());

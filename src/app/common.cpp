@@ -122,4 +122,10 @@ void accumulate(decode::Timings& a, const decode::Timings& b) {
   a.decode_s += b.decode_s;
 }
 
+bool print_to_stdout(std::string_view piece) {
+  std::fwrite(piece.data(), 1, piece.size(), stdout);
+  std::fflush(stdout);
+  return true;
+}
+
 }  // namespace sluice::app

@@ -54,4 +54,7 @@ void print_stats(FILE* out, double load_s, const decode::Timings& t, uint64_t we
 // Adds b's counts and times to a (chat accumulates its turns).
 void accumulate(decode::Timings& a, const decode::Timings& b);
 
+// Generation callback that streams text to stdout as it is produced (flushed per piece).
+bool print_to_stdout(std::string_view piece);
+
 }  // namespace sluice::app
