@@ -102,12 +102,20 @@ void dequantize_row_q3_k(const void* src, float* dst, int64_t n) {
   }
 }
 
-void dequantize_row_q4_k(const void* src, float* dst, int64_t n) {
-  const auto* b = static_cast<const BlockQ4_K*>(src);
+namespace {
+
+// Q4_K and Q5_K share the super-block scheme (8 sub-blocks of 32, 6-bit scale and min each);
+// only the unpacking of the quants differs (unpack_q4_k / unpack_q5_k, chosen by overload).
+void unpack_kmin(const BlockQ4_K& b, int8_t* q) { unpack_q4_k(b, q); }
+void unpack_kmin(const BlockQ5_K& b, int8_t* q) { unpack_q5_k(b, q); }
+
+template <class Block>
+void dequantize_row_kmin(const void* src, float* dst, int64_t n) {
+  const auto* b = static_cast<const Block*>(src);
   int8_t q[kQK_K];
   for (int64_t i = 0; i < super_blocks(n); ++i, dst += kQK_K) {
     const float d = fp16_to_fp32(b[i].d), dmin = fp16_to_fp32(b[i].dmin);
-    unpack_q4_k(b[i], q);
+    unpack_kmin(b[i], q);
     for (int j = 0; j < 8; ++j) {
       uint8_t sc, mn;
       unpack_k_scale(b[i].scales, j, &sc, &mn);
@@ -117,20 +125,10 @@ void dequantize_row_q4_k(const void* src, float* dst, int64_t n) {
   }
 }
 
-void dequantize_row_q5_k(const void* src, float* dst, int64_t n) {
-  const auto* b = static_cast<const BlockQ5_K*>(src);
-  int8_t q[kQK_K];
-  for (int64_t i = 0; i < super_blocks(n); ++i, dst += kQK_K) {
-    const float d = fp16_to_fp32(b[i].d), dmin = fp16_to_fp32(b[i].dmin);
-    unpack_q5_k(b[i], q);
-    for (int j = 0; j < 8; ++j) {
-      uint8_t sc, mn;
-      unpack_k_scale(b[i].scales, j, &sc, &mn);
-      const float dl = d * float(sc), ml = dmin * float(mn);
-      for (int l = 0; l < 32; ++l) dst[32 * j + l] = dl * float(q[32 * j + l]) - ml;
-    }
-  }
-}
+}  // namespace
+
+void dequantize_row_q4_k(const void* src, float* dst, int64_t n) { dequantize_row_kmin<BlockQ4_K>(src, dst, n); }
+void dequantize_row_q5_k(const void* src, float* dst, int64_t n) { dequantize_row_kmin<BlockQ5_K>(src, dst, n); }
 
 void dequantize_row_q6_k(const void* src, float* dst, int64_t n) {
   const auto* b = static_cast<const BlockQ6_K*>(src);
@@ -219,13 +217,16 @@ void vec_dot_q3_k(int64_t n, const void* w, const void* a, float* out) {
   *out = sum;
 }
 
-void vec_dot_q4_k(int64_t n, const void* w, const void* a, float* out) {
-  const auto* x = static_cast<const BlockQ4_K*>(w);
+namespace {
+
+template <class Block>
+void vec_dot_kmin(int64_t n, const void* w, const void* a, float* out) {
+  const auto* x = static_cast<const Block*>(w);
   const auto* y = static_cast<const BlockQ8_K*>(a);
   int8_t q[kQK_K];
   float sum = 0;
   for (int64_t i = 0; i < super_blocks(n); ++i) {
-    unpack_q4_k(x[i], q);
+    unpack_kmin(x[i], q);
     int isum = 0, msum = 0;
     for (int j = 0; j < 8; ++j) {
       uint8_t sc, mn;
@@ -240,26 +241,10 @@ void vec_dot_q4_k(int64_t n, const void* w, const void* a, float* out) {
   *out = sum;
 }
 
-void vec_dot_q5_k(int64_t n, const void* w, const void* a, float* out) {
-  const auto* x = static_cast<const BlockQ5_K*>(w);
-  const auto* y = static_cast<const BlockQ8_K*>(a);
-  int8_t q[kQK_K];
-  float sum = 0;
-  for (int64_t i = 0; i < super_blocks(n); ++i) {
-    unpack_q5_k(x[i], q);
-    int isum = 0, msum = 0;
-    for (int j = 0; j < 8; ++j) {
-      uint8_t sc, mn;
-      unpack_k_scale(x[i].scales, j, &sc, &mn);
-      isum += sc * dot16(q + 32 * j, y[i].qs + 32 * j, 32);
-      msum += mn * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
-    }
-    const float d = fp16_to_fp32(x[i].d) * y[i].d;
-    const float dmin = fp16_to_fp32(x[i].dmin) * y[i].d;
-    sum += d * float(isum) - dmin * float(msum);
-  }
-  *out = sum;
-}
+}  // namespace
+
+void vec_dot_q4_k(int64_t n, const void* w, const void* a, float* out) { vec_dot_kmin<BlockQ4_K>(n, w, a, out); }
+void vec_dot_q5_k(int64_t n, const void* w, const void* a, float* out) { vec_dot_kmin<BlockQ5_K>(n, w, a, out); }
 
 void vec_dot_q6_k(int64_t n, const void* w, const void* a, float* out) {
   const auto* x = static_cast<const BlockQ6_K*>(w);

@@ -170,7 +170,9 @@ TEST_P(QuantSimd, IsaLabelsNameTheCode) {
     ASSERT_NE(own, nullptr);
     EXPECT_EQ(own->vec_dot, k->vec_dot) << isa_name(isa) << " " << type_name(t) << " labelled "
                                         << isa_name(k->vec_dot_isa);
-    if (isa != Isa::kRef) EXPECT_NE(k->vec_dot, kernels_for(t, Isa::kRef)->vec_dot) << type_name(t);
+    if (isa != Isa::kRef) {
+      EXPECT_NE(k->vec_dot, kernels_for(t, Isa::kRef)->vec_dot) << type_name(t);
+    }
   }
   if (isa == Isa::kAvx512) {
     for (Type t : {Type::kF32, Type::kF16, Type::kBF16, Type::kQ4_0, Type::kQ4_1, Type::kQ5_0, Type::kQ5_1,
