@@ -170,7 +170,9 @@ void check_model_against_golden(const std::string& path, const Golden& g, bool c
     size_t same = 0;
     while (same < c.tokens.size() && argmax(logits.data(), nv) == c.tokens[same]) {
       const int32_t t = c.tokens[same++];
-      if (same < c.tokens.size()) ASSERT_TRUE(mdl.eval(std::span<const int32_t>(&t, 1), logits).is_ok());
+      if (same < c.tokens.size()) {
+        ASSERT_TRUE(mdl.eval(std::span<const int32_t>(&t, 1), logits).is_ok());
+      }
     }
     shortest_prefix = std::min(shortest_prefix, same);
     if (same == c.tokens.size()) ++identical_runs;

@@ -16,6 +16,17 @@
 namespace sluice::backend::cpu {
 namespace {
 
+// Softmax numerators in place: scores[j] = exp(scores[j] - mx); returns 1 / their sum, summed in
+// double as llama.cpp does. Shared by the F16C path and the portable path.
+float exp_inverse_sum(float* scores, int64_t n_kv, float mx) {
+  double sum = 0;
+  for (int64_t j = 0; j < n_kv; ++j) {
+    scores[j] = std::exp(scores[j] - mx);
+    sum += double(scores[j]);
+  }
+  return float(1.0 / sum);
+}
+
 #if defined(__x86_64__)
 // One (query row, head) over an F16 cache with F16C/FMA: the per-position dot and the V update
 // are 8-wide conversions and FMAs instead of a kernel call per position, which at a few hundred
@@ -44,12 +55,7 @@ __attribute__((target("avx2,fma,f16c"))) void attend_f16_avx2(const float* q, co
     scores[j] = s;
     mx = std::max(mx, s);
   }
-  double sum = 0;
-  for (int64_t j = 0; j < n_kv; ++j) {
-    scores[j] = std::exp(scores[j] - mx);
-    sum += double(scores[j]);
-  }
-  const float inv = float(1.0 / sum);
+  const float inv = exp_inverse_sum(scores, n_kv, mx);
   for (int64_t i = 0; i < hd; ++i) out[i] = 0.0f;
   for (int64_t j = 0; j < n_kv; ++j) {
     const float pj = _cvtsh_ss(_cvtss_sh(scores[j] * inv, _MM_FROUND_TO_NEAREST_INT));  // probabilities in f16
@@ -129,12 +135,7 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor&
         scores[j] = s;
         mx = std::max(mx, s);
       }
-      double sum = 0;
-      for (int64_t j = 0; j < n_kv; ++j) {
-        scores[j] = std::exp(scores[j] - mx);
-        sum += double(scores[j]);
-      }
-      const float inv = float(1.0 / sum);
+      const float inv = exp_inverse_sum(scores, n_kv, mx);
       std::fill(acc, acc + hd, 0.0f);
       for (int64_t j = 0; j < n_kv; ++j) {
         float pj = scores[j] * inv;
