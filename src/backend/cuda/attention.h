@@ -1,0 +1,47 @@
+// Causal multi-head attention over the F16 KV cache on the GPU, the device counterpart of
+// Backend::attention (backend.h):
+//   out[t][h] = softmax(scale * q[t][h] . K[0 .. pos0+t][h/g]) V[0 .. pos0+t][h/g],  g = n_head / n_head_kv
+// Decode (one or a few query rows) splits the key range across blocks (flash-decoding: partial
+// softmax per split, then a combine pass), so any context length fills the GPU; prefill (many
+// rows) tiles queries and keys flash-style with an online softmax: no n x n score matrix is ever
+// materialized, memory is O(n).
+//
+// Host-only header. All pointers are device pointers; work is enqueued on `stream`; nothing
+// synchronizes.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/status.h"
+
+namespace sluice::backend::cuda {
+
+struct AttentionArgs {
+  const float* q = nullptr;     // [n_tokens][q_stride], row = n_head * head_dim floats
+  int64_t q_stride = 0;
+  int n_tokens = 0;
+  const void* k_cache = nullptr;  // f16 [positions][k_stride], row = n_head_kv * head_dim
+  int64_t k_stride = 0;
+  const void* v_cache = nullptr;  // f16 [positions][v_stride]
+  int64_t v_stride = 0;
+  float* out = nullptr;         // [n_tokens][out_stride], row = n_head * head_dim floats
+  int64_t out_stride = 0;
+  int n_head = 0;
+  int n_head_kv = 0;
+  int head_dim = 0;             // a multiple of 32, <= 256
+  float scale = 1.0f;
+  int pos0 = 0;                 // query t sees cache rows [0, pos0 + t]
+};
+
+// Workspace bytes attention() needs for this call shape at most `max_positions` cache rows
+// (allocate once for the largest call; 0 is a valid answer).
+int64_t attention_workspace_bytes(int n_tokens, int n_head, int head_dim, int max_positions);
+
+// Enqueues the attention. Error: unsupported head_dim, bad arguments, workspace too small, launch
+// failure.
+Status attention(const AttentionArgs& args, void* workspace, int64_t workspace_bytes, int sm_count,
+                 cudaStream_t stream);
+
+}  // namespace sluice::backend::cuda

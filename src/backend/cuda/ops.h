@@ -1,0 +1,65 @@
+// Elementwise and row-wise ops of the CUDA backend (everything but matrix products and
+// attention): the device counterparts of the CPU backend's rms_norm, add_bias, add, swiglu, rope,
+// store_rows, plus the conversions the prefill GEMM needs (f32 -> f16 activations, any weight
+// format -> f16 rows). Semantics are those of backend.h; the CPU backend is the reference the
+// GPU tests compare with.
+//
+// Host-only header: plain C++ may include it. All pointers are device pointers, all work is
+// enqueued on `stream`, nothing synchronizes. Strides are in elements between row starts.
+// Returns launch errors as a Status.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/status.h"
+#include "quant/quant.h"
+
+namespace sluice::backend::cuda {
+
+// dst = x / rms(x) * w over groups of `group` consecutive elements of each row (group == cols for a
+// layer norm, head_dim for Q/K norms; cols % group == 0). w: `group` floats. dst may alias x.
+Status rms_norm(const float* x, int64_t x_stride, float* dst, int64_t dst_stride, int64_t rows, int64_t cols,
+                const float* w, int64_t group, float eps, cudaStream_t stream);
+
+// y[r][c] += b[c].
+Status add_bias(float* y, int64_t stride, int64_t rows, int64_t cols, const float* b, cudaStream_t stream);
+
+// dst[r][c] += src[r][c].
+Status add(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows, int64_t cols,
+           cudaStream_t stream);
+
+// dst = silu(gate) * up, elementwise. dst may alias gate or up.
+Status swiglu(const float* gate, int64_t gate_stride, const float* up, int64_t up_stride, float* dst,
+              int64_t dst_stride, int64_t rows, int64_t cols, cudaStream_t stream);
+
+struct RopeArgs {
+  bool neox = false;                  // false: adjacent pairs (x[2i], x[2i+1]); true: halves
+  int n_head = 0;                     // heads per row; row = n_head * head_dim
+  int head_dim = 0;
+  int n_rot = 0;                      // leading dims of each head that rotate (even, <= head_dim)
+  float freq_base = 10000.0f;
+  float freq_scale = 1.0f;
+  const float* freq_factors = nullptr;  // optional device array of n_rot / 2 divisors
+};
+// Rotates x in place; row t is at position pos0 + t.
+Status rope(float* x, int64_t stride, int64_t rows, const RopeArgs& args, int pos0, cudaStream_t stream);
+
+// cache rows [pos0, pos0 + rows) = f16(src rows); cache is f16 with cache_stride elements per row.
+Status store_rows_f16(const float* src, int64_t src_stride, int64_t rows, int64_t cols, void* cache,
+                      int64_t cache_stride, int64_t pos0, cudaStream_t stream);
+
+// dst (f16, [rows][dst_stride]) = f16(src) for the first `cols` elements of each row.
+Status f32_to_f16(const float* src, int64_t src_stride, void* dst, int64_t dst_stride, int64_t rows, int64_t cols,
+                  cudaStream_t stream);
+
+// True where dequantize_to_f16 supports the format (every weight format of quant/).
+bool dequantize_supported(quant::Type type);
+// dst (f16, [rows][cols] contiguous) = the weight rows w[0 .. rows) of `cols` elements each
+// (GGUF bytes as they are: row r at r * row_bytes(type, cols)), dequantized exactly as quant's
+// scalar reference does, then rounded to f16.
+Status dequantize_to_f16(quant::Type type, const void* w, int64_t rows, int64_t cols, void* dst,
+                         cudaStream_t stream);
+
+}  // namespace sluice::backend::cuda
