@@ -88,11 +88,26 @@ struct Kernels {
   // The kRef table has one for every weight format (a loop over its vec_dot: the specification).
   void (*vec_dot_cols)(int64_t n, const void* w, const void* a, int64_t a_stride, int n_cols,
                        float* out) = nullptr;
-  // Instruction set of the code behind vec_dot and vec_dot_cols in this table entry. A table of a
-  // higher ISA keeps the lower ISA's kernel where it has no specialised one (e.g. the AVX-512
-  // table's Q3_K vec_dot is AVX2 code); benchmarks and docs label rows with these.
+  // Register-blocked tile for prefill: n_rows weight rows against n_cols activation rows,
+  //   out[c * out_stride + r] = vec_dot(n, (const char*)w + r * w_stride,
+  //                                     (const char*)a + c * a_stride, ...)
+  // for r in [0, n_rows), c in [0, n_cols). w_stride and a_stride are in bytes (>= the row
+  // bytes of the weight and of vec_dot_type), out_stride in floats (>= n_rows), so a token-major
+  // output matrix y[token][row] is written in place. The kernel keeps a block of rows x columns
+  // of accumulators in registers: each activation block loaded serves several rows and each
+  // decoded weight block several columns. Per-block integer sums are exact as in vec_dot;
+  // results equal vec_dot's up to f32 summation order (the kernels may also apply the K-quant
+  // min terms of several columns in one f32 vector). nullptr where there is no such kernel:
+  // use vec_dot_cols or vec_dot. The kRef table has one for every weight format (loops over its
+  // vec_dot: the specification).
+  void (*vec_dot_tile)(int64_t n, const void* w, int64_t w_stride, int n_rows, const void* a, int64_t a_stride,
+                       int n_cols, float* out, int64_t out_stride) = nullptr;
+  // Instruction set of the code behind vec_dot, vec_dot_cols and vec_dot_tile in this table
+  // entry. A table of a higher ISA keeps the lower ISA's kernel where it has no specialised one
+  // (e.g. the AVX-512 table's Q3_K vec_dot is AVX2 code); benchmarks and docs label rows with these.
   Isa vec_dot_isa = Isa::kRef;
   Isa vec_dot_cols_isa = Isa::kRef;
+  Isa vec_dot_tile_isa = Isa::kRef;
 };
 
 // Fastest kernels for this CPU.

@@ -57,4 +57,14 @@ void vec_dot_cols(int64_t n, const void* w, const void* a, int64_t a_stride, int
   for (int c = 0; c < n_cols; ++c) Dot(n, w, static_cast<const unsigned char*>(a) + c * a_stride, out + c);
 }
 
+// Specification of Kernels::vec_dot_tile: out[c * out_stride + r] = Dot(row r, column c).
+template <void (*Dot)(int64_t, const void*, const void*, float*)>
+void vec_dot_tile(int64_t n, const void* w, int64_t w_stride, int n_rows, const void* a, int64_t a_stride, int n_cols,
+                  float* out, int64_t out_stride) {
+  for (int c = 0; c < n_cols; ++c)
+    for (int r = 0; r < n_rows; ++r)
+      Dot(n, static_cast<const unsigned char*>(w) + r * w_stride, static_cast<const unsigned char*>(a) + c * a_stride,
+          out + c * out_stride + r);
+}
+
 }  // namespace sluice::quant::ref

@@ -84,6 +84,21 @@ Table make_ref_table() {
   cols(Type::kQ4_K, ref::vec_dot_cols<ref::vec_dot_q4_k>);
   cols(Type::kQ5_K, ref::vec_dot_cols<ref::vec_dot_q5_k>);
   cols(Type::kQ6_K, ref::vec_dot_cols<ref::vec_dot_q6_k>);
+  // vec_dot_tile specification: the same loops over rows and columns.
+  auto tile = [&t](Type ty, auto fn) { t[size_t(ty)].vec_dot_tile = fn; };
+  tile(Type::kF32, ref::vec_dot_tile<ref::vec_dot_f32>);
+  tile(Type::kF16, ref::vec_dot_tile<ref::vec_dot_f16>);
+  tile(Type::kBF16, ref::vec_dot_tile<ref::vec_dot_bf16>);
+  tile(Type::kQ4_0, ref::vec_dot_tile<ref::vec_dot_q4_0>);
+  tile(Type::kQ4_1, ref::vec_dot_tile<ref::vec_dot_q4_1>);
+  tile(Type::kQ5_0, ref::vec_dot_tile<ref::vec_dot_q5_0>);
+  tile(Type::kQ5_1, ref::vec_dot_tile<ref::vec_dot_q5_1>);
+  tile(Type::kQ8_0, ref::vec_dot_tile<ref::vec_dot_q8_0>);
+  tile(Type::kQ2_K, ref::vec_dot_tile<ref::vec_dot_q2_k>);
+  tile(Type::kQ3_K, ref::vec_dot_tile<ref::vec_dot_q3_k>);
+  tile(Type::kQ4_K, ref::vec_dot_tile<ref::vec_dot_q4_k>);
+  tile(Type::kQ5_K, ref::vec_dot_tile<ref::vec_dot_q5_k>);
+  tile(Type::kQ6_K, ref::vec_dot_tile<ref::vec_dot_q6_k>);
   return t;
 }
 
@@ -121,6 +136,7 @@ void mark_isa(const Table& before, Table& after, Isa isa) {
   for (size_t i = 0; i < after.size(); ++i) {
     if (after[i].vec_dot != before[i].vec_dot) after[i].vec_dot_isa = isa;
     if (after[i].vec_dot_cols != before[i].vec_dot_cols) after[i].vec_dot_cols_isa = isa;
+    if (after[i].vec_dot_tile != before[i].vec_dot_tile) after[i].vec_dot_tile_isa = isa;
   }
 }
 
@@ -139,7 +155,10 @@ const Tables& tables() {
     t.avx2 = t.ref;
     // The reference vec_dot_cols loops over the scalar vec_dot: slower than the AVX2 vec_dot a
     // caller would fall back to, so a SIMD table carries only specialised multi-column kernels.
-    for (Kernels& k : t.avx2) k.vec_dot_cols = nullptr;
+    for (Kernels& k : t.avx2) {
+      k.vec_dot_cols = nullptr;
+      k.vec_dot_tile = nullptr;
+    }
     if (t.has_avx2) {
       const Table before = t.avx2;
       detail::install_avx2(t.avx2.data());
@@ -150,6 +169,7 @@ const Tables& tables() {
     if (t.has_avx512) {
       const Table before = t.avx512;
       detail::install_avx512(t.avx512.data());
+      detail::install_avx512_tile(t.avx512.data());
       mark_isa(before, t.avx512, Isa::kAvx512);
     }
     return t;

@@ -13,5 +13,6 @@ inline constexpr int kMaxTypeId = 31;  // one past the largest supported raw typ
 void install_avx2(Kernels* table);
 void install_avx2_cols(Kernels* table);  // vec_dot_cols (cpu_avx2_cols.cpp)
 void install_avx512(Kernels* table);
+void install_avx512_tile(Kernels* table);  // vec_dot_tile (cpu_avx512_tile.cpp)
 
 }  // namespace sluice::quant::detail

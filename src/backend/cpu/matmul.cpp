@@ -7,7 +7,10 @@
 // across a tile of tokens whose activations stay in L1, so W is streamed from memory once per
 // chunk and the activations from L2 once per chunk and tile rather than once per weight row;
 // where the format has a multi-column kernel (vec_dot_cols) of the same ISA as its vec_dot, each
-// weight block is also decoded once per tile instead of once per token.
+// weight block is also decoded once per tile instead of once per token. Where it has a
+// register-blocked tile kernel (vec_dot_tile) of that ISA, the whole chunk x token tile is one
+// call: the kernel keeps several rows x several tokens of accumulators in registers and writes
+// y in place.
 // matmul_multi runs several weights over one input (Q/K/V, gate/up) as one job: fewer
 // dispatches per layer, and small matrices (K, V) no longer leave threads idle on their own.
 #include <algorithm>
@@ -40,6 +43,7 @@ struct Part {
   int64_t first_chunk;  // chunks of all parts are numbered consecutively
   int64_t n_out;
   bool cols;  // use wk->vec_dot_cols for token tiles
+  bool tile;  // use wk->vec_dot_tile for chunk x token tiles (preferred over cols)
 };
 
 void check_shapes(const WeightView& w, const Tensor& x, const Tensor& y) {
@@ -101,8 +105,9 @@ void CpuBackend::matmul_multi(std::span<const WeightView> ws, const Tensor& x, s
     }
     // A lower-ISA fallback (e.g. the reference loop) would be slower than vec_dot itself.
     const bool cols = wk.vec_dot_cols != nullptr && wk.vec_dot_cols_isa == wk.vec_dot_isa;
+    const bool tile = wk.vec_dot_tile != nullptr && wk.vec_dot_tile_isa == wk.vec_dot_isa;
     parts[i] = {&wk, static_cast<const uint8_t*>(w.data), w.row_bytes(), done_act[d], done_stride[d],
-                static_cast<float*>(ys[i].data), ys[i].stride, n_chunks, w.ne1, cols};
+                static_cast<float*>(ys[i].data), ys[i].stride, n_chunks, w.ne1, cols, tile};
     n_chunks += (w.ne1 + grain - 1) / grain;
   }
 
@@ -120,6 +125,11 @@ void CpuBackend::matmul_multi(std::span<const WeightView> ws, const Tensor& x, s
       float tile[kTokenTile];
       for (int64_t t0 = 0; t0 < n_tok; t0 += kTokenTile) {
         const int64_t t1 = std::min(n_tok, t0 + kTokenTile);
+        if (p.tile) {
+          p.wk->vec_dot_tile(k, p.w + b * p.w_row, p.w_row, int(e - b), p.act + t0 * p.a_stride, p.a_stride,
+                             int(t1 - t0), p.y + t0 * p.y_stride + b, p.y_stride);
+          continue;
+        }
         for (int64_t o = b; o < e; ++o) {
           const uint8_t* wr = p.w + o * p.w_row;
           if (p.cols) {
