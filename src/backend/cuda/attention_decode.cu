@@ -1,0 +1,314 @@
+// Decode attention (1..kDecodeMaxTokens query rows): flash-decoding. The key range of each query
+// row is cut into splits so that even one KV head at a long context spreads over every SM; each
+// block scores its split for up to 4 query heads of one KV head, keeps an f32 running max, sum of
+// exponentials and unnormalized weighted V sum, and writes them to the workspace. A combine
+// kernel rescales the splits to a common max and normalizes.
+//
+// Thread layout of a block (HD = head_dim): a K/V row of one KV head is HD f16 = HD/8 16-byte
+// pieces; kLanes (HD/8 rounded up to a power of two, so shuffles reduce within aligned lane
+// groups) consecutive lanes read one row, piece c in lane c (lanes c >= HD/8 idle, only for HD
+// not a power of two). The 128 threads form kGroups = 128 / kLanes key groups; group g handles
+// keys g, g + kGroups, ... of each 64-key tile, so the lanes of a warp read consecutive rows.
+#include <cmath>
+#include <string>
+
+#include "backend/cuda/attention_internal.cuh"
+
+namespace sluice::backend::cuda::attn {
+namespace {
+
+constexpr int pow2_ceil(int v) {
+  int p = 1;
+  while (p < v) p *= 2;
+  return p;
+}
+
+template <int HD>
+struct DecodeShape {
+  static constexpr int kPieces = HD / 8;                           // 16-byte pieces per row
+  static constexpr int kLanes = pow2_ceil(kPieces);                // lanes per key (4..32)
+  static constexpr int kGroups = kDecodeThreads / kLanes;          // keys in flight per step (4..32)
+  static constexpr int kKeysPerGroup = kDecodeTile / kGroups;      // per tile (2..16)
+  static constexpr int kBatch = kKeysPerGroup < 4 ? kKeysPerGroup : 4;  // loads issued together
+  static_assert(HD % 32 == 0 && HD >= 32 && HD <= 256, "head_dim: multiples of 32 up to 256");
+  static_assert(kLanes <= kWarpSize && kDecodeTile % kGroups == 0 && kKeysPerGroup % kBatch == 0);
+  static_assert(kDecodeTile == 2 * kWarpSize, "the softmax step gives each lane two keys of a tile");
+};
+
+struct DecodeParams {
+  const float* q;  // [n_tokens][q_stride]
+  int64_t q_stride;
+  const __half* k;  // [positions][k_stride]
+  int64_t k_stride;
+  const __half* v;
+  int64_t v_stride;
+  float* ws_acc;   // [rows][HD], see decode_workspace_bytes
+  float2* ws_ml;   // [rows] (max in log2 units, sum of exp2)
+  int n_head;
+  int n_head_kv;
+  int group;
+  int n_hgroups;
+  int heads_per_block;
+  int n_splits;
+  int split_keys;
+  int pos0;
+  float scale_log2;  // scale * log2(e): scores come out in log2 units, so exp2f is the exponential
+};
+
+// Grid: one block per (head group, split, KV head, query row), flattened with the head group
+// fastest so the blocks sharing a KV head's rows run side by side and the second reads hit L2.
+template <int HD>
+__global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(const DecodeParams p) {
+  using S = DecodeShape<HD>;
+  __shared__ float sc[2][kMaxHeadsPerBlock][kDecodeTile];  // scores, then probabilities; 2 tiles
+  __shared__ float alpha_s[kMaxHeadsPerBlock];             // per-tile rescale of the accumulators
+  __shared__ float red[S::kGroups * kMaxHeadsPerBlock * HD];  // final sum over key groups (<= 16 KB)
+
+  int b = int(blockIdx.x);
+  const int hg = b % p.n_hgroups;
+  b /= p.n_hgroups;
+  const int split = b % p.n_splits;
+  b /= p.n_splits;
+  const int kvh = b % p.n_head_kv;
+  const int t = b / p.n_head_kv;
+
+  const int tid = int(threadIdx.x);
+  const int lane = tid % kWarpSize;
+  const int warp = tid / kWarpSize;
+  const int grp = tid / S::kLanes;  // key group
+  const int c = tid % S::kLanes;    // 16-byte piece of the row
+  const bool piece_ok = c < S::kPieces;
+
+  // Query row t sees keys [0, pos0 + t]; this split owns [begin, end) of them (maybe none when
+  // t is not the last row: the plan is made for the longest row).
+  const int n_kv = p.pos0 + t + 1;
+  const int begin = split * p.split_keys;
+  const int end = min(begin + p.split_keys, n_kv);
+  const int slot0 = hg * p.heads_per_block;
+  const int nh = min(p.heads_per_block, p.group - slot0);  // heads of this block, >= 1
+  const int head0 = kvh * p.group + slot0;
+
+  // This thread's 8 elements of each query head, pre-scaled.
+  float qr[kMaxHeadsPerBlock][8];
+#pragma unroll
+  for (int h = 0; h < kMaxHeadsPerBlock; ++h) {
+    const float* qh = p.q + int64_t(t) * p.q_stride + int64_t(head0 + h) * HD + c * 8;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) qr[h][e] = (h < nh && piece_ok) ? qh[e] * p.scale_log2 : 0.0f;
+  }
+  float acc[kMaxHeadsPerBlock][8];
+#pragma unroll
+  for (int h = 0; h < kMaxHeadsPerBlock; ++h)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[h][e] = 0.0f;
+  // Running max and sum of head `warp` (warps 0..nh-1), identical in every lane of that warp.
+  float m_run = -INFINITY;
+  float l_run = 0.0f;
+
+  const __half* kp = p.k + int64_t(kvh) * HD + c * 8;
+  const __half* vp = p.v + int64_t(kvh) * HD + c * 8;
+
+  int buf = 0;
+  for (int tile0 = begin; tile0 < end; tile0 += kDecodeTile, buf ^= 1) {
+    // 1. Scores of the tile's keys for every head into sc[buf] (-inf past the split's end).
+    //    sc is double-buffered: a slow thread may still read the previous tile's probabilities.
+#pragma unroll
+    for (int u0 = 0; u0 < S::kKeysPerGroup; u0 += S::kBatch) {
+      uint4 kr[S::kBatch];
+#pragma unroll
+      for (int i = 0; i < S::kBatch; ++i) {
+        const int j = tile0 + grp + S::kGroups * (u0 + i);
+        kr[i] = (piece_ok && j < end) ? load_row16(kp + int64_t(j) * p.k_stride) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int i = 0; i < S::kBatch; ++i) {
+        const int jl = grp + S::kGroups * (u0 + i);
+        float kf[8];
+        halves8_to_float(kr[i], kf);
+#pragma unroll
+        for (int h = 0; h < kMaxHeadsPerBlock; ++h) {
+          if (h < nh) {  // uniform across the block: the shuffles below see every lane
+            float s = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) s = fmaf(qr[h][e], kf[e], s);
+#pragma unroll
+            for (int o = S::kLanes / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+            if (c == 0) sc[buf][h][jl] = tile0 + jl < end ? s : -INFINITY;
+          }
+        }
+      }
+    }
+    __syncthreads();
+
+    // 2. Warp h: tile max, new running max, probabilities in place, rescale factor of the old
+    //    state. The tile holds at least one key, so the new max is finite.
+    if (warp < nh) {
+      const float s0 = sc[buf][warp][lane];
+      const float s1 = sc[buf][warp][lane + kWarpSize];
+      const float m_new = fmaxf(m_run, warp_max(fmaxf(s0, s1)));
+      const float p0 = exp2f(s0 - m_new);  // exp2f(-inf) = 0 for masked keys
+      const float p1 = exp2f(s1 - m_new);
+      sc[buf][warp][lane] = p0;
+      sc[buf][warp][lane + kWarpSize] = p1;
+      const float alpha = exp2f(m_run - m_new);  // 0 on the first tile (m_run = -inf)
+      l_run = l_run * alpha + warp_sum(p0 + p1);
+      m_run = m_new;
+      if (lane == 0) alpha_s[warp] = alpha;
+    }
+    __syncthreads();
+
+    // 3. acc = acc * alpha + sum over the group's keys of p * V (8 elements per thread).
+#pragma unroll
+    for (int h = 0; h < kMaxHeadsPerBlock; ++h) {
+      if (h < nh) {
+        const float alpha = alpha_s[h];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[h][e] *= alpha;
+      }
+    }
+#pragma unroll
+    for (int u0 = 0; u0 < S::kKeysPerGroup; u0 += S::kBatch) {
+      uint4 vr[S::kBatch];
+#pragma unroll
+      for (int i = 0; i < S::kBatch; ++i) {
+        const int j = tile0 + grp + S::kGroups * (u0 + i);
+        // Rows past the end are not read: their probability is 0 but the memory may hold
+        // anything (NaN * 0 = NaN).
+        vr[i] = (piece_ok && j < end) ? load_row16(vp + int64_t(j) * p.v_stride) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int i = 0; i < S::kBatch; ++i) {
+        const int jl = grp + S::kGroups * (u0 + i);
+        float vf[8];
+        halves8_to_float(vr[i], vf);
+#pragma unroll
+        for (int h = 0; h < kMaxHeadsPerBlock; ++h) {
+          if (h < nh) {
+            const float pj = sc[buf][h][jl];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[h][e] = fmaf(pj, vf[e], acc[h][e]);
+          }
+        }
+      }
+    }
+  }
+
+  // Sum the key groups' partial outputs (they share the running max, so plain addition).
+  if (piece_ok) {
+#pragma unroll
+    for (int h = 0; h < kMaxHeadsPerBlock; ++h) {
+      if (h < nh) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) red[(grp * kMaxHeadsPerBlock + h) * HD + c * 8 + e] = acc[h][e];
+      }
+    }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < nh * HD; idx += kDecodeThreads) {
+    const int h = idx / HD;
+    const int d = idx % HD;
+    float sum = 0.0f;
+#pragma unroll
+    for (int g = 0; g < S::kGroups; ++g) sum += red[(g * kMaxHeadsPerBlock + h) * HD + d];
+    const int64_t row = (int64_t(t) * p.n_head + head0 + h) * p.n_splits + split;
+    p.ws_acc[row * HD + d] = sum;
+  }
+  // An empty split writes (-inf, 0) and zeros: the combine gives it weight 0.
+  if (warp < nh && lane == 0) {
+    const int64_t row = (int64_t(t) * p.n_head + head0 + warp) * p.n_splits + split;
+    p.ws_ml[row] = make_float2(m_run, l_run);
+  }
+}
+
+// Block-wide reduction of one value per thread (max or sum); every thread gets the result.
+// Starts with a barrier so back-to-back calls may reuse `scratch`.
+template <bool kMax>
+__device__ float block_reduce(float v, float* scratch) {
+  v = kMax ? warp_max(v) : warp_sum(v);
+  __syncthreads();
+  if (threadIdx.x % kWarpSize == 0) scratch[threadIdx.x / kWarpSize] = v;
+  __syncthreads();
+  const int n_warps = int(blockDim.x) / kWarpSize;
+  float r = scratch[0];
+  for (int w = 1; w < n_warps; ++w) r = kMax ? fmaxf(r, scratch[w]) : r + scratch[w];
+  return r;
+}
+
+// One block per (head, query row): out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s.
+// Split 0 always holds key 0, so M is finite and the denominator positive.
+__global__ void __launch_bounds__(kDecodeThreads)
+    decode_combine_kernel(const float* __restrict__ ws_acc, const float2* __restrict__ ws_ml, float* __restrict__ out,
+                          int64_t out_stride, int n_head, int head_dim, int n_splits) {
+  __shared__ float w[kMaxSplits];
+  __shared__ float scratch[kDecodeThreads / kWarpSize];
+  const int head = int(blockIdx.x);
+  const int t = int(blockIdx.y);
+  const int64_t row0 = (int64_t(t) * n_head + head) * n_splits;
+
+  float mx = -INFINITY;
+  for (int s = int(threadIdx.x); s < n_splits; s += kDecodeThreads) mx = fmaxf(mx, ws_ml[row0 + s].x);
+  mx = block_reduce<true>(mx, scratch);
+  float denom = 0.0f;
+  for (int s = int(threadIdx.x); s < n_splits; s += kDecodeThreads) {
+    const float2 ml = ws_ml[row0 + s];
+    const float ws = exp2f(ml.x - mx);  // 0 for empty splits (m = -inf)
+    w[s] = ws;
+    denom += ws * ml.y;
+  }
+  denom = block_reduce<false>(denom, scratch);  // its barriers also publish w[]
+  const float inv = 1.0f / denom;
+  for (int d = int(threadIdx.x); d < head_dim; d += kDecodeThreads) {
+    float acc = 0.0f;
+    for (int s = 0; s < n_splits; ++s) acc = fmaf(w[s], ws_acc[(row0 + s) * head_dim + d], acc);
+    out[int64_t(t) * out_stride + int64_t(head) * head_dim + d] = acc * inv;
+  }
+}
+
+template <int HD>
+Status launch_decode_hd(const DecodeParams& p, int n_tokens, float* out, int64_t out_stride, cudaStream_t stream) {
+  const int64_t blocks = int64_t(n_tokens) * p.n_head_kv * p.n_hgroups * p.n_splits;
+  decode_split_kernel<HD><<<dim3(unsigned(blocks)), kDecodeThreads, 0, stream>>>(p);
+  SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("decode_split_kernel");
+  decode_combine_kernel<<<dim3(unsigned(p.n_head), unsigned(n_tokens)), kDecodeThreads, 0, stream>>>(
+      p.ws_acc, p.ws_ml, out, out_stride, p.n_head, HD, p.n_splits);
+  SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("decode_combine_kernel");
+  return Status::ok();
+}
+
+}  // namespace
+
+Status launch_decode(const AttentionArgs& a, const DecodePlan& plan, void* workspace, cudaStream_t stream) {
+  DecodeParams p{};
+  p.q = a.q;
+  p.q_stride = a.q_stride;
+  p.k = static_cast<const __half*>(a.k_cache);
+  p.k_stride = a.k_stride;
+  p.v = static_cast<const __half*>(a.v_cache);
+  p.v_stride = a.v_stride;
+  const int64_t rows = int64_t(a.n_tokens) * a.n_head * plan.n_splits;
+  p.ws_acc = static_cast<float*>(workspace);
+  p.ws_ml = reinterpret_cast<float2*>(p.ws_acc + rows * a.head_dim);
+  p.n_head = a.n_head;
+  p.n_head_kv = a.n_head_kv;
+  p.group = plan.group;
+  p.n_hgroups = plan.n_hgroups;
+  p.heads_per_block = plan.heads_per_block;
+  p.n_splits = plan.n_splits;
+  p.split_keys = plan.split_keys;
+  p.pos0 = a.pos0;
+  p.scale_log2 = a.scale * kLog2e;
+  switch (a.head_dim) {
+    case 32: return launch_decode_hd<32>(p, a.n_tokens, a.out, a.out_stride, stream);
+    case 64: return launch_decode_hd<64>(p, a.n_tokens, a.out, a.out_stride, stream);
+    case 96: return launch_decode_hd<96>(p, a.n_tokens, a.out, a.out_stride, stream);
+    case 128: return launch_decode_hd<128>(p, a.n_tokens, a.out, a.out_stride, stream);
+    case 160: return launch_decode_hd<160>(p, a.n_tokens, a.out, a.out_stride, stream);
+    case 192: return launch_decode_hd<192>(p, a.n_tokens, a.out, a.out_stride, stream);
+    case 224: return launch_decode_hd<224>(p, a.n_tokens, a.out, a.out_stride, stream);
+    case 256: return launch_decode_hd<256>(p, a.n_tokens, a.out, a.out_stride, stream);
+    default: break;
+  }
+  return unsupported("attention: head_dim " + std::to_string(a.head_dim) + " has no decode kernel");
+}
+
+}  // namespace sluice::backend::cuda::attn
