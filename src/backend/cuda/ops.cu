@@ -1,0 +1,411 @@
+// Elementwise and row-wise ops of the CUDA backend (ops.h): rms_norm, add_bias, add, swiglu, rope,
+// store_rows_f16, f32_to_f16. dequantize_to_f16 is in dequant.cu.
+//
+// Parity: the CPU backend (backend/cpu/cpu_backend.cpp) is the reference, and the model's logits
+// amplify last-bit differences in norms and RoPE angles, so every value is computed with the same
+// f32 operations in the same order as there. The _rn intrinsics keep nvcc from fusing a multiply
+// and an add into an FMA (the CPU reference is built for baseline x86-64 and never fuses); where
+// the CPU sums in double, so does the GPU.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/ops.h"
+
+namespace sluice::backend::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxGridX = 4096;   // grid-stride loops take the rest
+constexpr int64_t kMaxGridY = 65535;  // the hardware limit of gridDim.y
+
+bool aligned_to(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
+
+// ---- row-wise elementwise ops ---------------------------------------------------------------------
+// One launch shape for every op over [rows][cols] with row strides: blockIdx.y walks rows,
+// x-threads walk columns V elements at a time (V = 4: 16-byte f32 accesses, chosen by the host when
+// every pointer, stride and cols allow it). Each element is read and written by one thread only,
+// so in-place use (dst aliasing an input with the same stride) is safe; no pointer is __restrict__.
+template <int V, class Op>
+__global__ void __launch_bounds__(kThreads) rowwise_kernel(Op op, int64_t rows, int64_t cols) {
+  const int64_t col_step = int64_t(gridDim.x) * kThreads * V;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    for (int64_t c = (int64_t(blockIdx.x) * kThreads + threadIdx.x) * V; c < cols; c += col_step) {
+      op.template apply<V>(r, c);
+    }
+  }
+}
+
+template <class Op>
+Status launch_rowwise(const Op& op, int64_t rows, int64_t cols, bool vec4, cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return Status::ok();
+  const int v = vec4 ? 4 : 1;
+  const int64_t col_blocks = (cols + int64_t(kThreads) * v - 1) / (int64_t(kThreads) * v);
+  const dim3 grid(unsigned(std::min(col_blocks, kMaxGridX)), unsigned(std::min(rows, kMaxGridY)));
+  if (vec4) {
+    rowwise_kernel<4><<<grid, kThreads, 0, stream>>>(op, rows, cols);
+  } else {
+    rowwise_kernel<1><<<grid, kThreads, 0, stream>>>(op, rows, cols);
+  }
+  SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("rowwise_kernel");
+  return Status::ok();
+}
+
+template <int V>
+__device__ __forceinline__ void load_v(const float* p, float (&v)[V]) {
+  if constexpr (V == 4) {
+    const float4 a = *reinterpret_cast<const float4*>(p);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+  } else {
+    v[0] = *p;
+  }
+}
+template <int V>
+__device__ __forceinline__ void store_v(float* p, const float (&v)[V]) {
+  if constexpr (V == 4) {
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+  } else {
+    *p = v[0];
+  }
+}
+
+struct AddBiasOp {  // y[r][c] += b[c]
+  float* y;
+  int64_t stride;
+  const float* b;
+  template <int V>
+  __device__ void apply(int64_t r, int64_t c) const {
+    float a[V], d[V];
+    load_v<V>(y + r * stride + c, a);
+    load_v<V>(b + c, d);
+#pragma unroll
+    for (int k = 0; k < V; ++k) a[k] = __fadd_rn(a[k], d[k]);
+    store_v<V>(y + r * stride + c, a);
+  }
+};
+
+struct AddOp {  // dst[r][c] += src[r][c]
+  float* dst;
+  int64_t dst_stride;
+  const float* src;
+  int64_t src_stride;
+  template <int V>
+  __device__ void apply(int64_t r, int64_t c) const {
+    float a[V], d[V];
+    load_v<V>(dst + r * dst_stride + c, a);
+    load_v<V>(src + r * src_stride + c, d);
+#pragma unroll
+    for (int k = 0; k < V; ++k) a[k] = __fadd_rn(a[k], d[k]);
+    store_v<V>(dst + r * dst_stride + c, a);
+  }
+};
+
+struct SwigluOp {  // dst = g / (1 + exp(-g)) * u, the CPU's expression and order
+  const float* gate;
+  int64_t gate_stride;
+  const float* up;
+  int64_t up_stride;
+  float* dst;
+  int64_t dst_stride;
+  template <int V>
+  __device__ void apply(int64_t r, int64_t c) const {
+    float g[V], u[V];
+    load_v<V>(gate + r * gate_stride + c, g);
+    load_v<V>(up + r * up_stride + c, u);
+#pragma unroll
+    for (int k = 0; k < V; ++k) g[k] = __fmul_rn(__fdiv_rn(g[k], __fadd_rn(1.0f, expf(-g[k]))), u[k]);
+    store_v<V>(dst + r * dst_stride + c, g);
+  }
+};
+
+struct ToHalfOp {  // dst[r][c] = f16(src[r][c]), round to nearest even (as quant's fp32_to_fp16)
+  const float* src;
+  int64_t src_stride;
+  __half* dst;
+  int64_t dst_stride;
+  template <int V>
+  __device__ void apply(int64_t r, int64_t c) const {
+    float a[V];
+    load_v<V>(src + r * src_stride + c, a);
+    __half* d = dst + r * dst_stride + c;
+    if constexpr (V == 4) {
+      const uint32_t lo = uint32_t(__half_as_ushort(__float2half_rn(a[0]))) |
+                          (uint32_t(__half_as_ushort(__float2half_rn(a[1]))) << 16);
+      const uint32_t hi = uint32_t(__half_as_ushort(__float2half_rn(a[2]))) |
+                          (uint32_t(__half_as_ushort(__float2half_rn(a[3]))) << 16);
+      *reinterpret_cast<unsigned long long*>(d) = (static_cast<unsigned long long>(hi) << 32) | lo;  // one 8-byte store
+    } else {
+      *d = __float2half_rn(a[0]);
+    }
+  }
+};
+
+// Rows of f32 at p with `stride` can be read 4 at a time.
+bool vec4_ok(const void* p, int64_t stride, uintptr_t align = 16) { return aligned_to(p, align) && stride % 4 == 0; }
+
+Status check_rows(const char* op, int64_t rows, int64_t cols) {
+  if (rows < 0 || cols < 0) {
+    return invalid_argument(std::string(op) + ": negative shape " + std::to_string(rows) + " x " +
+                            std::to_string(cols));
+  }
+  return Status::ok();
+}
+Status check_stride(const char* op, const char* name, const void* p, int64_t stride, int64_t cols) {
+  if (p == nullptr) return invalid_argument(std::string(op) + ": " + name + " is null");
+  if (stride < cols) {
+    return invalid_argument(std::string(op) + ": " + name + " stride " + std::to_string(stride) + " < cols " +
+                            std::to_string(cols));
+  }
+  return Status::ok();
+}
+
+// ---- rms_norm ---------------------------------------------------------------------------------------
+// The CPU sums the f32 squares in double, then mean = f32(sum / group), scale = 1 / sqrtf(mean + eps)
+// in f32, y = (x * scale) * w. The GPU does the same; only the order of the double additions
+// differs, which changes the f32 mean only when the sum lands within ~1e-16 (relative) of an f32
+// rounding boundary. FP64 adds are few (one per element) next to the memory traffic.
+
+__device__ __forceinline__ double warp_sum_double(double v) {
+#pragma unroll
+  for (int o = kWarpSize / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float rms_scale(double sum, int group, float eps) {
+  const float mean = __double2float_rn(__ddiv_rn(sum, double(group)));
+  return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
+}
+
+// Items are (row, group) pairs, item = row * groups_per_row + group index.
+struct NormArgs {
+  const float* x;
+  int64_t x_stride;
+  float* dst;
+  int64_t dst_stride;
+  int64_t items;
+  int64_t groups_per_row;
+  int group;
+  const float* w;
+  float eps;
+  __device__ const float* src_of(int64_t item) const {
+    return x + (item / groups_per_row) * x_stride + (item % groups_per_row) * group;
+  }
+  __device__ float* dst_of(int64_t item) const {
+    return dst + (item / groups_per_row) * dst_stride + (item % groups_per_row) * group;
+  }
+};
+
+// Small groups (Q/K head norms, head_dim 64..256): one warp per group, 8 groups per block.
+__global__ void __launch_bounds__(kThreads) rms_norm_warp_kernel(NormArgs a) {
+  constexpr int kWarps = kThreads / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t step = int64_t(gridDim.x) * kWarps;
+  for (int64_t item = int64_t(blockIdx.x) * kWarps + threadIdx.x / kWarpSize; item < a.items; item += step) {
+    const float* xr = a.src_of(item);
+    float* yr = a.dst_of(item);
+    double sum = 0;
+    for (int i = lane; i < a.group; i += kWarpSize) sum += double(__fmul_rn(xr[i], xr[i]));
+    const float scale = rms_scale(warp_sum_double(sum), a.group, a.eps);
+    // Every lane has read all its elements before any lane writes (the shuffle above joins the
+    // warp), and each lane rewrites only elements it read: in-place (dst == x) is safe.
+    for (int i = lane; i < a.group; i += kWarpSize) yr[i] = __fmul_rn(__fmul_rn(xr[i], scale), a.w[i]);
+  }
+}
+
+// Whole-row norms (group = n_embd, 576..8192): one block per group, so a single decode row is
+// spread over 8 warps instead of one.
+__global__ void __launch_bounds__(kThreads) rms_norm_block_kernel(NormArgs a) {
+  constexpr int kWarps = kThreads / kWarpSize;
+  __shared__ double partial[kWarps];
+  __shared__ float shared_scale;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  for (int64_t item = blockIdx.x; item < a.items; item += gridDim.x) {
+    const float* xr = a.src_of(item);
+    float* yr = a.dst_of(item);
+    double sum = 0;
+    for (int i = threadIdx.x; i < a.group; i += kThreads) sum += double(__fmul_rn(xr[i], xr[i]));
+    sum = warp_sum_double(sum);
+    if (lane == 0) partial[warp] = sum;
+    __syncthreads();
+    if (warp == 0) {
+      double s = lane < kWarps ? partial[lane] : 0.0;
+      s = warp_sum_double(s);
+      if (lane == 0) shared_scale = rms_scale(s, a.group, a.eps);
+    }
+    __syncthreads();  // also: every thread has read its x before anyone writes (in-place safe)
+    const float scale = shared_scale;
+    for (int i = threadIdx.x; i < a.group; i += kThreads) yr[i] = __fmul_rn(__fmul_rn(xr[i], scale), a.w[i]);
+    __syncthreads();  // partial and shared_scale are reused by the next item
+  }
+}
+
+// ---- rope -----------------------------------------------------------------------------------------------
+// Angles exactly as the CPU computes them: theta_i = pos * ts^i built by i successive f32
+// multiplies (ts = powf(base, -2 / n_rot), computed on the host with the same libm call), then
+// th = freq_scale * (theta_i / factor_i). At position 1e5 one f32 ulp of th is ~0.008 rad, so the
+// angle must be bit-identical, not merely close. cos/sin are evaluated in double and rounded to
+// f32: correctly rounded (up to double rounding, ~1e-9 of cases), like glibc's cosf/sinf nearly
+// always are. One block per row: the block first fills the row's cos/sin table (n_rot / 2 entries,
+// shared by all heads), then rotates every head's pairs.
+struct RopeKernelArgs {
+  float* x;
+  int64_t stride;
+  int64_t rows;
+  int n_head;
+  int head_dim;
+  int half;  // n_rot / 2
+  bool neox;
+  float theta_scale;
+  float freq_scale;
+  const float* freq_factors;  // nullptr or [half]
+  int64_t pos0;
+};
+
+constexpr int kRopeThreads = 128;
+
+__global__ void __launch_bounds__(kRopeThreads) rope_kernel(RopeKernelArgs a) {
+  extern __shared__ float table[];  // cos [half], then sin [half]
+  float* cs = table;
+  float* sn = table + a.half;
+  const int pairs = a.n_head * a.half;
+  for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
+    const float pos = float(a.pos0 + r);  // int64 -> f32, round to nearest even, as the CPU
+    for (int i = threadIdx.x; i < a.half; i += kRopeThreads) {
+      float theta = pos;
+      for (int k = 0; k < i; ++k) theta = __fmul_rn(theta, a.theta_scale);
+      const float th = __fmul_rn(a.freq_scale, a.freq_factors ? __fdiv_rn(theta, a.freq_factors[i]) : theta);
+      double s, c;
+      sincos(double(th), &s, &c);
+      cs[i] = __double2float_rn(c);
+      sn[i] = __double2float_rn(s);
+    }
+    __syncthreads();
+    float* xr = a.x + r * a.stride;
+    for (int p = threadIdx.x; p < pairs; p += kRopeThreads) {
+      const int h = p / a.half, i = p % a.half;
+      float* v = xr + int64_t(h) * a.head_dim;
+      const int i0 = a.neox ? i : 2 * i;
+      const int i1 = a.neox ? i + a.half : 2 * i + 1;
+      const float x0 = v[i0], x1 = v[i1];
+      v[i0] = __fsub_rn(__fmul_rn(x0, cs[i]), __fmul_rn(x1, sn[i]));
+      v[i1] = __fadd_rn(__fmul_rn(x0, sn[i]), __fmul_rn(x1, cs[i]));
+    }
+    __syncthreads();  // the table is rewritten for the next row
+  }
+}
+
+}  // namespace
+
+Status rms_norm(const float* x, int64_t x_stride, float* dst, int64_t dst_stride, int64_t rows, int64_t cols,
+                const float* w, int64_t group, float eps, cudaStream_t stream) {
+  SLUICE_RETURN_IF_ERROR(check_rows("rms_norm", rows, cols));
+  if (group <= 0 || group > (int64_t(1) << 30) || cols % group != 0) {
+    return invalid_argument("rms_norm: group " + std::to_string(group) + " must be positive and divide cols " +
+                            std::to_string(cols));
+  }
+  if (rows == 0 || cols == 0) return Status::ok();
+  SLUICE_RETURN_IF_ERROR(check_stride("rms_norm", "x", x, x_stride, cols));
+  SLUICE_RETURN_IF_ERROR(check_stride("rms_norm", "dst", dst, dst_stride, cols));
+  if (w == nullptr) return invalid_argument("rms_norm: w is null");
+  NormArgs a{x, x_stride, dst, dst_stride, rows * (cols / group), cols / group, int(group), w, eps};
+  // A warp per group while a group is at most 32 elements per lane; beyond, a block per group.
+  if (group <= 1024) {
+    constexpr int64_t kWarps = kThreads / kWarpSize;
+    const int64_t blocks = std::min((a.items + kWarps - 1) / kWarps, kMaxGridX * 4);
+    rms_norm_warp_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(a);
+    SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("rms_norm_warp_kernel");
+  } else {
+    const int64_t blocks = std::min(a.items, kMaxGridX * 4);
+    rms_norm_block_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(a);
+    SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("rms_norm_block_kernel");
+  }
+  return Status::ok();
+}
+
+Status add_bias(float* y, int64_t stride, int64_t rows, int64_t cols, const float* b, cudaStream_t stream) {
+  SLUICE_RETURN_IF_ERROR(check_rows("add_bias", rows, cols));
+  if (rows == 0 || cols == 0) return Status::ok();
+  SLUICE_RETURN_IF_ERROR(check_stride("add_bias", "y", y, stride, cols));
+  if (b == nullptr) return invalid_argument("add_bias: b is null");
+  const bool vec4 = cols % 4 == 0 && vec4_ok(y, stride) && aligned_to(b, 16);
+  return launch_rowwise(AddBiasOp{y, stride, b}, rows, cols, vec4, stream);
+}
+
+Status add(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows, int64_t cols,
+           cudaStream_t stream) {
+  SLUICE_RETURN_IF_ERROR(check_rows("add", rows, cols));
+  if (rows == 0 || cols == 0) return Status::ok();
+  SLUICE_RETURN_IF_ERROR(check_stride("add", "dst", dst, dst_stride, cols));
+  SLUICE_RETURN_IF_ERROR(check_stride("add", "src", src, src_stride, cols));
+  const bool vec4 = cols % 4 == 0 && vec4_ok(dst, dst_stride) && vec4_ok(src, src_stride);
+  return launch_rowwise(AddOp{dst, dst_stride, src, src_stride}, rows, cols, vec4, stream);
+}
+
+Status swiglu(const float* gate, int64_t gate_stride, const float* up, int64_t up_stride, float* dst,
+              int64_t dst_stride, int64_t rows, int64_t cols, cudaStream_t stream) {
+  SLUICE_RETURN_IF_ERROR(check_rows("swiglu", rows, cols));
+  if (rows == 0 || cols == 0) return Status::ok();
+  SLUICE_RETURN_IF_ERROR(check_stride("swiglu", "gate", gate, gate_stride, cols));
+  SLUICE_RETURN_IF_ERROR(check_stride("swiglu", "up", up, up_stride, cols));
+  SLUICE_RETURN_IF_ERROR(check_stride("swiglu", "dst", dst, dst_stride, cols));
+  const bool vec4 =
+      cols % 4 == 0 && vec4_ok(gate, gate_stride) && vec4_ok(up, up_stride) && vec4_ok(dst, dst_stride);
+  return launch_rowwise(SwigluOp{gate, gate_stride, up, up_stride, dst, dst_stride}, rows, cols, vec4, stream);
+}
+
+Status rope(float* x, int64_t stride, int64_t rows, const RopeArgs& args, int pos0, cudaStream_t stream) {
+  if (args.n_head <= 0 || args.head_dim <= 0 || int64_t(args.n_head) * args.head_dim > (int64_t(1) << 30)) {
+    return invalid_argument("rope: bad n_head " + std::to_string(args.n_head) + " / head_dim " +
+                            std::to_string(args.head_dim));
+  }
+  // The CPU's limits, so both backends accept the same models (n_rot <= 2048: its angle table).
+  if (args.n_rot <= 0 || args.n_rot % 2 != 0 || args.n_rot > args.head_dim || args.n_rot > 2048) {
+    return invalid_argument("rope: n_rot " + std::to_string(args.n_rot) + " must be even, in (0, head_dim " +
+                            std::to_string(args.head_dim) + "] and <= 2048");
+  }
+  if (rows < 0) return invalid_argument("rope: negative rows");
+  if (rows == 0) return Status::ok();
+  SLUICE_RETURN_IF_ERROR(check_stride("rope", "x", x, stride, int64_t(args.n_head) * args.head_dim));
+  RopeKernelArgs a;
+  a.x = x;
+  a.stride = stride;
+  a.rows = rows;
+  a.n_head = args.n_head;
+  a.head_dim = args.head_dim;
+  a.half = args.n_rot / 2;
+  a.neox = args.neox;
+  // Host libm powf, the very call the CPU backend makes (std::pow on two floats).
+  a.theta_scale = std::pow(args.freq_base, -2.0f / float(args.n_rot));
+  a.freq_scale = args.freq_scale;
+  a.freq_factors = args.freq_factors;
+  a.pos0 = pos0;
+  const unsigned grid = unsigned(std::min(rows, kMaxGridY));
+  const size_t smem = size_t(a.half) * 2 * sizeof(float);  // <= 8 KB
+  rope_kernel<<<grid, kRopeThreads, smem, stream>>>(a);
+  SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("rope_kernel");
+  return Status::ok();
+}
+
+Status f32_to_f16(const float* src, int64_t src_stride, void* dst, int64_t dst_stride, int64_t rows, int64_t cols,
+                  cudaStream_t stream) {
+  SLUICE_RETURN_IF_ERROR(check_rows("f32_to_f16", rows, cols));
+  if (rows == 0 || cols == 0) return Status::ok();
+  SLUICE_RETURN_IF_ERROR(check_stride("f32_to_f16", "src", src, src_stride, cols));
+  SLUICE_RETURN_IF_ERROR(check_stride("f32_to_f16", "dst", dst, dst_stride, cols));
+  if (!aligned_to(dst, 2)) return invalid_argument("f32_to_f16: dst must be 2-byte aligned");
+  const bool vec4 = cols % 4 == 0 && vec4_ok(src, src_stride) && vec4_ok(dst, dst_stride, 8);
+  return launch_rowwise(ToHalfOp{src, src_stride, static_cast<__half*>(dst), dst_stride}, rows, cols, vec4, stream);
+}
+
+Status store_rows_f16(const float* src, int64_t src_stride, int64_t rows, int64_t cols, void* cache,
+                      int64_t cache_stride, int64_t pos0, cudaStream_t stream) {
+  if (pos0 < 0) return invalid_argument("store_rows_f16: negative pos0 " + std::to_string(pos0));
+  if (cache == nullptr) return invalid_argument("store_rows_f16: cache is null");
+  // Row pos0 of the cache; the caller guarantees the cache holds pos0 + rows rows.
+  void* first = static_cast<__half*>(cache) + pos0 * cache_stride;
+  return f32_to_f16(src, src_stride, first, cache_stride, rows, cols, stream);
+}
+
+}  // namespace sluice::backend::cuda

@@ -1,0 +1,583 @@
+// Parity of the CUDA elementwise/row-wise ops (backend/cuda/ops.h) with the CPU backend, and of
+// dequantize_to_f16 with quant's scalar reference, on fresh random data (seed printed on failure;
+// SLUICE_TEST_SEED replays).
+//
+// Tolerances (normalized error ||gpu - cpu|| / ||cpu|| over the [rows][cols] region, or exact):
+//   add_bias, add                       exact: one f32 add per element on both sides.
+//   f32_to_f16, store_rows_f16          exact bits: both round to nearest even.
+//   dequantize_to_f16 (every format)    exact bits (0 f16 ulp): the kernels repeat the reference's
+//                                       f32 operations one for one, then round to nearest even.
+//   rms_norm                            1e-6; expected bit-exact (same f32 roundings, sum of
+//                                       squares in double on both sides, only its order differs).
+//   rope                                1e-6; angles are bit-identical (same f32 recurrence), cos/sin
+//                                       may differ from glibc's cosf/sinf by 1 f32 ulp.
+//   swiglu                              1e-6; CUDA expf is within 2 ulp of glibc's expf.
+// Every case also checks that nothing outside the op's region changed (row padding of strided
+// tensors, cache rows outside [pos0, pos0 + rows)), and outputs that the op must write start
+// poisoned (NaN) where the op is not in place.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <iterator>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/ops.h"
+#include "gpu/gpu_util.h"
+#include "quant/half.h"
+#include "quant/ref.h"
+
+namespace sluice::test::gpu {
+namespace {
+
+namespace cu = sluice::backend::cuda;
+using backend::DType;
+using backend::Tensor;
+using backend::WeightView;
+
+constexpr double kNormTol = 1e-6;
+constexpr double kRopeTol = 1e-6;
+constexpr double kSwigluTol = 1e-6;
+
+std::unique_ptr<backend::Backend> cpu_backend() { return backend::make_cpu_backend(backend::CpuOptions{}); }
+
+// A host f32 matrix of `rows` rows of `cols` elements, row starts `stride` apart; the padding
+// between rows holds random values too, which the ops must leave alone.
+struct HostMat {
+  std::vector<float> v;
+  int64_t rows = 0, cols = 0, stride = 0;
+  HostMat(int64_t r, int64_t c, int64_t s, float scale, uint64_t salt)
+      : v(random_floats(size_t(r * s), scale, salt)), rows(r), cols(c), stride(s) {}
+  Tensor tensor() { return Tensor{v.data(), DType::kF32, cols, rows, stride}; }
+  std::vector<float> region() const {
+    std::vector<float> out(size_t(rows * cols));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) out[size_t(r * cols + c)] = v[size_t(r * stride + c)];
+    return out;
+  }
+  size_t bytes() const { return v.size() * sizeof(float); }
+};
+
+// Elements of the padding (columns >= cols) that differ between two buffers of the same layout.
+int64_t padding_changes(const HostMat& a, const std::vector<float>& b) {
+  int64_t n = 0;
+  for (int64_t r = 0; r < a.rows; ++r)
+    for (int64_t c = a.cols; c < a.stride; ++c) {
+      const size_t i = size_t(r * a.stride + c);
+      n += std::memcmp(&a.v[i], &b[i], sizeof(float)) != 0;
+    }
+  return n;
+}
+
+double region_error(const HostMat& gpu_layout, const std::vector<float>& gpu, const HostMat& cpu) {
+  HostMat g = gpu_layout;
+  g.v = gpu;
+  const std::vector<float> a = g.region(), b = cpu.region();
+  return normalized_error(a.data(), b.data(), a.size());
+}
+
+int64_t region_mismatches(const std::vector<float>& gpu, const HostMat& cpu) {
+  int64_t n = 0;
+  for (int64_t r = 0; r < cpu.rows; ++r)
+    for (int64_t c = 0; c < cpu.cols; ++c) {
+      const size_t i = size_t(r * cpu.stride + c);
+      n += std::memcmp(&gpu[i], &cpu.v[i], sizeof(float)) != 0;
+    }
+  return n;
+}
+
+std::vector<float> download_f32(const DeviceBuffer& d, size_t n) {
+  std::vector<float> out(n);
+  d.download(out.data(), n * sizeof(float));
+  return out;
+}
+
+void expect_ok(const Status& s) { ASSERT_TRUE(s.is_ok()) << s.message(); }
+
+// ---- rms_norm ---------------------------------------------------------------------------------------
+
+struct NormCase {
+  const char* name;
+  int64_t rows, cols, group, pad;
+  bool in_place;
+  float eps;
+};
+
+class RmsNorm : public ::testing::TestWithParam<NormCase> {};
+
+TEST_P(RmsNorm, MatchesCpu) {
+  SLUICE_SKIP_WITHOUT_GPU();
+  const NormCase& c = GetParam();
+  const int64_t stride = c.cols + c.pad;
+  const uint64_t salt = std::hash<std::string>{}(c.name);
+  HostMat x(c.rows, c.cols, stride, 3.0f, salt);
+  const std::vector<float> w = random_floats(size_t(c.group), 1.0f, salt + 1);
+  HostMat y_init(c.rows, c.cols, stride, 1.0f, salt + 2);
+
+  DeviceBuffer dx(x.bytes()), dy(y_init.bytes()), dw(w.size() * 4);
+  dx.upload(x.v.data(), x.bytes());
+  dw.upload(w.data(), w.size() * 4);
+  float* out = dx.get<float>();
+  if (!c.in_place) {
+    // Poisoned region (NaN), random padding: unwritten outputs and stray writes both show.
+    std::vector<float> init = y_init.v;
+    for (int64_t r = 0; r < c.rows; ++r)
+      for (int64_t i = 0; i < c.cols; ++i) init[size_t(r * stride + i)] = std::numeric_limits<float>::quiet_NaN();
+    dy.upload(init.data(), y_init.bytes());
+    out = dy.get<float>();
+  }
+  expect_ok(
+      cu::rms_norm(dx.get<float>(), stride, out, stride, c.rows, c.cols, dw.get<float>(), c.group, c.eps, nullptr));
+  GPU_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> got = download_f32(c.in_place ? dx : dy, x.v.size());
+
+  HostMat ref = c.in_place ? x : y_init;
+  const WeightView wv{quant::Type::kF32, c.group, 1, w.data()};
+  cpu_backend()->rms_norm(x.tensor(), wv, c.eps, ref.tensor());
+
+  const double err = region_error(ref, got, ref);
+  EXPECT_LE(err, kNormTol) << "seed " << test_seed();
+  EXPECT_EQ(padding_changes(ref, got), 0);
+  std::printf("OPS rms_norm %-14s err=%.3e bit-mismatches=%lld/%lld\n", c.name, err,
+              (long long)region_mismatches(got, ref), (long long)(c.rows * c.cols));
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, RmsNorm,
+                         ::testing::Values(NormCase{"row576", 3, 576, 576, 0, false, 1e-5f},
+                                           NormCase{"row4096", 1, 4096, 4096, 0, false, 1e-5f},
+                                           NormCase{"row4096_inpl", 33, 4096, 4096, 8, true, 1e-6f},
+                                           NormCase{"row8192", 5, 8192, 8192, 4, false, 1e-5f},
+                                           NormCase{"row1024_warp", 4, 1024, 1024, 0, true, 1e-6f},
+                                           NormCase{"row2048_block", 2, 2048, 2048, 3, false, 1e-6f},
+                                           NormCase{"heads128", 7, 4096, 128, 0, false, 1e-6f},
+                                           NormCase{"heads128_inpl", 9, 1024, 128, 16, true, 1e-6f},
+                                           NormCase{"heads64", 3, 576, 64, 5, false, 1e-5f}),
+                         [](const ::testing::TestParamInfo<NormCase>& i) { return std::string(i.param.name); });
+
+// ---- add_bias / add / swiglu ------------------------------------------------------------------------
+
+struct EwCase {
+  const char* name;
+  int64_t rows, cols, pad;
+};
+const auto kEwCases = ::testing::Values(EwCase{"one_row", 1, 4096, 0}, EwCase{"rows", 7, 14336, 0},
+                                        EwCase{"strided", 5, 1024, 4}, EwCase{"odd_cols", 3, 1001, 2},
+                                        EwCase{"odd_stride", 4, 576, 3});
+std::string ew_name(const ::testing::TestParamInfo<EwCase>& i) { return i.param.name; }
+
+class AddBias : public ::testing::TestWithParam<EwCase> {};
+TEST_P(AddBias, MatchesCpuExactly) {
+  SLUICE_SKIP_WITHOUT_GPU();
+  const EwCase& c = GetParam();
+  const int64_t stride = c.cols + c.pad;
+  HostMat y(c.rows, c.cols, stride, 1.0f, 11);
+  const std::vector<float> b = random_floats(size_t(c.cols), 1.0f, 12);
+  DeviceBuffer dy(y.bytes()), db(b.size() * 4);
+  dy.upload(y.v.data(), y.bytes());
+  db.upload(b.data(), b.size() * 4);
+  expect_ok(cu::add_bias(dy.get<float>(), stride, c.rows, c.cols, db.get<float>(), nullptr));
+  GPU_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> got = download_f32(dy, y.v.size());
+  cpu_backend()->add_bias(y.tensor(), WeightView{quant::Type::kF32, c.cols, 1, b.data()});
+  EXPECT_EQ(region_mismatches(got, y), 0) << "seed " << test_seed();
+  EXPECT_EQ(padding_changes(y, got), 0);
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, AddBias, kEwCases, ew_name);
+
+class Add : public ::testing::TestWithParam<EwCase> {};
+TEST_P(Add, MatchesCpuExactly) {
+  SLUICE_SKIP_WITHOUT_GPU();
+  const EwCase& c = GetParam();
+  // Different strides for dst and src: each row is addressed through its own stride.
+  HostMat dst(c.rows, c.cols, c.cols + c.pad, 1.0f, 21), src(c.rows, c.cols, c.cols + 2 * c.pad, 1.0f, 22);
+  DeviceBuffer dd(dst.bytes()), ds(src.bytes());
+  dd.upload(dst.v.data(), dst.bytes());
+  ds.upload(src.v.data(), src.bytes());
+  expect_ok(cu::add(dd.get<float>(), dst.stride, ds.get<float>(), src.stride, c.rows, c.cols, nullptr));
+  GPU_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> got = download_f32(dd, dst.v.size());
+  cpu_backend()->add(dst.tensor(), src.tensor());
+  EXPECT_EQ(region_mismatches(got, dst), 0) << "seed " << test_seed();
+  EXPECT_EQ(padding_changes(dst, got), 0);
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, Add, kEwCases, ew_name);
+
+enum class Alias { kNone, kGate, kUp };
+struct SwigluCase {
+  EwCase shape;
+  Alias alias;
+};
+
+class Swiglu : public ::testing::TestWithParam<SwigluCase> {};
+TEST_P(Swiglu, MatchesCpu) {
+  SLUICE_SKIP_WITHOUT_GPU();
+  const EwCase& c = GetParam().shape;
+  const Alias alias = GetParam().alias;
+  const int64_t stride = c.cols + c.pad;
+  // Scale 4: the gate reaches the saturated ends of the sigmoid as well as its middle.
+  HostMat gate(c.rows, c.cols, stride, 4.0f, 31), up(c.rows, c.cols, stride, 1.0f, 32),
+      out(c.rows, c.cols, stride, 1.0f, 33);
+  DeviceBuffer dg(gate.bytes()), du(up.bytes()), dd(out.bytes());
+  dg.upload(gate.v.data(), gate.bytes());
+  du.upload(up.v.data(), up.bytes());
+  std::vector<float> out_init = out.v;
+  for (int64_t r = 0; r < c.rows; ++r)
+    for (int64_t i = 0; i < c.cols; ++i) out_init[size_t(r * stride + i)] = std::numeric_limits<float>::quiet_NaN();
+  dd.upload(out_init.data(), out.bytes());
+  float* d = alias == Alias::kGate ? dg.get<float>() : alias == Alias::kUp ? du.get<float>() : dd.get<float>();
+  expect_ok(cu::swiglu(dg.get<float>(), stride, du.get<float>(), stride, d, stride, c.rows, c.cols, nullptr));
+  GPU_CHECK(cudaDeviceSynchronize());
+  const DeviceBuffer& result = alias == Alias::kGate ? dg : alias == Alias::kUp ? du : dd;
+  const std::vector<float> got = download_f32(result, out.v.size());
+
+  HostMat& ref = alias == Alias::kGate ? gate : alias == Alias::kUp ? up : out;
+  const Tensor tg = gate.tensor(), tu = up.tensor(), td = ref.tensor();
+  cpu_backend()->swiglu(tg, tu, td);
+  const double err = region_error(ref, got, ref);
+  EXPECT_LE(err, kSwigluTol) << "seed " << test_seed();
+  EXPECT_EQ(padding_changes(ref, got), 0);
+  std::printf("OPS swiglu %-10s alias=%d err=%.3e\n", c.name, int(alias), err);
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, Swiglu,
+                         ::testing::Values(SwigluCase{{"rows", 7, 14336, 0}, Alias::kNone},
+                                           SwigluCase{{"one_row", 1, 11008, 0}, Alias::kGate},
+                                           SwigluCase{{"strided", 5, 1024, 4}, Alias::kUp},
+                                           SwigluCase{{"odd_cols", 3, 1001, 2}, Alias::kNone},
+                                           SwigluCase{{"odd_cols_alias", 3, 1001, 2}, Alias::kGate}),
+                         [](const ::testing::TestParamInfo<SwigluCase>& i) { return std::string(i.param.shape.name); });
+
+// ---- rope ---------------------------------------------------------------------------------------------
+
+struct RopeCase {
+  const char* name;
+  bool neox;
+  int n_head, head_dim, n_rot;
+  float base, freq_scale;
+  bool factors;
+  int pos0;
+  int64_t rows, pad;
+};
+
+class Rope : public ::testing::TestWithParam<RopeCase> {};
+TEST_P(Rope, MatchesCpu) {
+  SLUICE_SKIP_WITHOUT_GPU();
+  const RopeCase& c = GetParam();
+  const int64_t cols = int64_t(c.n_head) * c.head_dim, stride = cols + c.pad;
+  const uint64_t salt = std::hash<std::string>{}(c.name);
+  HostMat x(c.rows, cols, stride, 1.0f, salt);
+  // Llama 3.1-like divisors: 1 for high frequencies rising to 8 for low ones.
+  std::vector<float> ff(size_t(c.n_rot / 2));
+  for (size_t i = 0; i < ff.size(); ++i) ff[i] = 1.0f + 7.0f * float(i) / float(ff.size());
+  DeviceBuffer dx(x.bytes()), dff(ff.size() * 4);
+  dx.upload(x.v.data(), x.bytes());
+  dff.upload(ff.data(), ff.size() * 4);
+
+  cu::RopeArgs a;
+  a.neox = c.neox;
+  a.n_head = c.n_head;
+  a.head_dim = c.head_dim;
+  a.n_rot = c.n_rot;
+  a.freq_base = c.base;
+  a.freq_scale = c.freq_scale;
+  a.freq_factors = c.factors ? dff.get<float>() : nullptr;
+  expect_ok(cu::rope(dx.get<float>(), stride, c.rows, a, c.pos0, nullptr));
+  GPU_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> got = download_f32(dx, x.v.size());
+
+  backend::RopeParams p;
+  p.mode = c.neox ? backend::RopeMode::kNeox : backend::RopeMode::kNormal;
+  p.n_head = c.n_head;
+  p.head_dim = c.head_dim;
+  p.n_rot = c.n_rot;
+  p.freq_base = c.base;
+  p.freq_scale = c.freq_scale;
+  if (c.factors) p.freq_factors = WeightView{quant::Type::kF32, c.n_rot / 2, 1, ff.data()};
+  cpu_backend()->rope(x.tensor(), p, c.pos0);
+
+  const double err = region_error(x, got, x);
+  EXPECT_LE(err, kRopeTol) << "seed " << test_seed();
+  EXPECT_EQ(padding_changes(x, got), 0);
+  std::printf("OPS rope %-22s err=%.3e bit-mismatches=%lld/%lld\n", c.name, err, (long long)region_mismatches(got, x),
+              (long long)(c.rows * cols));
+}
+INSTANTIATE_TEST_SUITE_P(
+    Modes, Rope,
+    ::testing::Values(
+        RopeCase{"llama_q", false, 32, 128, 128, 500000.0f, 1.0f, false, 0, 7, 0},
+        RopeCase{"llama_k_pos100000", false, 8, 128, 128, 500000.0f, 1.0f, false, 100000, 3, 0},
+        RopeCase{"llama31_factors", false, 32, 128, 128, 500000.0f, 1.0f, true, 4095, 5, 8},
+        RopeCase{"normal_partial_scaled", false, 4, 96, 32, 10000.0f, 0.25f, false, 70000, 4, 2},
+        RopeCase{"neox_qwen", true, 16, 128, 128, 1000000.0f, 1.0f, false, 17, 6, 0},
+        RopeCase{"neox_partial", true, 4, 128, 64, 10000.0f, 1.0f, false, 100000, 3, 4},
+        RopeCase{"neox_factors_scaled", true, 8, 64, 64, 10000.0f, 0.5f, true, 131000, 2, 0},
+        RopeCase{"smol_many_rows", false, 9, 64, 64, 100000.0f, 1.0f, false, 1000, 300, 0}),
+    [](const ::testing::TestParamInfo<RopeCase>& i) { return std::string(i.param.name); });
+
+// ---- f32_to_f16 / store_rows_f16 ---------------------------------------------------------------------
+
+std::vector<uint16_t> download_u16(const DeviceBuffer& d, size_t n) {
+  std::vector<uint16_t> out(n);
+  d.download(out.data(), n * 2);
+  return out;
+}
+
+struct HalfCase {
+  const char* name;
+  int64_t rows, cols, src_pad, dst_pad;
+};
+
+class F32ToF16 : public ::testing::TestWithParam<HalfCase> {};
+TEST_P(F32ToF16, ExactRoundToNearestEven) {
+  SLUICE_SKIP_WITHOUT_GPU();
+  const HalfCase& c = GetParam();
+  HostMat src(c.rows, c.cols, c.cols + c.src_pad, 2.0f, 41);
+  // Values that exercise the rounding: overflow, the 65520 boundary, subnormals, zeros, ties.
+  const float specials[] = {65504.0f, 65519.0f, 65520.0f, -1e6f, 1e-5f, -3e-7f, 6.1e-5f, 0.0f, -0.0f,
+                            1.0f + 1.0f / 2048.0f, 1.0f + 3.0f / 2048.0f, 5.96e-8f, 2.98e-8f,
+                            std::numeric_limits<float>::infinity()};
+  for (size_t i = 0; i < std::size(specials) && int64_t(i) < c.cols; ++i) src.v[i] = specials[i];
+  const int64_t dst_stride = c.cols + c.dst_pad;
+  const size_t dst_n = size_t(c.rows * dst_stride);
+  DeviceBuffer ds(src.bytes()), dd(dst_n * 2);
+  ds.upload(src.v.data(), src.bytes());
+  dd.poison();  // 0xFFFF everywhere: unwritten elements and padding keep it
+  expect_ok(cu::f32_to_f16(ds.get<float>(), src.stride, dd.get(), dst_stride, c.rows, c.cols, nullptr));
+  GPU_CHECK(cudaDeviceSynchronize());
+  const std::vector<uint16_t> got = download_u16(dd, dst_n);
+  int64_t bad = 0, pad_changed = 0;
+  for (int64_t r = 0; r < c.rows; ++r)
+    for (int64_t i = 0; i < dst_stride; ++i) {
+      const uint16_t g = got[size_t(r * dst_stride + i)];
+      if (i < c.cols) {
+        bad += g != quant::fp32_to_fp16(src.v[size_t(r * src.stride + i)]);
+      } else {
+        pad_changed += g != 0xFFFF;
+      }
+    }
+  EXPECT_EQ(bad, 0) << "seed " << test_seed();
+  EXPECT_EQ(pad_changed, 0);
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, F32ToF16,
+                         ::testing::Values(HalfCase{"rows", 3, 4096, 0, 0}, HalfCase{"strided", 5, 1024, 4, 8},
+                                           HalfCase{"odd", 5, 13, 4, 2}, HalfCase{"odd_stride", 2, 64, 1, 3}),
+                         [](const ::testing::TestParamInfo<HalfCase>& i) { return std::string(i.param.name); });
+
+struct StoreCase {
+  const char* name;
+  int64_t rows, cols, cache_rows, cache_pad, pos0;
+};
+
+class StoreRowsF16 : public ::testing::TestWithParam<StoreCase> {};
+TEST_P(StoreRowsF16, MatchesCpuExactly) {
+  SLUICE_SKIP_WITHOUT_GPU();
+  const StoreCase& c = GetParam();
+  HostMat src(c.rows, c.cols, c.cols + 3, 1.0f, 51);
+  const int64_t cstride = c.cols + c.cache_pad;
+  // The cache starts with earlier "tokens" in it; everything outside the stored rows must survive.
+  std::vector<uint16_t> cache(size_t(c.cache_rows * cstride));
+  const std::vector<float> prior = random_floats(cache.size(), 1.0f, 52);
+  for (size_t i = 0; i < cache.size(); ++i) cache[i] = quant::fp32_to_fp16(prior[i]);
+  DeviceBuffer ds(src.bytes()), dc(cache.size() * 2);
+  ds.upload(src.v.data(), src.bytes());
+  dc.upload(cache.data(), cache.size() * 2);
+  expect_ok(cu::store_rows_f16(ds.get<float>(), src.stride, c.rows, c.cols, dc.get(), cstride, c.pos0, nullptr));
+  GPU_CHECK(cudaDeviceSynchronize());
+  const std::vector<uint16_t> got = download_u16(dc, cache.size());
+
+  const Tensor tc{cache.data(), DType::kF16, c.cols, c.cache_rows, cstride};
+  cpu_backend()->store_rows(src.tensor(), tc, c.pos0);
+  int64_t bad = 0;
+  for (size_t i = 0; i < cache.size(); ++i) bad += got[i] != cache[i];  // stored rows, other rows, padding
+  EXPECT_EQ(bad, 0) << "seed " << test_seed();
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, StoreRowsF16,
+                         ::testing::Values(StoreCase{"prefill", 7, 1024, 64, 0, 0},
+                                           StoreCase{"decode", 1, 1024, 64, 0, 37},
+                                           StoreCase{"strided", 4, 512, 40, 8, 36},
+                                           StoreCase{"odd", 3, 129, 10, 3, 5}),
+                         [](const ::testing::TestParamInfo<StoreCase>& i) { return std::string(i.param.name); });
+
+// ---- dequantize_to_f16 -----------------------------------------------------------------------------------
+
+// Ordered distance in f16 ulps between two finite f16 bit patterns (0xFFFF, the poison, is NaN
+// and counted as a mismatch by the caller before this is used).
+int ulp_distance(uint16_t a, uint16_t b) {
+  const auto key = [](uint16_t h) { return (h & 0x8000) ? -int(h & 0x7FFF) : int(h); };
+  return std::abs(key(a) - key(b));
+}
+
+struct DequantCase {
+  FormatRef fmt;
+  std::string shape;
+  int64_t rows, cols;
+  size_t w_offset = 0;    // bytes added to the weight pointer (float formats: the scalar path)
+  size_t dst_offset = 0;  // bytes added to dst (2: the 2-byte store path)
+};
+
+// Weights and their reference values. Block formats: random blocks from quant's reference
+// quantizer (make_matrix). Float formats may have any element count, which make_matrix's 32-wide
+// pool does not cover, so those are made directly.
+QuantMatrix dequant_input(const FormatRef& f, int64_t rows, int64_t cols, uint64_t salt) {
+  if (f.block_elems != 1 || cols % 32 == 0) return make_matrix(f, rows, cols, salt);
+  QuantMatrix m;
+  const std::vector<float> src = random_floats(size_t(rows * cols), 1.0f, salt);
+  m.row_bytes = cols * f.block_bytes;
+  m.bytes.resize(size_t(rows * m.row_bytes));
+  m.values.resize(size_t(rows * cols));
+  f.quantize(src.data(), m.bytes.data(), rows * cols);
+  f.dequantize(m.bytes.data(), m.values.data(), rows * cols);
+  return m;
+}
+
+class DequantF16 : public ::testing::TestWithParam<DequantCase> {};
+TEST_P(DequantF16, MatchesReferenceBitExact) {
+  SLUICE_SKIP_WITHOUT_GPU();
+  const DequantCase& c = GetParam();
+  ASSERT_TRUE(cu::dequantize_supported(c.fmt.type)) << c.fmt.name;
+  const QuantMatrix m = dequant_input(c.fmt, c.rows, c.cols, std::hash<std::string>{}(c.shape) ^ uint64_t(c.fmt.type));
+  const size_t n = size_t(c.rows * c.cols);
+  DeviceBuffer dw(m.bytes.size() + c.w_offset), dd(n * 2 + c.dst_offset);
+  GPU_CHECK(cudaMemcpy(dw.get<uint8_t>() + c.w_offset, m.bytes.data(), m.bytes.size(), cudaMemcpyHostToDevice));
+  dd.poison();
+  expect_ok(cu::dequantize_to_f16(c.fmt.type, dw.get<uint8_t>() + c.w_offset, c.rows, c.cols,
+                                  dd.get<uint8_t>() + c.dst_offset, nullptr));
+  GPU_CHECK(cudaDeviceSynchronize());
+  std::vector<uint16_t> got(n);
+  GPU_CHECK(cudaMemcpy(got.data(), dd.get<uint8_t>() + c.dst_offset, n * 2, cudaMemcpyDeviceToHost));
+  int64_t mismatches = 0, first_bad = -1;
+  int max_ulp = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const uint16_t want = quant::fp32_to_fp16(m.values[i]);
+    if (got[i] == want) continue;
+    if (first_bad < 0) first_bad = int64_t(i);
+    ++mismatches;
+    max_ulp = (got[i] & 0x7C00) == 0x7C00 ? 1 << 16 : std::max(max_ulp, ulp_distance(got[i], want));
+  }
+  EXPECT_EQ(mismatches, 0) << c.fmt.name << " " << c.shape << ": max " << max_ulp << " f16 ulp; first at element "
+                           << first_bad << " (row " << (first_bad < 0 ? -1 : first_bad / c.cols) << ", col "
+                           << (first_bad < 0 ? -1 : first_bad % c.cols) << "); seed " << test_seed();
+}
+
+std::vector<DequantCase> dequant_cases() {
+  std::vector<DequantCase> out;
+  for (const FormatRef& f : weight_formats()) {
+    const bool k = f.block_elems == 256;
+    const bool flt = f.block_elems == 1;
+    out.push_back({f, "one_row", 1, k ? 256 : 32});
+    out.push_back({f, "odd_rows", 7, k ? 512 : 96});
+    out.push_back({f, "unaligned_rows", 33, k ? 768 : 288});  // row bytes not a multiple of 16 (most formats)
+    out.push_back({f, "odd_rows_1001", 1001, 1024});
+    out.push_back({f, "llama8b_ffn_down", 4096, 14336});
+    out.push_back({f, "dst_offset", 5, 1024, 0, 2});
+    if (flt) {
+      out.push_back({f, "odd_count", 3, 7});
+      out.push_back({f, "w_offset", 9, 64, size_t(f.block_bytes), 0});
+    }
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllFormats, DequantF16, ::testing::ValuesIn(dequant_cases()),
+                         [](const ::testing::TestParamInfo<DequantCase>& i) {
+                           return std::string(i.param.fmt.name) + "_" + i.param.shape;
+                         });
+
+// The comparison can fail: a corrupted weight byte range must show up as mismatches.
+TEST(DequantF16Control, CorruptedWeightsAreDetected) {
+  SLUICE_SKIP_WITHOUT_GPU();
+  for (const FormatRef& f : weight_formats()) {
+    if (f.type != quant::Type::kQ4_K && f.type != quant::Type::kQ6_K && f.type != quant::Type::kQ8_0) continue;
+    const QuantMatrix m = make_matrix(f, 16, 1024, 99);
+    const size_t n = 16 * 1024;
+    DeviceBuffer dw(m.bytes.size()), dd(n * 2);
+    dw.upload(m.bytes.data(), m.bytes.size());
+    GPU_CHECK(cudaMemset(dw.get<uint8_t>() + m.bytes.size() / 2, 0x5A, 64));
+    expect_ok(cu::dequantize_to_f16(f.type, dw.get(), 16, 1024, dd.get(), nullptr));
+    GPU_CHECK(cudaDeviceSynchronize());
+    std::vector<uint16_t> got(n);
+    dd.download(got.data(), n * 2);
+    int64_t mismatches = 0;
+    for (size_t i = 0; i < n; ++i) mismatches += got[i] != quant::fp32_to_fp16(m.values[i]);
+    EXPECT_GT(mismatches, 0) << f.name;
+  }
+}
+
+// ---- argument checks ----------------------------------------------------------------------------------------
+// Bad arguments are reported as a Status before anything is launched, so these run without a GPU
+// too: the pointers are never dereferenced. With a GPU, the device must be left without a sticky
+// error.
+TEST(OpsArgs, BadArgumentsReturnStatus) {
+  alignas(16) float fake[64] = {};
+  float* p = fake;
+  const auto code = [](const Status& s) { return s.code(); };
+  using E = ErrorCode;
+  // rms_norm: group must be positive and divide cols.
+  EXPECT_EQ(code(cu::rms_norm(p, 576, p, 576, 1, 576, p, 0, 1e-5f, nullptr)), E::kInvalidArgument);
+  EXPECT_EQ(code(cu::rms_norm(p, 576, p, 576, 1, 576, p, 100, 1e-5f, nullptr)), E::kInvalidArgument);
+  EXPECT_EQ(code(cu::rms_norm(p, 576, p, 576, 1, 576, p, -64, 1e-5f, nullptr)), E::kInvalidArgument);
+  EXPECT_EQ(code(cu::rms_norm(p, 500, p, 576, 1, 576, p, 576, 1e-5f, nullptr)), E::kInvalidArgument);  // stride < cols
+  EXPECT_EQ(code(cu::rms_norm(p, 576, p, 576, 1, 576, nullptr, 576, 1e-5f, nullptr)), E::kInvalidArgument);
+  // Elementwise ops: strides, null pointers, negative shapes.
+  EXPECT_EQ(code(cu::add_bias(p, 3, 2, 4, p, nullptr)), E::kInvalidArgument);
+  EXPECT_EQ(code(cu::add_bias(p, 4, 2, 4, nullptr, nullptr)), E::kInvalidArgument);
+  EXPECT_EQ(code(cu::add(p, 4, p, 3, 2, 4, nullptr)), E::kInvalidArgument);
+  EXPECT_EQ(code(cu::add(p, 4, p, 4, -1, 4, nullptr)), E::kInvalidArgument);
+  EXPECT_EQ(code(cu::swiglu(p, 4, nullptr, 4, p, 4, 2, 4, nullptr)), E::kInvalidArgument);
+  EXPECT_EQ(code(cu::swiglu(p, 4, p, 4, p, 2, 2, 4, nullptr)), E::kInvalidArgument);
+  // rope: n_rot odd, larger than head_dim, zero; n_head * head_dim larger than the stride.
+  cu::RopeArgs ra;
+  ra.n_head = 2;
+  ra.head_dim = 16;
+  ra.n_rot = 15;
+  EXPECT_EQ(code(cu::rope(p, 32, 1, ra, 0, nullptr)), E::kInvalidArgument);
+  ra.n_rot = 18;
+  EXPECT_EQ(code(cu::rope(p, 32, 1, ra, 0, nullptr)), E::kInvalidArgument);
+  ra.n_rot = 0;
+  EXPECT_EQ(code(cu::rope(p, 32, 1, ra, 0, nullptr)), E::kInvalidArgument);
+  ra.n_rot = 16;
+  EXPECT_EQ(code(cu::rope(p, 31, 1, ra, 0, nullptr)), E::kInvalidArgument);
+  ra.head_dim = 0;
+  EXPECT_EQ(code(cu::rope(p, 32, 1, ra, 0, nullptr)), E::kInvalidArgument);
+  // store_rows_f16 / f32_to_f16.
+  EXPECT_EQ(code(cu::store_rows_f16(p, 8, 1, 8, p, 8, -1, nullptr)), E::kInvalidArgument);
+  EXPECT_EQ(code(cu::store_rows_f16(p, 8, 1, 8, nullptr, 8, 0, nullptr)), E::kInvalidArgument);
+  EXPECT_EQ(code(cu::f32_to_f16(p, 8, p, 4, 1, 8, nullptr)), E::kInvalidArgument);
+  EXPECT_EQ(code(cu::f32_to_f16(p, 8, reinterpret_cast<uint8_t*>(p) + 1, 8, 1, 8, nullptr)), E::kInvalidArgument);
+  // dequantize_to_f16: activation-only and unknown formats are unsupported; bad shapes and
+  // misaligned weights are invalid.
+  for (const FormatRef& f : weight_formats()) EXPECT_TRUE(cu::dequantize_supported(f.type)) << f.name;
+  EXPECT_FALSE(cu::dequantize_supported(quant::Type::kQ8_K));
+  EXPECT_FALSE(cu::dequantize_supported(quant::Type::kQ8_1));
+  EXPECT_EQ(code(cu::dequantize_to_f16(quant::Type::kQ8_K, p, 1, 256, p, nullptr)), E::kUnsupported);
+  EXPECT_EQ(code(cu::dequantize_to_f16(quant::Type::kQ8_1, p, 1, 32, p, nullptr)), E::kUnsupported);
+  EXPECT_EQ(code(cu::dequantize_to_f16(quant::Type(77), p, 1, 32, p, nullptr)), E::kUnsupported);
+  EXPECT_EQ(code(cu::dequantize_to_f16(quant::Type::kQ4_K, p, 1, 100, p, nullptr)), E::kInvalidArgument);
+  EXPECT_EQ(code(cu::dequantize_to_f16(quant::Type::kQ4_0, p, -1, 32, p, nullptr)), E::kInvalidArgument);
+  EXPECT_EQ(code(cu::dequantize_to_f16(quant::Type::kQ4_K, reinterpret_cast<uint8_t*>(p) + 2, 1, 256, p, nullptr)),
+            E::kInvalidArgument);  // Q4_K blocks are 4-byte aligned
+  EXPECT_EQ(code(cu::dequantize_to_f16(quant::Type::kF32, p, 1, 32, nullptr, nullptr)), E::kInvalidArgument);
+  // Empty work is a successful no-op (nothing is launched, so this holds without a GPU as well).
+  EXPECT_TRUE(cu::dequantize_to_f16(quant::Type::kQ6_K, nullptr, 0, 256, nullptr, nullptr).is_ok());
+  EXPECT_TRUE(cu::add(p, 4, p, 4, 0, 4, nullptr).is_ok());
+
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0) {
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  } else {
+    (void)cudaGetLastError();
+  }
+}
+
+}  // namespace
+}  // namespace sluice::test::gpu
