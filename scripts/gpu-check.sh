@@ -5,15 +5,18 @@
 #
 #   scripts/gpu-check.sh [--prebuilt DIR] [--quick] [--out DIR] [--skip STEP]...
 #
-#   --prebuilt DIR  use gpu_gemv_test and bench_gpu_gemv from DIR (built elsewhere, e.g. with
-#                   scripts/gpu-check.sh --package DIR on a machine with nvcc and GoogleTest);
-#                   falls back to building here if they do not run on this machine.
+#   --prebuilt DIR  use the binaries in DIR (built elsewhere with scripts/gpu-check.sh --package DIR
+#                   on a machine with nvcc and GoogleTest): every gpu_*_test, bench_gpu_gemv, a
+#                   static `sluice` with CUDA, optionally llama-bench (CPU), llama-bench-cuda or
+#                   llama-src.tar.xz (built here in the background by scripts/llama-cuda.sh), and
+#                   smollm2-4l.gguf (a depth-truncated real model for the parity test).
+#                   Falls back to building the GPU tests here if they do not run on this machine.
 #   --package DIR   (on the build machine) build the GPU binaries into build-cuda and copy them
 #                   to DIR, then exit.
 #   --quick         benchmarks without the 128256-row output matrix.
 #   --bench-arg A   pass A to bench_gpu_gemv (e.g. --variants; repeatable).
 #   --out DIR       logs, CSV and the summary (default: $OUT if set, else out/gpu-check).
-#   --skip STEP     skip a step: build, test, memcheck, bench (repeatable).
+#   --skip STEP     skip a step: build, test, memcheck, bench, model, cpu (repeatable).
 #
 # Building here needs CMake, Ninja, nvcc, and GoogleTest: from the system if installed, else from
 # a GoogleTest source tree in build-deps/googletest (copy of /usr/src/googletest; build-* is
@@ -47,8 +50,11 @@ mkdir -p "$OUT_DIR"
 BUILD_DIR="$ROOT/build-cuda"
 JOBS=$(nproc 2>/dev/null || echo 4)
 ARCH="${SLUICE_CUDA_ARCH:-90}"
-TEST_BIN=""
+TEST_DIR=""
 BENCH_BIN=""
+SLUICE_BIN=""
+LLAMA_CUDA=""
+LLAMA_BUILD_PID=""
 SUMMARY=()
 FAILED=0
 
@@ -73,15 +79,19 @@ build_here() {
   echo "== configuring and building (sm_$ARCH, -j$JOBS)"
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSLUICE_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES="$ARCH" "${gtest_args[@]}" >"$OUT_DIR/configure.log" 2>&1 || return 1
-  ninja -C "$BUILD_DIR" -j "$JOBS" gpu_gemv_test bench_gpu_gemv >"$OUT_DIR/build.log" 2>&1 || return 1
-  TEST_BIN="$BUILD_DIR/tests/gpu/gpu_gemv_test"
+  local tests; tests=$(cd tests/gpu && ls *_test.cpp | sed 's/^/gpu_/; s/\.cpp$//')
+  # shellcheck disable=SC2086
+  ninja -C "$BUILD_DIR" -j "$JOBS" $tests bench_gpu_gemv sluice >"$OUT_DIR/build.log" 2>&1 || return 1
+  TEST_DIR="$BUILD_DIR/tests/gpu"
   BENCH_BIN="$BUILD_DIR/bench/gpu/bench_gpu_gemv"
+  SLUICE_BIN="$BUILD_DIR/bin/sluice"
 }
 
 step_build() {
   if [[ -n "$PREBUILT" ]] && "$PREBUILT/gpu_gemv_test" --gtest_list_tests >/dev/null 2>&1; then
-    TEST_BIN="$PREBUILT/gpu_gemv_test"
+    TEST_DIR="$PREBUILT"
     BENCH_BIN="$PREBUILT/bench_gpu_gemv"
+    SLUICE_BIN="$PREBUILT/sluice"
     record build ok "carried binaries from $PREBUILT"
     return
   fi
@@ -96,30 +106,36 @@ step_build() {
 }
 
 step_test() {
-  [[ -x "$TEST_BIN" ]] || { record test FAIL "no test binary"; return; }
-  echo "== GPU tests"
-  local t0=$SECONDS
-  "$TEST_BIN" >"$OUT_DIR/test.log" 2>&1
-  local rc=$?
-  grep -E "^\[  (FAILED|PASSED|SKIPPED) |tests ran" "$OUT_DIR/test.log" | tail -15
-  local passed; passed=$(grep -c "^\[       OK \]" "$OUT_DIR/test.log")
-  local skippedn; skippedn=$(grep -c "^\[  SKIPPED \]" "$OUT_DIR/test.log")
+  [[ -d "$TEST_DIR" ]] || { record test FAIL "no test binaries"; return; }
+  local t0=$SECONDS rc=0 bin name passed=0 skippedn=0 failed=""
+  [[ -f "$PREBUILT/smollm2-4l.gguf" ]] && export SLUICE_GPU_REAL_MODEL="$PREBUILT/smollm2-4l.gguf"
+  for bin in "$TEST_DIR"/gpu_*_test; do
+    name=$(basename "$bin")
+    echo "== $name"
+    "$bin" >"$OUT_DIR/$name.log" 2>&1 || { rc=1; failed+=" $name"; }
+    grep -E "^\[  (FAILED|PASSED|SKIPPED) |tests ran" "$OUT_DIR/$name.log" | tail -6
+    passed=$((passed + $(grep -c "^\[       OK \]" "$OUT_DIR/$name.log")))
+    skippedn=$((skippedn + $(grep -c "^\[  SKIPPED \]" "$OUT_DIR/$name.log")))
+  done
   # Per format: worst exact error over every shape; worst end-to-end error over the shapes with
   # >= 64 outputs (the ones the test bounds).
-  grep "^PARITY" "$OUT_DIR/test.log" | awk '{f=$2; split($4,r,"="); split($6,t,"="); split($7,a,"="); split($8,b,"=");
+  grep -h "^PARITY" "$OUT_DIR"/gpu_gemv_test.log 2>/dev/null | awk '{f=$2; split($4,r,"="); split($6,t,"="); split($7,a,"="); split($8,b,"=");
       if (a[2]+0 > ex[f]+0) ex[f]=a[2]; if (r[2]*t[2] >= 64 && b[2]+0 > ee[f]+0) ee[f]=b[2]; n[f]++}
       END {for (f in n) printf "  %-5s cases=%-3d max exact=%.2e  max e2e=%.2e\n", f, n[f], ex[f], ee[f]}' \
     | sort >"$OUT_DIR/parity.txt"
+  grep -h -B1 "^  hidden:\|^  greedy:" "$OUT_DIR"/gpu_model_parity_test.log 2>/dev/null | grep -v "^--" >"$OUT_DIR/model_parity.txt"
   if [[ $rc -eq 0 ]]; then
     record test ok "$passed passed, $skippedn skipped, $((SECONDS - t0)) s"
   else
-    grep -E "^\[  FAILED  \]|Failure|Expected|Which is|seed" "$OUT_DIR/test.log" | head -40
-    record test FAIL "exit $rc; see $OUT_DIR/test.log"
+    for name in $failed; do
+      grep -E "^\[  FAILED  \]|Failure|Expected|Which is|seed" "$OUT_DIR/$name.log" | head -30
+    done
+    record test FAIL "failed:$failed; logs in $OUT_DIR"
   fi
 }
 
 step_memcheck() {
-  [[ -x "$TEST_BIN" ]] || { record memcheck FAIL "no test binary"; return; }
+  [[ -d "$TEST_DIR" ]] || { record memcheck FAIL "no test binaries"; return; }
   if ! command -v compute-sanitizer >/dev/null; then
     for d in /usr/local/cuda/bin /usr/local/cuda/compute-sanitizer; do
       [[ -x $d/compute-sanitizer ]] && PATH="$d:$PATH"
@@ -128,9 +144,14 @@ step_memcheck() {
   command -v compute-sanitizer >/dev/null || { record memcheck FAIL "compute-sanitizer not found"; return; }
   echo "== compute-sanitizer memcheck (small shapes)"
   local filter='*tiny*:*odd_rows*:*unaligned*:*batch2*:*batch5*:GemvActivation*:GemvArgs*'
-  compute-sanitizer --tool memcheck --error-exitcode 86 --print-limit 20 "$TEST_BIN" --gtest_filter="$filter" \
-    >"$OUT_DIR/memcheck.log" 2>&1
-  local rc=$?
+  local cs=(compute-sanitizer --tool memcheck --error-exitcode 86 --print-limit 20)
+  local rc=0
+  "${cs[@]}" "$TEST_DIR/gpu_gemv_test" --gtest_filter="$filter" >"$OUT_DIR/memcheck.log" 2>&1 || rc=$?
+  # A short whole-model run through the CUDA backend: every op kind, prefill and graph-replayed decode.
+  if [[ $rc -eq 0 && -x "$SLUICE_BIN" && -f "$PREBUILT/smollm2-4l.gguf" ]]; then
+    "${cs[@]}" "$SLUICE_BIN" run -m "$PREBUILT/smollm2-4l.gguf" -p "The capital of France is" -n 6 --temp 0 \
+      --backend cuda >>"$OUT_DIR/memcheck.log" 2>&1 || rc=$?
+  fi
   tail -3 "$OUT_DIR/memcheck.log"
   if [[ $rc -eq 0 ]]; then
     record memcheck ok "$(grep -o 'ERROR SUMMARY: [0-9]* errors' "$OUT_DIR/memcheck.log" | tail -1)"
@@ -145,6 +166,43 @@ step_bench() {
   "$BENCH_BIN" $QUICK "${BENCH_ARGS[@]}" --csv "$OUT_DIR/gemv_bench.csv" >"$OUT_DIR/gemv_bench.txt" 2>&1
   local rc=$?
   if [[ $rc -eq 0 ]]; then record bench ok "$OUT_DIR/gemv_bench.txt"; else record bench FAIL "exit $rc"; fi
+}
+
+# Whole models resident on the GPU, sluice vs llama.cpp CUDA (all layers offloaded), on synthetic
+# Llama-3-8B shapes in /dev/shm: tg128 and pp512 tok/s, weight GB/s and the ratio to this GPU's
+# copy bandwidth (issue: decode >= llama.cpp and >= 75% of the HBM roofline, prefill >= 0.7x).
+step_model() {
+  [[ -x "$SLUICE_BIN" ]] || { record model skipped "no sluice binary"; return; }
+  if [[ -n "$LLAMA_BUILD_PID" ]]; then
+    echo "== waiting for the llama.cpp CUDA build"
+    wait "$LLAMA_BUILD_PID" && LLAMA_CUDA=/tmp/llama-cuda/llama-bench-cuda
+    tail -3 "$OUT_DIR/llama-cuda-build.log"
+    # Kept for later calls (carried back as $PREBUILT/llama-bench-cuda after unxz).
+    [[ -x "$LLAMA_CUDA" ]] && xz -T0 -6 -c "$LLAMA_CUDA" >"$OUT_DIR/llama-bench-cuda.xz"
+  fi
+  local dir=/dev/shm/sluice-gpu-models
+  mkdir -p "$dir"
+  : >"$OUT_DIR/model_compare.txt"
+  local mix
+  for mix in q4_k_m q8_0 q6_k; do
+    "$SLUICE_BIN" synth llama-3-8b --type "$mix" --seed 1 -o "$dir/8b-$mix.gguf" >>"$OUT_DIR/model_synth.log" 2>&1 ||
+      { record model FAIL "synth $mix"; return; }
+    echo "### llama-3-8b $mix, CUDA, pp512 tg128" | tee -a "$OUT_DIR/model_compare.txt"
+    if [[ -n "$LLAMA_CUDA" && -x "$LLAMA_CUDA" ]]; then
+      SLUICE="$SLUICE_BIN" LLAMA_BENCH="$LLAMA_CUDA" BACKEND=cuda PP=512 TG=128 REPS=3 \
+        bash bench/e2e/compare.sh "$dir/8b-$mix.gguf" 1 >>"$OUT_DIR/model_compare.txt" 2>>"$OUT_DIR/model_compare.err" ||
+        { tail -5 "$OUT_DIR/model_compare.err"; record model FAIL "compare $mix"; return; }
+    else
+      "$SLUICE_BIN" bench -m "$dir/8b-$mix.gguf" -p 512 -n 128 -r 3 --backend cuda >>"$OUT_DIR/model_compare.txt" 2>&1 ||
+        { record model FAIL "bench $mix"; return; }
+    fi
+    if [[ $mix == q4_k_m ]]; then
+      echo "graphs off (A/B):" >>"$OUT_DIR/model_compare.txt"
+      "$SLUICE_BIN" bench -m "$dir/8b-$mix.gguf" -p 0 -n 128 -r 3 --backend cuda --no-graphs >>"$OUT_DIR/model_compare.txt" 2>&1
+    fi
+    rm -f "$dir/8b-$mix.gguf"
+  done
+  record model ok "$OUT_DIR/model_compare.txt${LLAMA_CUDA:+ (with llama.cpp CUDA)}"
 }
 
 # CPU inference next to llama.cpp's CPU backend on this machine's idle cores (issue: CPU decode and
@@ -175,13 +233,24 @@ MODELS
 
 if [[ -n "$PACKAGE" ]]; then
   build_here || { tail -30 "$OUT_DIR"/*.log; exit 1; }
-  mkdir -p "$PACKAGE" && cp "$TEST_BIN" "$BENCH_BIN" "$PACKAGE"/ && ls -la "$PACKAGE"
+  mkdir -p "$PACKAGE" && cp "$TEST_DIR"/gpu_*_test "$BENCH_BIN" "$SLUICE_BIN" "$PACKAGE"/ && strip "$PACKAGE"/* && ls -la "$PACKAGE"
   exit 0
 fi
 
-STEPS=(build test memcheck bench cpu)
+STEPS=(build test memcheck bench model cpu)
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader 2>&1 |
   tee "$OUT_DIR/gpu.txt"
+# cuBLAS (prefill GEMMs) is a shared library: the toolkit's, else the one the Python stack ships.
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib $(ls -d /opt/*/.venv/lib/python3*/site-packages/nvidia/cu*/lib 2>/dev/null); do
+  [[ -e $d/libcublas.so.13 ]] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" && break
+done
+# The rival's CUDA build runs in the background while the tests use the GPU.
+if [[ -x "$PREBUILT/llama-bench-cuda" ]]; then
+  LLAMA_CUDA="$PREBUILT/llama-bench-cuda"
+elif [[ -f "$PREBUILT/llama-src.tar.xz" ]] && ! skipped model; then
+  bash scripts/llama-cuda.sh build "$PREBUILT/llama-src.tar.xz" /tmp/llama-cuda >"$OUT_DIR/llama-cuda-build.log" 2>&1 &
+  LLAMA_BUILD_PID=$!
+fi
 for s in "${STEPS[@]}"; do
   if skipped "$s"; then record "$s" skipped ""; else "step_$s"; fi
 done
@@ -189,7 +258,9 @@ done
 echo
 echo "================ gpu-check summary ($(date -u +%F) $(head -1 "$OUT_DIR/gpu.txt" | cut -d, -f1)) ================"
 [[ -s "$OUT_DIR/parity.txt" ]] && { echo "parity (normalized error; tol exact 2e-5, e2e 2e-2 for q8 activations):"; cat "$OUT_DIR/parity.txt"; }
+[[ -s "$OUT_DIR/model_parity.txt" ]] && { echo "whole-model parity, CUDA vs CPU backend:"; cat "$OUT_DIR/model_parity.txt"; }
 [[ -s "$OUT_DIR/gemv_bench.txt" ]] && cat "$OUT_DIR/gemv_bench.txt"
+[[ -s "$OUT_DIR/model_compare.txt" ]] && { echo "Resident models on the GPU, sluice vs llama.cpp CUDA:"; cat "$OUT_DIR/model_compare.txt"; }
 [[ -s "$OUT_DIR/cpu_compare.txt" ]] && { echo "CPU inference, sluice vs llama.cpp (same machine, same threads):"; cat "$OUT_DIR/cpu_compare.txt"; }
 printf '%s\n' "${SUMMARY[@]}"
 exit $FAILED

@@ -3,7 +3,7 @@
 # count and tests (pp512, tg128, 3 repetitions by default), with the ratio sluice / llama.cpp.
 #   bench/e2e/compare.sh [MODEL] [THREADS]
 # Environment: SLUICE (default build/bin/sluice), LLAMA_BENCH (default
-# /work/llama.cpp/build-cpu/bin/llama-bench), PP (512), TG (128), REPS (3).
+# /work/llama.cpp/build-cpu/bin/llama-bench), PP (512), TG (128), REPS (3), BACKEND (cpu or cuda).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 model=${1:-models/smollm2-135m-instruct-q4_1.gguf}
@@ -19,9 +19,15 @@ done
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-echo "model $model, $threads threads, pp$pp tg$tg, $reps repetitions" >&2
-"$sluice" bench -m "$model" -p "$pp" -n "$tg" -r "$reps" -t "$threads" --json >"$tmp/sluice.json"
-"$llama_bench" -m "$model" -p "$pp" -n "$tg" -r "$reps" -t "$threads" -o json >"$tmp/llama.json" 2>"$tmp/llama.err" ||
+echo "model $model, backend ${BACKEND:-cpu}, $threads threads, pp$pp tg$tg, $reps repetitions" >&2
+# Device: BACKEND=cpu (default; both on `threads` cores) or BACKEND=cuda (sluice's CUDA backend vs
+# llama.cpp with every layer offloaded; LLAMA_BENCH must then be a CUDA build).
+backend=${BACKEND:-cpu}
+sluice_args=(--backend "$backend" -t "$threads")
+llama_args=(-t "$threads")
+[ "$backend" = cuda ] && llama_args+=(-ngl 99)
+"$sluice" bench -m "$model" -p "$pp" -n "$tg" -r "$reps" "${sluice_args[@]}" --json >"$tmp/sluice.json"
+"$llama_bench" -m "$model" -p "$pp" -n "$tg" -r "$reps" "${llama_args[@]}" -o json >"$tmp/llama.json" 2>"$tmp/llama.err" ||
   { cat "$tmp/llama.err" >&2; exit 1; }
 
 python3 - "$tmp/sluice.json" "$tmp/llama.json" "$threads" <<'PY'

@@ -94,13 +94,14 @@ int cmd_bench(int argc, char** argv) {
   app.add_option("-t,--threads", n_threads, "CPU threads (0: all physical cores)")->check(CLI::Range(0, 4096));
   auto* json_flag = app.add_flag("--json", json, "JSON output");
   app.add_flag("--csv", csv, "CSV output")->excludes(json_flag);
+  ModelFlags mf;
+  add_backend_flags(app, mf);
   if (auto rc = parse_flags(app, argc, argv)) return *rc;
   if (n_prompt == 0 && n_gen == 0) return report_error("bench", invalid_argument("-p and -n are both 0: nothing to run"));
 
   auto meta = open_model_meta(model_path);
   if (!meta.is_ok()) return report_error("bench", meta.status());
   const ModelSummary summary = summarize(*meta->file);
-  ModelFlags mf;
   mf.model_path = model_path;
   mf.n_ctx = std::max(n_prompt, n_gen);
   mf.n_threads = n_threads;

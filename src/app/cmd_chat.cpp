@@ -111,7 +111,7 @@ int cmd_chat(int argc, char** argv) {
   }
   std::fprintf(stderr, "turns:   %zu, %d of %d context positions used\n", (history.size() - !system.empty()) / 2,
                m.n_past(), m.n_ctx());
-  print_stats(stderr, load_s, total, m.weight_bytes_per_token());
+  print_stats(stderr, load_s, total, m.weight_bytes_per_token(), m.backend_name());
   return rc;
 }
 

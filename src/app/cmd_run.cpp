@@ -108,6 +108,7 @@ int cmd_run(int argc, char** argv) {
     model::LoadOptions lo;
     lo.n_ctx = mf.n_ctx;
     lo.n_threads = mf.n_threads;
+    lo.backend = backend_kind(mf);
     lo.layer_source = stream::cpu_streaming_source(mf.model_path, stream_opts, &streamer);
     const auto t0 = std::chrono::steady_clock::now();
     model = model::Model::load(mf.model_path, lo);
@@ -135,7 +136,7 @@ int cmd_run(int argc, char** argv) {
                  m.n_ctx());
   }
   std::fprintf(stderr, "stop:    %s after %zu tokens\n", decode::stop_reason_name(gen->stop), gen->tokens.size());
-  print_stats(stderr, load_s, gen->timings, m.weight_bytes_per_token());
+  print_stats(stderr, load_s, gen->timings, m.weight_bytes_per_token(), m.backend_name());
   if (streamer) {
     const stream::StreamStats& ss = streamer->stats();
     const auto& st = gen->timings;

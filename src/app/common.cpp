@@ -47,6 +47,8 @@ Result<std::unique_ptr<model::Model>> load_weights(const ModelFlags& f, double& 
   model::LoadOptions opts;
   opts.n_ctx = f.n_ctx;
   opts.n_threads = f.n_threads;
+  opts.backend = backend_kind(f);
+  opts.cuda_graphs = !f.no_graphs;
   auto m = model::Model::load(f.model_path, opts);
   seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return m;
@@ -100,8 +102,9 @@ ModelSummary summarize(const gguf::File& file) {
   return s;
 }
 
-void print_stats(FILE* out, double load_s, const decode::Timings& t, uint64_t weight_bytes_per_token) {
-  std::fprintf(out, "load:    %.3f s\n", load_s);
+void print_stats(FILE* out, double load_s, const decode::Timings& t, uint64_t weight_bytes_per_token,
+                 const char* backend) {
+  std::fprintf(out, "load:    %.3f s (backend %s)\n", load_s, backend);
   std::fprintf(out, "prefill: %d tokens in %.3f s = %.1f tok/s\n", t.n_prompt, t.prefill_s, t.prefill_tok_s());
   if (t.n_decode > 0) {
     const double gbs = double(weight_bytes_per_token) * t.decode_tok_s() / 1e9;

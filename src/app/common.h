@@ -49,7 +49,8 @@ ModelSummary summarize(const gguf::File& file);
 
 // Final stats lines on stderr: load time, prefill and decode tok/s, weight GB/s per decoded
 // token (weight bytes read per token x decode tok/s).
-void print_stats(FILE* out, double load_s, const decode::Timings& t, uint64_t weight_bytes_per_token);
+void print_stats(FILE* out, double load_s, const decode::Timings& t, uint64_t weight_bytes_per_token,
+                 const char* backend);
 
 // Adds b's counts and times to a (chat accumulates its turns).
 void accumulate(decode::Timings& a, const decode::Timings& b);

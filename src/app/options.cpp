@@ -15,6 +15,21 @@ void add_model_flags(CLI::App& app, ModelFlags& f, int default_ctx) {
   app.add_option("-t,--threads", f.n_threads, "CPU threads (0: all physical cores)")
       ->check(CLI::Range(0, 4096))
       ->capture_default_str();
+  add_backend_flags(app, f);
+}
+
+void add_backend_flags(CLI::App& app, ModelFlags& f) {
+  app.add_option("-b,--backend", f.backend,
+                 "device: cuda, cpu, or auto (the GPU when the whole model fits in its free memory)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
+  app.add_flag("--no-graphs", f.no_graphs, "CUDA: launch decode kernels one by one instead of replaying a graph");
+}
+
+model::BackendKind backend_kind(const ModelFlags& f) {
+  if (f.backend == "cpu") return model::BackendKind::kCpu;
+  if (f.backend == "cuda") return model::BackendKind::kCuda;
+  return model::BackendKind::kAuto;
 }
 
 void add_sampling_flags(CLI::App& app, SamplingFlags& f) {

@@ -89,8 +89,46 @@ class Backend {
   // Waits for every op issued so far.
   virtual void sync() = 0;
 
+  // Weights. A backend whose ops read host memory (the CPU) takes views into the file mapping as
+  // they are; one with its own memory (a GPU) copies a weight in once and returns a view of the
+  // copy, valid until the backend is destroyed.
+  virtual bool reads_host_weights() const { return true; }
+  virtual Result<WeightView> upload_weight(const WeightView& host) { return host; }
+  // Bytes of the backend's own memory still free (-1: host memory, no separate limit).
+  virtual int64_t free_memory() const { return -1; }
+
+  // Streaming weights into the backend's memory (stream/ drives it; docs/STREAMING.md). Layers
+  // are copied into slots while other layers compute. Copies run on their own queue and are
+  // ordered against compute only through marks, so the host never waits on the hot path.
+  // A Mark names a point in a queue; 0 is a mark that has always passed.
+  using Mark = uint64_t;
+  // Backend memory for one slot (VRAM on a GPU, host memory on the CPU).
+  virtual Result<void*> alloc_slot(int64_t bytes) = 0;
+  // Host memory the backend copies from fastest (pinned on a GPU); disk reads land here.
+  virtual Result<void*> alloc_staging(int64_t bytes) = 0;
+  // Enqueues dst <- src (bytes; dst in a slot, src in staging or other host memory) on the copy
+  // queue, to start once compute mark `after` has passed. Returns the mark of the copy's end.
+  virtual Mark copy_to_slot(void* dst, const void* src, int64_t bytes, Mark after) = 0;
+  // Compute ops issued from now on start after mark `m` (a copy) has passed.
+  virtual void compute_wait(Mark m) = 0;
+  // A mark that passes once every compute op issued so far is done.
+  virtual Mark compute_mark() = 0;
+  // Blocks the host until mark `m` has passed (before overwriting staging a copy still reads).
+  virtual void host_wait(Mark m) = 0;
+  // Seconds between two passed marks of any queue (stats: copy time, compute time); -1 where the
+  // backend does not time its queues.
+  virtual double seconds_between(Mark from, Mark to) { return -1; }
+
+  // A step: the ops issued between begin_step() and end_step() may be recorded and replayed as one
+  // unit (a CUDA graph); ops inside a step must not be followed by download() or sync() before
+  // end_step(). Steps that repeat with the same sequence of ops (decode) replay cheaply.
+  virtual void begin_step() {}
+  virtual void end_step() {}
+
   // dst[t] = dequantize(table row ids[t]); table [n_embd, n_vocab]; dst rows == ids.size().
-  // Precondition: every id in [0, table.ne1) (callers validate token ids from users).
+  // The table is always in host memory (the file mapping), even for backends with their own
+  // memory: only the looked-up rows move. Precondition: every id in [0, table.ne1) (callers
+  // validate token ids from users).
   virtual void get_rows(const WeightView& table, std::span<const int32_t> ids, const Tensor& dst) = 0;
 
   // y = x W^T: y[t][o] = sum_i W[o][i] * x[t][i]. W [ne0 = x.cols, ne1 = y.cols] in any format
@@ -134,5 +172,22 @@ struct CpuOptions {
 };
 // The CPU backend (backend/cpu).
 std::unique_ptr<Backend> make_cpu_backend(const CpuOptions& opts);
+
+struct CudaOptions {
+  int device = 0;
+  bool graphs = true;  // record decode steps as CUDA graphs and replay them
+};
+// The CUDA backend (backend/cuda), in builds with CUDA (SLUICE_HAVE_CUDA). Error: no device, or
+// the device cannot be used.
+Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaOptions& opts);
+// Number of usable CUDA devices (0 in builds without CUDA or on machines without a GPU).
+int cuda_device_count();
+// Device-to-device copy bandwidth of `device` in bytes/s, counting bytes read plus bytes written
+// (the roofline a weight-reading kernel is compared with), measured now: median of several copies
+// of a buffer much larger than L2. Error without CUDA or a device.
+Result<double> cuda_copy_bandwidth(int device);
+// Host-to-device bandwidth from pinned host memory in bytes/s (the streaming tier's bound),
+// measured now. Error without CUDA or a device.
+Result<double> cuda_h2d_bandwidth(int device);
 
 }  // namespace sluice::backend

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "core/timer.h"
@@ -34,6 +35,8 @@ class MappedLayerSource final : public LayerSource {
   Status begin_pass(int) override { return Status::ok(); }
   Result<const LayerWeights*> acquire(int layer) override { return &w_.layers[size_t(layer)]; }
   void release(int) override {}
+  bool release_needs_sync() const override { return false; }
+  bool weights_fixed() const override { return true; }
 
  private:
   const Weights& w_;
@@ -43,6 +46,8 @@ class LlamaFamilyModel final : public Model {
  public:
   LlamaFamilyModel(gguf::File file, Config cfg, Weights w, std::unique_ptr<backend::Backend> be)
       : file_(std::move(file)), cfg_(std::move(cfg)), w_(std::move(w)), be_(std::move(be)) {}
+
+  void set_layer_hook(std::function<void(int, std::span<const float>)> hook) { on_layer_ = std::move(hook); }
 
   // Replaces the mmapped views as the loop's weight source (before the first eval).
   void set_layer_source(std::unique_ptr<LayerSource> src) { src_ = std::move(src); }
@@ -63,6 +68,7 @@ class LlamaFamilyModel final : public Model {
   }
 
   const Config& config() const override { return cfg_; }
+  const char* backend_name() const override { return be_->name(); }
   int n_vocab() const override { return cfg_.n_vocab; }
   int n_ctx() const override { return kv_.n_ctx(); }
   int n_past() const override { return kv_.n_past(); }
@@ -131,6 +137,9 @@ class LlamaFamilyModel final : public Model {
                                       1.0f / std::sqrt(float(cfg_.head_dim)), pos0};
 
     SLUICE_RETURN_IF_ERROR(src.begin_pass(int(n)));
+    // A decode pass over resident weights repeats the same ops every token: one replayable step.
+    const bool step = n == 1 && src.weights_fixed() && !on_layer_;
+    if (step) be.begin_step();
     be.get_rows(g.token_embd.view(), ids, x);
     for (int l = 0; l < cfg_.n_layer; ++l) {
       SLUICE_ASSIGN_OR_RETURN(const LayerWeights* lw, src.acquire(l));
@@ -160,10 +169,18 @@ class LlamaFamilyModel final : public Model {
       be.swiglu(gate, up, gate);
       be.matmul(L.w_down.view(), gate, xn);
       be.add(x, xn);
-      be.sync();  // the source may overwrite this layer's memory once released
+      if (on_layer_) {
+        hidden_.resize(size_t(n * cfg_.n_embd));
+        be.download(x, hidden_.data());
+        on_layer_(l, hidden_);
+      }
+      if (src.release_needs_sync()) be.sync();  // the source may overwrite this layer's memory once released
       src.release(l);
     }
-    if (!out) return Status::ok();
+    if (!out) {
+      if (step) be.end_step();
+      return Status::ok();
+    }
     // Output head only for the rows whose logits are wanted (the last one in generation).
     const int64_t first = all ? 0 : n - 1;
     for (int64_t r = first; r < n; r += kLogitRows) {
@@ -171,6 +188,7 @@ class LlamaFamilyModel final : public Model {
       const Tensor xr = x.row_range(r, m), xo = xn.first_rows(m), lg = logits_.first_rows(m);
       be.rms_norm(xr, g.output_norm.view(), eps, xo);
       be.matmul(g.output.view(), xo, lg);
+      if (step) be.end_step();
       be.download(lg, out + (r - first) * cfg_.n_vocab);
     }
     return Status::ok();
@@ -193,7 +211,63 @@ class LlamaFamilyModel final : public Model {
   Tensor up_;     // ffn up                [n_ff]
   Tensor logits_; // [kLogitRows, n_vocab]
   Timings timings_;
+  std::function<void(int, std::span<const float>)> on_layer_;
+  std::vector<float> hidden_;  // on_layer_'s download buffer
 };
+
+// Device bytes the whole model needs on a backend with its own memory: every weight but the
+// embedding table (looked up on the host), the KV cache and the activations, plus a margin for
+// the backend's workspaces.
+uint64_t device_bytes_needed(const Config& cfg, const Weights& w, int n_ctx) {
+  uint64_t bytes = w.bytes_per_token() - w.token_embd.nbytes / uint64_t(std::max<int64_t>(w.token_embd.ne1, 1));
+  bytes += uint64_t(n_ctx) * uint64_t(cfg.n_layer) * uint64_t(cfg.n_embd_k() + cfg.n_embd_v()) * 2;
+  bytes += uint64_t(kMaxBatch) * uint64_t(4 * cfg.n_embd + cfg.n_embd_q() + 2 * cfg.n_ff) * 4;
+  return bytes + (uint64_t(512) << 20);
+}
+
+Result<std::unique_ptr<backend::Backend>> make_backend(const LoadOptions& opts, const Config& cfg, const Weights& w,
+                                                       int n_ctx, bool streaming) {
+  if (opts.backend == BackendKind::kCpu) return backend::make_cpu_backend({opts.n_threads});
+  if (opts.backend == BackendKind::kAuto && (streaming || backend::cuda_device_count() == 0)) {
+    return backend::make_cpu_backend({opts.n_threads});
+  }
+  auto gpu = backend::make_cuda_backend({0, opts.cuda_graphs});
+  if (!gpu.is_ok()) {
+    if (opts.backend == BackendKind::kAuto) return backend::make_cpu_backend({opts.n_threads});
+    return gpu.status();
+  }
+  const uint64_t need = device_bytes_needed(cfg, w, n_ctx);
+  const int64_t free = (*gpu)->free_memory();
+  if (free >= 0 && need > uint64_t(free)) {
+    if (opts.backend == BackendKind::kAuto) return backend::make_cpu_backend({opts.n_threads});
+    return out_of_memory("the model needs about " + std::to_string(need >> 20) + " MiB of GPU memory, " +
+                         std::to_string(uint64_t(free) >> 20) + " MiB are free (a smaller -c lowers the KV cache)");
+  }
+  return std::move(gpu).value();
+}
+
+// The weights as the backend reads them: every tensor but the embedding table copied into the
+// backend's memory (get_rows looks rows up in the host table).
+Result<Weights> upload_weights(backend::Backend& be, const Weights& host) {
+  Weights dev = host;
+  auto up = [&](TensorRef& t) -> Status {
+    if (!t.present()) return Status::ok();
+    auto v = be.upload_weight(t.view());
+    if (!v.is_ok()) return Status(v.status().code(), "uploading " + t.name + ": " + v.status().message());
+    t.data = v->data;
+    return Status::ok();
+  };
+  SLUICE_RETURN_IF_ERROR(up(dev.output_norm));
+  SLUICE_RETURN_IF_ERROR(up(dev.output));
+  SLUICE_RETURN_IF_ERROR(up(dev.rope_freqs));
+  for (LayerWeights& L : dev.layers) {
+    for (TensorRef* t : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.wo, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm,
+                         &L.ffn_norm, &L.w_gate, &L.w_up, &L.w_down}) {
+      SLUICE_RETURN_IF_ERROR(up(*t));
+    }
+  }
+  return dev;
+}
 
 }  // namespace
 
@@ -214,13 +288,16 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& path, const LoadOp
     return invalid_argument("n_ctx " + std::to_string(n_ctx) + " exceeds the model's " + cfg.arch +
                             ".context_length " + std::to_string(cfg.n_ctx_train));
   }
+  SLUICE_ASSIGN_OR_RETURN(auto be, make_backend(opts, cfg, w, n_ctx, bool(opts.layer_source)));
   std::unique_ptr<LayerSource> source;
   if (opts.layer_source) {
-    SLUICE_ASSIGN_OR_RETURN(source, opts.layer_source(file, w));
+    SLUICE_ASSIGN_OR_RETURN(source, opts.layer_source(file, w, *be));
+  } else if (!be->reads_host_weights()) {
+    SLUICE_ASSIGN_OR_RETURN(w, upload_weights(*be, w));
   }
-  auto be = backend::make_cpu_backend({opts.n_threads});
   auto model = std::make_unique<LlamaFamilyModel>(std::move(file), std::move(cfg), std::move(w), std::move(be));
   if (source) model->set_layer_source(std::move(source));
+  if (opts.on_layer) model->set_layer_hook(opts.on_layer);
   SLUICE_RETURN_IF_ERROR(model->init(n_ctx));
   return std::unique_ptr<Model>(std::move(model));
 }

@@ -13,6 +13,9 @@
 namespace sluice::gguf {
 class File;
 }
+namespace sluice::backend {
+class Backend;
+}
 
 namespace sluice::model {
 
@@ -29,12 +32,24 @@ struct Timings {
   int64_t decode_tokens = 0;
 };
 
+// Which device runs the layer loop. kAuto: the GPU when there is one and the whole model (weights,
+// KV cache, activations) fits in its free memory, else the CPU.
+enum class BackendKind { kAuto, kCpu, kCuda };
+
 struct LoadOptions {
+  BackendKind backend = BackendKind::kCpu;
+  bool cuda_graphs = true;  // kCuda: replay decode steps as CUDA graphs
   int n_threads = 0;   // 0: all physical cores
   int n_ctx = 0;       // 0: the model's own context length, capped at 4096
-  // Where the layer loop gets its weights (stream/ supplies a disk-streaming one). Called once at
-  // load with the opened file and the validated weight views; empty: the mmapped file itself.
-  std::function<Result<std::unique_ptr<LayerSource>>(const gguf::File&, const Weights&)> layer_source;
+  // Where the layer loop gets its weights (stream/ supplies streaming ones). Called once at load
+  // with the opened file, the validated weight views (into the mapping) and the backend that will
+  // run the loop (whose slots and copy queue a source may use); empty: the mmapped file itself,
+  // copied into the backend's memory first where it has its own.
+  std::function<Result<std::unique_ptr<LayerSource>>(const gguf::File&, const Weights&, backend::Backend&)>
+      layer_source;
+  // Debugging and parity tests: called after every layer with the residual stream of the pass
+  // (tokens x n_embd floats, downloaded; slows the pass, and turns graph replay off).
+  std::function<void(int layer, std::span<const float> hidden)> on_layer;
 };
 
 class Model {
@@ -43,6 +58,7 @@ class Model {
   static Result<std::unique_ptr<Model>> load(const std::string& path, const LoadOptions& opts);
 
   virtual const Config& config() const = 0;
+  virtual const char* backend_name() const = 0;  // "cpu", "cuda"
   virtual int n_vocab() const = 0;
   virtual int n_ctx() const = 0;     // KV cache capacity in positions
   virtual int n_past() const = 0;    // positions currently in the KV cache

@@ -76,6 +76,13 @@ class LayerSource {
   virtual Status begin_pass(int n_tokens) = 0;
   virtual Result<const LayerWeights*> acquire(int layer) = 0;
   virtual void release(int layer) = 0;
+  // True where the host may overwrite a layer's memory right after release(): the loop then waits
+  // for the backend before releasing. False for resident weights and for sources that order reuse
+  // on the device themselves (Backend marks).
+  virtual bool release_needs_sync() const { return true; }
+  // True where acquire() returns the same pointers every pass (resident weights): a decode pass is
+  // then a replayable step (Backend::begin_step).
+  virtual bool weights_fixed() const { return false; }
 };
 
 // Resolves and validates every tensor of `arch` in `file` against `cfg`. Errors name the tensor

@@ -82,6 +82,19 @@ void CpuBackend::upload(const Tensor& dst, const float* src) {
   }
 }
 
+Result<void*> CpuBackend::alloc_host(int64_t bytes) {
+  const size_t rounded = (size_t(std::max<int64_t>(bytes, 1)) + 4095) / 4096 * 4096;
+  void* p = std::aligned_alloc(4096, rounded);
+  if (!p) return out_of_memory("cpu backend: cannot allocate " + std::to_string(bytes) + " bytes for weights");
+  host_blocks_.emplace_back(p);
+  return p;
+}
+
+Backend::Mark CpuBackend::copy_to_slot(void* dst, const void* src, int64_t bytes, Mark) {
+  std::memcpy(dst, src, size_t(bytes));
+  return ++marks_;
+}
+
 void CpuBackend::download(const Tensor& src, float* dst) {
   for (int64_t r = 0; r < src.rows; ++r) {
     if (src.dtype == DType::kF32) {

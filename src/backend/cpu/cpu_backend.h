@@ -52,6 +52,15 @@ class CpuBackend final : public Backend {
   void download(const Tensor& src, float* dst) override;
   void sync() override {}  // every op completes before it returns
 
+  // Streaming: slots and staging are host memory (4 KiB aligned, for O_DIRECT reads); a copy is
+  // a memcpy done before copy_to_slot returns, so every mark has passed when it is handed out.
+  Result<void*> alloc_slot(int64_t bytes) override { return alloc_host(bytes); }
+  Result<void*> alloc_staging(int64_t bytes) override { return alloc_host(bytes); }
+  Mark copy_to_slot(void* dst, const void* src, int64_t bytes, Mark after) override;
+  void compute_wait(Mark) override {}
+  Mark compute_mark() override { return ++marks_; }
+  void host_wait(Mark) override {}
+
   void get_rows(const WeightView& table, std::span<const int32_t> ids, const Tensor& dst) override;
   void matmul(const WeightView& w, const Tensor& x, const Tensor& y) override;
   void matmul_multi(std::span<const WeightView> ws, const Tensor& x, std::span<const Tensor> ys) override;
@@ -77,6 +86,13 @@ class CpuBackend final : public Backend {
   static constexpr size_t kMaxMulti = 4;
   AlignedBuffer act_q_[kMaxMulti];
   std::vector<AlignedBuffer> scratch_;  // per-thread attention scratch (grow-only)
+
+  Result<void*> alloc_host(int64_t bytes);
+  struct FreeHost {
+    void operator()(void* p) const { std::free(p); }
+  };
+  std::vector<std::unique_ptr<void, FreeHost>> host_blocks_;  // slots and staging
+  Mark marks_ = 0;
 };
 
 // Below this many elements of work an op runs on the calling thread: waking the pool costs a

@@ -1,0 +1,566 @@
+// The CUDA backend: backend.h's ops on one GPU, all enqueued on one stream.
+//
+//   matmul, 1..8 tokens  -> gemv (gemv.h): weights read once at memory bandwidth, int8 activations
+//   matmul, more tokens  -> the weight dequantized to f16 in row chunks (ops.h), then a cuBLAS
+//                           GEMM on tensor cores with f32 accumulation and output
+//   attention            -> attention.h (flash-decoding / flash-style prefill over the F16 cache)
+//   everything else      -> ops.h
+//
+// Weights are copied in once (upload_weight) except the embedding table, whose rows get_rows
+// dequantizes on the host into pinned staging: only n_embd floats per token cross the bus.
+// Decode steps (begin_step/end_step) are recorded with stream capture and replayed as a CUDA graph;
+// the graph of the previous token is updated in place when only kernel arguments changed
+// (positions), so a token costs one graph launch instead of hundreds of kernel launches.
+//
+// Failures of the device inside an op (the ops return void by contract) abort with file:line
+// through SLUICE_CUDA_CHECK: they mean a lost device or a bug, never bad user input, which model/
+// validates before any op is issued.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/attention.h"
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/gemv.h"
+#include "backend/cuda/ops.h"
+#include "quant/quant.h"
+
+namespace sluice::backend {
+namespace cuda {
+namespace {
+
+#define SLUICE_CUBLAS_CHECK(call)                                                                 \
+  do {                                                                                            \
+    const cublasStatus_t _cb = (call);                                                            \
+    if (_cb != CUBLAS_STATUS_SUCCESS)                                                             \
+      ::sluice::check_failed(__FILE__, __LINE__, #call, cublasGetStatusString(_cb));              \
+  } while (0)
+
+// An op's Status that is not ok here is a bug in the caller's shapes (model/ validated the data).
+void must(const Status& st, const char* op) {
+  if (!st.is_ok()) ::sluice::check_failed(__FILE__, __LINE__, op, st.message());
+}
+
+// Target bytes of one dequantized f16 weight chunk of the prefill GEMM: large enough that the GEMM
+// keeps every SM busy, small enough to stay a minor share of a consumer GPU's memory.
+constexpr int64_t kGemmChunkBytes = int64_t(64) << 20;
+
+// A device buffer that only grows. Buffers it outgrows are kept until the backend is destroyed:
+// ops already enqueued (or recorded in a graph) may still read them.
+struct Scratch {
+  void* ptr = nullptr;
+  int64_t bytes = 0;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(const DeviceInfo& dev, bool graphs) : dev_(dev), graphs_(graphs) {}
+
+  Status init() {
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaSetDevice(dev_.device));
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&staging_free_, cudaEventDisableTiming));
+    if (cublasCreate(&cublas_) != CUBLAS_STATUS_SUCCESS) return internal_error("cuBLAS could not be initialized");
+    if (cublasSetStream(cublas_, stream_) != CUBLAS_STATUS_SUCCESS) return internal_error("cublasSetStream failed");
+    // Tensor-core math with f32 accumulation (CUBLAS_COMPUTE_32F below); default pointer mode.
+    return Status::ok();
+  }
+
+  ~CudaBackend() override {
+    // Destruction must not throw or abort: errors here are ignored (the process is ending or the
+    // model is being dropped; the driver reclaims everything at exit).
+    if (stream_) cudaStreamSynchronize(stream_);
+    if (copy_stream_) cudaStreamSynchronize(copy_stream_);
+    for (cudaEvent_t e : marks_) cudaEventDestroy(e);
+    if (copy_stream_) cudaStreamDestroy(copy_stream_);
+    for (void* p : host_allocs_) cudaFreeHost(p);
+    if (exec_) cudaGraphExecDestroy(exec_);
+    if (cublas_) cublasDestroy(cublas_);
+    for (void* p : device_allocs_) cudaFree(p);
+    if (staging_) cudaFreeHost(staging_);
+    if (staging_free_) cudaEventDestroy(staging_free_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  const char* name() const override { return "cuda"; }
+  bool reads_host_weights() const override { return false; }
+
+  int64_t free_memory() const override {
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) return 0;
+    return int64_t(free);
+  }
+
+  Result<WeightView> upload_weight(const WeightView& host) override {
+    const int64_t bytes = host.row_bytes() * host.ne1;
+    SLUICE_ASSIGN_OR_RETURN(void* p, device_alloc(bytes));
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpy(p, host.data, size_t(bytes), cudaMemcpyHostToDevice));
+    WeightView v = host;
+    v.data = p;
+    return v;
+  }
+
+  Result<Tensor> alloc(DType dtype, int64_t cols, int64_t rows) override {
+    SLUICE_CHECK(cols > 0 && rows > 0, "alloc: empty tensor");
+    const int64_t bytes = cols * rows * (dtype == DType::kF32 ? 4 : 2);
+    SLUICE_ASSIGN_OR_RETURN(void* p, device_alloc(bytes));
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaMemset(p, 0, size_t(bytes)));
+    return Tensor{p, dtype, cols, rows, cols};
+  }
+
+  void upload(const Tensor& dst, const float* src) override {
+    SLUICE_CHECK(dst.dtype == DType::kF32, "upload: f32 tensors only");
+    SLUICE_CUDA_CHECK(cudaMemcpy2DAsync(dst.data, size_t(dst.stride) * 4, src, size_t(dst.cols) * 4,
+                                        size_t(dst.cols) * 4, size_t(dst.rows), cudaMemcpyHostToDevice, stream_));
+    SLUICE_CUDA_CHECK(cudaStreamSynchronize(stream_));  // src is pageable and the caller's
+  }
+
+  void download(const Tensor& src, float* dst) override {
+    SLUICE_CHECK(src.dtype == DType::kF32, "download: f32 tensors only");
+    SLUICE_CUDA_CHECK(cudaMemcpy2DAsync(dst, size_t(src.cols) * 4, src.data, size_t(src.stride) * 4,
+                                        size_t(src.cols) * 4, size_t(src.rows), cudaMemcpyDeviceToHost, stream_));
+    SLUICE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  void sync() override { SLUICE_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+  // ---- streaming: a copy stream next to the compute stream, marks are events -----------------
+
+  Result<void*> alloc_slot(int64_t bytes) override { return device_alloc(bytes); }
+
+  Result<void*> alloc_staging(int64_t bytes) override {
+    void* p = nullptr;
+    const cudaError_t e = cudaHostAlloc(&p, size_t(std::max<int64_t>(bytes, 1)), cudaHostAllocDefault);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      return out_of_memory("cuda backend: cannot pin " + std::to_string(bytes) + " bytes of host memory (" +
+                           cudaGetErrorString(e) + ")");
+    }
+    host_allocs_.push_back(p);
+    return p;
+  }
+
+  Mark copy_to_slot(void* dst, const void* src, int64_t bytes, Mark after) override {
+    SLUICE_CHECK(!capturing_, "copy_to_slot inside a step");
+    ensure_copy_stream();
+    if (after != 0) wait_mark(copy_stream_, after);
+    SLUICE_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyHostToDevice, copy_stream_));
+    return record_mark(copy_stream_);
+  }
+
+  void compute_wait(Mark m) override {
+    if (m != 0) wait_mark(stream_, m);
+  }
+
+  Mark compute_mark() override { return record_mark(stream_); }
+
+  void host_wait(Mark m) override {
+    if (m == 0 || m + kMarkRing <= next_mark_) return;  // long passed: its event was reused
+    SLUICE_CUDA_CHECK(cudaEventSynchronize(marks_[m % kMarkRing]));
+  }
+
+  double seconds_between(Mark from, Mark to) override {
+    if (from == 0 || to == 0 || from + kMarkRing <= next_mark_ || to + kMarkRing <= next_mark_) return -1;
+    float ms = 0;
+    if (cudaEventElapsedTime(&ms, marks_[from % kMarkRing], marks_[to % kMarkRing]) != cudaSuccess) {
+      (void)cudaGetLastError();  // not recorded yet or not completed
+      return -1;
+    }
+    return double(ms) * 1e-3;
+  }
+
+  void begin_step() override {
+    if (!graphs_) return;
+    SLUICE_CHECK(!capturing_, "begin_step: a step is already open");
+    SLUICE_CUDA_CHECK(cudaStreamSynchronize(stream_));  // idle already (the last step downloaded)
+    // Relaxed: a scratch buffer may grow (cudaMalloc) while the first step is recorded.
+    SLUICE_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+    capturing_ = true;
+  }
+
+  void end_step() override {
+    if (!graphs_) return;
+    SLUICE_CHECK(capturing_, "end_step without begin_step");
+    capturing_ = false;
+    cudaGraph_t graph = nullptr;
+    SLUICE_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    bool updated = false;
+    if (exec_) {
+      cudaGraphExecUpdateResultInfo info{};
+      updated = cudaGraphExecUpdate(exec_, graph, &info) == cudaSuccess;
+      if (!updated) {
+        (void)cudaGetLastError();  // a topology change (new shapes): instantiate afresh
+        SLUICE_CUDA_CHECK(cudaGraphExecDestroy(exec_));
+        exec_ = nullptr;
+      }
+    }
+    if (!exec_) SLUICE_CUDA_CHECK(cudaGraphInstantiate(&exec_, graph, 0));
+    SLUICE_CUDA_CHECK(cudaGraphDestroy(graph));
+    SLUICE_CUDA_CHECK(cudaGraphLaunch(exec_, stream_));
+    ++graph_launches_;
+  }
+
+  void get_rows(const WeightView& table, std::span<const int32_t> ids, const Tensor& dst) override {
+    SLUICE_CHECK(dst.dtype == DType::kF32 && dst.cols == table.ne0 && dst.rows == int64_t(ids.size()),
+                 "get_rows: shape mismatch");
+    const int64_t n = int64_t(ids.size());
+    const int64_t bytes = n * table.ne0 * 4;
+    if (bytes > staging_bytes_) {
+      // Outside steps only in practice: prefill (the larger batch) comes before any decode step.
+      SLUICE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      if (staging_) SLUICE_CUDA_CHECK(cudaFreeHost(staging_));
+      staging_ = nullptr;
+      SLUICE_CUDA_CHECK(cudaHostAlloc(&staging_, size_t(bytes), cudaHostAllocDefault));
+      staging_bytes_ = bytes;
+    }
+    // The previous copy out of staging must be done before the host overwrites it. Inside a step
+    // the stream is idle (begin_step waited), and events cannot be waited on while recording.
+    if (!capturing_) SLUICE_CUDA_CHECK(cudaEventSynchronize(staging_free_));
+    const quant::Kernels& k = quant::kernels(table.type);
+    const int64_t rb = table.row_bytes();
+    float* out = static_cast<float*>(staging_);
+    for (int64_t t = 0; t < n; ++t) {
+      k.dequantize_row(static_cast<const uint8_t*>(table.data) + int64_t(ids[size_t(t)]) * rb, out + t * table.ne0,
+                       table.ne0);
+    }
+    SLUICE_CUDA_CHECK(cudaMemcpy2DAsync(dst.data, size_t(dst.stride) * 4, staging_, size_t(table.ne0) * 4,
+                                        size_t(table.ne0) * 4, size_t(n), cudaMemcpyHostToDevice, stream_));
+    if (!capturing_) SLUICE_CUDA_CHECK(cudaEventRecord(staging_free_, stream_));
+  }
+
+  void matmul(const WeightView& w, const Tensor& x, const Tensor& y) override {
+    const WeightView ws[] = {w};
+    const Tensor ys[] = {y};
+    matmul_multi(ws, x, ys);
+  }
+
+  void matmul_multi(std::span<const WeightView> ws, const Tensor& x, std::span<const Tensor> ys) override {
+    SLUICE_CHECK(ws.size() == ys.size(), "matmul_multi: weights and outputs differ in count");
+    SLUICE_CHECK(x.dtype == DType::kF32, "matmul: x must be f32");
+    for (size_t i = 0; i < ws.size(); ++i) {
+      SLUICE_CHECK(ws[i].ne0 == x.cols && ws[i].ne1 == ys[i].cols && ys[i].rows == x.rows &&
+                       ys[i].dtype == DType::kF32,
+                   "matmul: shape mismatch");
+    }
+    if (x.rows <= kMaxGemvTokens) {
+      gemv_all(ws, x, ys);
+    } else {
+      gemm_all(ws, x, ys);
+    }
+  }
+
+  void rms_norm(const Tensor& x, const WeightView& w, float eps, const Tensor& dst) override {
+    SLUICE_CHECK(w.type == quant::Type::kF32 && w.ne0 > 0 && x.cols % w.ne0 == 0 && dst.cols == x.cols &&
+                     dst.rows == x.rows,
+                 "rms_norm: shape mismatch");
+    must(cuda::rms_norm(f32(x), x.stride, f32(dst), dst.stride, x.rows, x.cols, static_cast<const float*>(w.data),
+                        w.ne0, eps, stream_),
+         "rms_norm");
+  }
+
+  void add_bias(const Tensor& y, const WeightView& b) override {
+    SLUICE_CHECK(b.type == quant::Type::kF32 && b.ne0 == y.cols, "add_bias: shape mismatch");
+    must(cuda::add_bias(f32(y), y.stride, y.rows, y.cols, static_cast<const float*>(b.data), stream_), "add_bias");
+  }
+
+  void add(const Tensor& dst, const Tensor& src) override {
+    SLUICE_CHECK(dst.cols == src.cols && dst.rows == src.rows, "add: shape mismatch");
+    must(cuda::add(f32(dst), dst.stride, f32(src), src.stride, dst.rows, dst.cols, stream_), "add");
+  }
+
+  void swiglu(const Tensor& gate, const Tensor& up, const Tensor& dst) override {
+    SLUICE_CHECK(gate.cols == up.cols && gate.cols == dst.cols && gate.rows == up.rows && gate.rows == dst.rows,
+                 "swiglu: shape mismatch");
+    must(cuda::swiglu(f32(gate), gate.stride, f32(up), up.stride, f32(dst), dst.stride, dst.rows, dst.cols, stream_),
+         "swiglu");
+  }
+
+  void rope(const Tensor& x, const RopeParams& p, int pos0) override {
+    SLUICE_CHECK(int64_t(p.n_head) * p.head_dim == x.cols, "rope: n_head * head_dim != cols");
+    RopeArgs a;
+    a.neox = p.mode == RopeMode::kNeox;
+    a.n_head = p.n_head;
+    a.head_dim = p.head_dim;
+    a.n_rot = p.n_rot;
+    a.freq_base = p.freq_base;
+    a.freq_scale = p.freq_scale;
+    a.freq_factors = p.freq_factors.empty() ? nullptr : static_cast<const float*>(p.freq_factors.data);
+    must(cuda::rope(f32(x), x.stride, x.rows, a, pos0, stream_), "rope");
+  }
+
+  void store_rows(const Tensor& src, const Tensor& cache, int64_t pos0) override {
+    SLUICE_CHECK(src.dtype == DType::kF32 && cache.dtype == DType::kF16 && src.cols == cache.cols && pos0 >= 0 &&
+                     pos0 + src.rows <= cache.rows,
+                 "store_rows: out of range");
+    must(store_rows_f16(f32(src), src.stride, src.rows, src.cols, cache.data, cache.stride, pos0, stream_),
+         "store_rows");
+  }
+
+  void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out,
+                 const AttentionParams& p) override {
+    SLUICE_CHECK(k_cache.dtype == DType::kF16 && v_cache.dtype == DType::kF16, "attention: caches must be f16");
+    SLUICE_CHECK(p.pos0 + q.rows <= k_cache.rows, "attention: positions beyond the cache");
+    AttentionArgs a;
+    a.q = f32(q);
+    a.q_stride = q.stride;
+    a.n_tokens = int(q.rows);
+    a.k_cache = k_cache.data;
+    a.k_stride = k_cache.stride;
+    a.v_cache = v_cache.data;
+    a.v_stride = v_cache.stride;
+    a.out = f32(out);
+    a.out_stride = out.stride;
+    a.n_head = p.n_head;
+    a.n_head_kv = p.n_head_kv;
+    a.head_dim = p.head_dim;
+    a.scale = p.scale;
+    a.pos0 = p.pos0;
+    const int64_t need = attention_workspace_bytes(a.n_tokens, p.n_head, p.head_dim, int(k_cache.rows));
+    void* ws = grow(attn_ws_, need);
+    must(cuda::attention(a, ws, attn_ws_.bytes, dev_.sm_count, stream_), "attention");
+  }
+
+ private:
+  static float* f32(const Tensor& t) { return static_cast<float*>(t.data); }
+
+  // Marks are events in a ring, recycled after kMarkRing newer marks: a pipeline looks a few
+  // layers back at most, so a recycled mark is one that passed long ago.
+  static constexpr uint64_t kMarkRing = 1024;
+
+  void ensure_copy_stream() {
+    if (copy_stream_) return;
+    SLUICE_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+    marks_.resize(kMarkRing);
+    for (auto& e : marks_) SLUICE_CUDA_CHECK(cudaEventCreate(&e));  // timed: seconds_between
+  }
+
+  Mark record_mark(cudaStream_t s) {
+    ensure_copy_stream();
+    const Mark m = next_mark_++;
+    SLUICE_CUDA_CHECK(cudaEventRecord(marks_[m % kMarkRing], s));
+    return m;
+  }
+
+  void wait_mark(cudaStream_t s, Mark m) {
+    if (m + kMarkRing <= next_mark_) return;
+    SLUICE_CUDA_CHECK(cudaStreamWaitEvent(s, marks_[m % kMarkRing], 0));
+  }
+
+  Result<void*> device_alloc(int64_t bytes) {
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, size_t(std::max<int64_t>(bytes, 1)));
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      return out_of_memory("cuda backend: cannot allocate " + std::to_string(bytes) + " bytes of GPU memory (" +
+                           cudaGetErrorString(e) + ")");
+    }
+    device_allocs_.push_back(p);
+    return p;
+  }
+
+  // Scratch of at least `bytes`, grown (never shrunk) as calls need; see Scratch.
+  void* grow(Scratch& s, int64_t bytes) {
+    if (bytes <= s.bytes) return s.ptr;
+    const int64_t want = std::max<int64_t>(bytes, s.bytes + s.bytes / 2);
+    auto p = device_alloc(want);
+    SLUICE_CHECK(p.is_ok(), p.status().message());
+    s.ptr = *p;
+    s.bytes = want;
+    return s.ptr;
+  }
+
+  void gemv_all(std::span<const WeightView> ws, const Tensor& x, std::span<const Tensor> ys) {
+    // The gemv reads tokens `cols` apart; model/ tensors are dense, row views keep that.
+    const bool dense = x.stride == x.cols;
+    bool need_q8 = false;
+    for (const WeightView& w : ws) need_q8 |= gemv_needs_q8(w.type);
+    Q8Activation xq;
+    if (need_q8 && dense) {
+      SLUICE_CHECK(x.cols % 32 == 0, "matmul: quantized weights need cols % 32 == 0");
+      void* buf = grow(q8_, q8_activation_bytes(x.cols, int(x.rows)));
+      xq = q8_activation_view(buf, x.cols, int(x.rows));
+      must(quantize_activation_q8(f32(x), xq, stream_), "quantize_activation_q8");
+    }
+    for (size_t i = 0; i < ws.size(); ++i) {
+      const WeightView& w = ws[i];
+      SLUICE_CHECK(gemv_supported(w.type), "matmul: no CUDA kernel for this weight format");
+      const Tensor& y = ys[i];
+      const bool y_dense = y.stride == y.cols;
+      if (dense && y_dense) {
+        GemvArgs a;
+        a.type = w.type;
+        a.w = w.data;
+        a.rows = w.ne1;
+        a.cols = w.ne0;
+        a.tokens = int(x.rows);
+        a.x = f32(x);
+        a.xq = xq;
+        a.y = f32(y);
+        must(gemv(dev_, a, stream_), "gemv");
+        continue;
+      }
+      // Strided rows (not produced by model/ today): one token at a time.
+      for (int64_t t = 0; t < x.rows; ++t) {
+        const Tensor xt = x.row_range(t, 1), yt = y.row_range(t, 1);
+        GemvArgs a;
+        a.type = w.type;
+        a.w = w.data;
+        a.rows = w.ne1;
+        a.cols = w.ne0;
+        a.tokens = 1;
+        a.x = f32(xt);
+        if (gemv_needs_q8(w.type)) {
+          void* buf = grow(q8_, q8_activation_bytes(x.cols, 1));
+          a.xq = q8_activation_view(buf, x.cols, 1);
+          must(quantize_activation_q8(f32(xt), a.xq, stream_), "quantize_activation_q8");
+        }
+        a.y = f32(yt);
+        must(gemv(dev_, a, stream_), "gemv");
+      }
+    }
+  }
+
+  // y = x W^T for many tokens: W dequantized to f16 a chunk of rows at a time, x converted to f16
+  // once, cuBLAS multiplies on tensor cores with f32 accumulation into y.
+  //   column-major view: W chunk is k x m (lda = k), X is k x n (ldb = k), Y is m x n (ldc = stride)
+  void gemm_all(std::span<const WeightView> ws, const Tensor& x, std::span<const Tensor> ys) {
+    const int64_t k = x.cols, n = x.rows;
+    void* xh = grow(x_f16_, k * n * 2);
+    must(f32_to_f16(f32(x), x.stride, xh, k, n, k, stream_), "f32_to_f16");
+    const float alpha = 1.0f, beta = 0.0f;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      const WeightView& w = ws[i];
+      SLUICE_CHECK(dequantize_supported(w.type), "matmul: no CUDA dequantizer for this weight format");
+      const int64_t m = w.ne1;
+      const int64_t chunk = std::clamp<int64_t>(kGemmChunkBytes / (2 * k) / 64 * 64, 64, m);
+      void* wh = grow(w_f16_, chunk * k * 2);
+      const int64_t rb = w.row_bytes();
+      for (int64_t r0 = 0; r0 < m; r0 += chunk) {
+        const int64_t rows = std::min(chunk, m - r0);
+        must(dequantize_to_f16(w.type, static_cast<const uint8_t*>(w.data) + r0 * rb, rows, k, wh, stream_),
+             "dequantize_to_f16");
+        SLUICE_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), int(n), int(k), &alpha, wh,
+                                         CUDA_R_16F, int(k), xh, CUDA_R_16F, int(k), &beta, f32(ys[i]) + r0,
+                                         CUDA_R_32F, int(ys[i].stride), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      }
+    }
+  }
+
+  DeviceInfo dev_;
+  bool graphs_ = true;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  std::vector<void*> device_allocs_;  // every cudaMalloc, freed at destruction
+  Scratch q8_, x_f16_, w_f16_, attn_ws_;
+  void* staging_ = nullptr;  // pinned host rows for get_rows
+  int64_t staging_bytes_ = 0;
+  cudaEvent_t staging_free_ = nullptr;
+  bool capturing_ = false;
+  cudaGraphExec_t exec_ = nullptr;
+  int64_t graph_launches_ = 0;
+  // Streaming.
+  cudaStream_t copy_stream_ = nullptr;
+  std::vector<cudaEvent_t> marks_;  // ring of kMarkRing events
+  Mark next_mark_ = 1;              // 0 is the always-passed mark
+  std::vector<void*> host_allocs_;  // pinned staging, freed at destruction
+};
+
+}  // namespace
+}  // namespace cuda
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+namespace {
+
+// Everything a bandwidth measurement allocates, released on every path out.
+struct ProbeResources {
+  void* dev_a = nullptr;
+  void* dev_b = nullptr;
+  void* host = nullptr;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  ~ProbeResources() {
+    if (stream) cudaStreamSynchronize(stream);
+    if (start) cudaEventDestroy(start);
+    if (stop) cudaEventDestroy(stop);
+    if (stream) cudaStreamDestroy(stream);
+    if (host) cudaFreeHost(host);
+    cudaFree(dev_a);
+    cudaFree(dev_b);
+  }
+};
+
+// Median bytes/s of `reps` timed runs of `op` (which moves `bytes`), after one warm-up.
+template <class Op>
+Result<double> time_median(ProbeResources& r, double bytes, int reps, Op op) {
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaEventCreate(&r.start));
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaEventCreate(&r.stop));
+  std::vector<double> rates;
+  for (int i = 0; i <= reps; ++i) {
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.start, r.stream));
+    SLUICE_CUDA_RETURN_IF_ERROR(op());
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.stop, r.stream));
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(r.stop));
+    float ms = 0;
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, r.start, r.stop));
+    if (i > 0) rates.push_back(bytes / (double(ms) * 1e-3));
+  }
+  std::sort(rates.begin(), rates.end());
+  return rates[rates.size() / 2];
+}
+
+}  // namespace
+
+Result<double> cuda_copy_bandwidth(int device) {
+  if (device < 0 || device >= cuda_device_count()) return unsupported("no CUDA device " + std::to_string(device));
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  const size_t bytes = size_t(1) << 30;  // 1 GiB each way: far beyond any L2
+  ProbeResources r;
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaMalloc(&r.dev_a, bytes));
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaMalloc(&r.dev_b, bytes));
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&r.stream));
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaMemset(r.dev_a, 1, bytes));
+  return time_median(r, 2.0 * double(bytes), 9,
+                     [&] { return cudaMemcpyAsync(r.dev_b, r.dev_a, bytes, cudaMemcpyDeviceToDevice, r.stream); });
+}
+
+Result<double> cuda_h2d_bandwidth(int device) {
+  if (device < 0 || device >= cuda_device_count()) return unsupported("no CUDA device " + std::to_string(device));
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  const size_t bytes = size_t(256) << 20;
+  ProbeResources r;
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&r.host, bytes, cudaHostAllocDefault));
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaMalloc(&r.dev_a, bytes));
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&r.stream));
+  std::memset(r.host, 1, bytes);
+  return time_median(r, double(bytes), 7,
+                     [&] { return cudaMemcpyAsync(r.dev_a, r.host, bytes, cudaMemcpyHostToDevice, r.stream); });
+}
+
+Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaOptions& opts) {
+  const int n = cuda_device_count();
+  if (n == 0) return unsupported("no CUDA device found");
+  if (opts.device < 0 || opts.device >= n) {
+    return invalid_argument("CUDA device " + std::to_string(opts.device) + " does not exist (" + std::to_string(n) +
+                            " found)");
+  }
+  SLUICE_ASSIGN_OR_RETURN(cuda::DeviceInfo dev, cuda::query_device(opts.device));
+  auto be = std::make_unique<cuda::CudaBackend>(dev, opts.graphs);
+  SLUICE_RETURN_IF_ERROR(be->init());
+  return std::unique_ptr<Backend>(std::move(be));
+}
+
+}  // namespace sluice::backend
