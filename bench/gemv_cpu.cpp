@@ -1,8 +1,16 @@
 // CPU matrix-product throughput per weight format through the backend: decode (gemv, one token)
 // in GB/s of weight read, and prefill (gemm, 64 tokens) in tok/s-equivalent GFLOP/s.
 // usage: bench_gemv_cpu [threads] [rows] [cols]
+//
+// Prefill kernel A/B: bench_gemv_cpu tile [tokens] [runs]
+// One thread, the batched matmul's loop (16-row chunks x 8-token tiles, activations quantized
+// once, untimed) over the Llama-1B projection shapes, with the multi-column kernel
+// (vec_dot_cols, one row per call: "old") and the register-blocked tile (vec_dot_tile: "new")
+// of the best ISA, alternated run by run so both see the same machine load; median GFLOP/s.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -12,7 +20,125 @@
 
 using namespace sluice;
 
+namespace {
+
+// Fills rows x k weights of type t (64 distinct quantized rows, repeated) and returns them.
+std::vector<uint8_t> make_weights(quant::Type t, int64_t rows, int64_t k, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0, 1);
+  const int64_t rb = quant::row_bytes(t, k);
+  std::vector<uint8_t> w(size_t(rb * rows));
+  std::vector<float> row(static_cast<size_t>(k));
+  for (int64_t r = 0; r < rows; ++r) {
+    if (r < 64) {
+      for (auto& x : row) x = nd(rng);
+      quant::kernels(t).quantize_row(row.data(), w.data() + r * rb, k);
+    } else {
+      std::copy(w.begin() + (r % 64) * rb, w.begin() + (r % 64 + 1) * rb, w.begin() + r * rb);
+    }
+  }
+  return w;
+}
+
+int tile_ab(int64_t n_tok, int runs) {
+  constexpr int64_t kRowBlock = 16, kTokenTile = 8;  // as src/backend/cpu/matmul.cpp
+  struct Shape {
+    const char* name;
+    int64_t rows, k;
+  };
+  const Shape shapes[] = {{"attn_q/o", 2048, 2048}, {"ffn_gate/up", 8192, 2048}, {"ffn_down", 2048, 8192}};
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd(0, 1);
+  std::printf("isa %s, 1 thread, %lld tokens, median of %d alternated runs\n", quant::isa_name(quant::best_isa()),
+              (long long)n_tok, runs);
+  std::printf("%-6s %-12s %-11s %6s %14s %14s %7s\n", "type", "shape", "rows x k", "tokens", "old GFLOP/s",
+              "new GFLOP/s", "new/old");
+  for (quant::Type t : {quant::Type::kQ4_K, quant::Type::kQ6_K, quant::Type::kQ8_0, quant::Type::kQ4_0}) {
+    const quant::Kernels& wk = quant::kernels(t);
+    const bool has_cols = wk.vec_dot_cols != nullptr && wk.vec_dot_cols_isa == wk.vec_dot_isa;
+    const bool has_tile = wk.vec_dot_tile != nullptr && wk.vec_dot_tile_isa == wk.vec_dot_isa;
+    for (const Shape& sh : shapes) {
+      const auto w = make_weights(t, sh.rows, sh.k, rng);
+      const int64_t w_row = quant::row_bytes(t, sh.k);
+      const quant::Type at = wk.vec_dot_type;
+      const int64_t a_row = quant::row_bytes(at, sh.k);
+      std::vector<uint8_t> act(size_t(a_row * n_tok));
+      std::vector<float> xf(size_t(sh.k));
+      for (int64_t i = 0; i < n_tok; ++i) {
+        for (auto& v : xf) v = nd(rng);
+        quant::kernels(at).quantize_row(xf.data(), act.data() + i * a_row, sh.k);
+      }
+      std::vector<float> y_old(size_t(sh.rows * n_tok)), y_new(y_old.size());
+      auto run_old = [&] {
+        float tile[kTokenTile];
+        for (int64_t b = 0; b < sh.rows; b += kRowBlock)
+          for (int64_t t0 = 0; t0 < n_tok; t0 += kTokenTile) {
+            const int64_t t1 = std::min(n_tok, t0 + kTokenTile);
+            for (int64_t o = b; o < std::min(sh.rows, b + kRowBlock); ++o) {
+              const uint8_t* wr = w.data() + o * w_row;
+              if (has_cols) {
+                wk.vec_dot_cols(sh.k, wr, act.data() + t0 * a_row, a_row, int(t1 - t0), tile);
+                for (int64_t i = t0; i < t1; ++i) y_old[size_t(i * sh.rows + o)] = tile[i - t0];
+              } else {
+                for (int64_t i = t0; i < t1; ++i) wk.vec_dot(sh.k, wr, act.data() + i * a_row, &y_old[size_t(i * sh.rows + o)]);
+              }
+            }
+          }
+      };
+      auto run_new = [&] {
+        for (int64_t b = 0; b < sh.rows; b += kRowBlock) {
+          const int64_t e = std::min(sh.rows, b + kRowBlock);
+          for (int64_t t0 = 0; t0 < n_tok; t0 += kTokenTile) {
+            const int64_t t1 = std::min(n_tok, t0 + kTokenTile);
+            wk.vec_dot_tile(sh.k, w.data() + b * w_row, w_row, int(e - b), act.data() + t0 * a_row, a_row,
+                            int(t1 - t0), y_new.data() + t0 * sh.rows + b, sh.rows);
+          }
+        }
+      };
+      std::vector<double> t_old, t_new;
+      run_old();
+      if (has_tile) run_new();
+      for (int r = 0; r < runs; ++r) {
+        core::Timer tm;
+        run_old();
+        t_old.push_back(tm.seconds());
+        if (has_tile) {
+          tm.reset();
+          run_new();
+          t_new.push_back(tm.seconds());
+        }
+      }
+      auto median = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v[v.size() / 2];
+      };
+      const double flop = 2.0 * double(sh.rows) * double(sh.k) * double(n_tok);
+      const double g_old = flop / median(t_old) / 1e9;
+      char dims[32];
+      std::snprintf(dims, sizeof dims, "%lldx%lld", (long long)sh.rows, (long long)sh.k);
+      if (!has_tile) {
+        std::printf("%-6s %-12s %-11s %6lld %14.1f %14s %7s\n", quant::type_name(t), sh.name, dims, (long long)n_tok,
+                    g_old, "-", "-");
+        continue;
+      }
+      // The two paths must agree (f32 summation order only), or the comparison means nothing.
+      double num = 0, den = 0;
+      for (size_t i = 0; i < y_old.size(); ++i) {
+        num += (double(y_old[i]) - y_new[i]) * (double(y_old[i]) - y_new[i]);
+        den += double(y_old[i]) * y_old[i];
+      }
+      const double g_new = flop / median(t_new) / 1e9;
+      std::printf("%-6s %-12s %-11s %6lld %14.1f %14.1f %7.2f%s\n", quant::type_name(t), sh.name, dims,
+                  (long long)n_tok, g_old, g_new, g_new / g_old, num <= 1e-10 * den ? "" : "  MISMATCH");
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "tile") == 0)
+    return tile_ab(argc > 2 ? std::atoll(argv[2]) : 64, argc > 3 ? std::atoi(argv[3]) : 5);
   const int threads = argc > 1 ? std::atoi(argv[1]) : 0;
   const int64_t n_out = argc > 2 ? std::atoll(argv[2]) : 8192;
   const int64_t k = argc > 3 ? std::atoll(argv[3]) : 2048;

@@ -2,10 +2,11 @@
 // Tolerance: normalized error (test_util.h) <= 1e-5 over all outputs of one (format, n, shape):
 // the kernels form the reference's per-block integer sums exactly and differ only in f32
 // summation order (and, for Q4_K, in applying the min term in its own f32 accumulator).
-// Shapes: row and column counts below, at and above the register tile (2 x 8 on AVX-512), odd
-// counts for the ragged edges, padded strides, and an output stride wider than the rows; every
-// output outside the tile must stay untouched. A planted bug (one output taken from the wrong column) must fail the
-// same check, so the check cannot pass vacuously.
+// Shapes: row and column counts below, at and above the register tile (1 x 8 on AVX-512; the
+// kernels are written for any rows x columns), odd counts for the ragged edges, padded strides,
+// and an output stride wider than the rows; every output outside the tile must stay untouched.
+// A planted bug (one output taken from the wrong column) must fail the same check, so the check
+// cannot pass vacuously.
 #include <cmath>
 #include <cstring>
 #include <random>
