@@ -9,7 +9,7 @@
 #                   on a machine with nvcc and GoogleTest): every gpu_*_test, bench_gpu_gemv, a
 #                   static `sluice` with CUDA, optionally llama-bench (CPU), llama-bench-cuda or
 #                   llama-src.tar.xz (built here in the background by scripts/llama-cuda.sh), and
-#                   smollm2-4l.gguf (a depth-truncated real model for the parity test).
+#                   smollm2-trunc.gguf (a depth-truncated real model for the parity test).
 #                   Falls back to building the GPU tests here if they do not run on this machine.
 #   --package DIR   (on the build machine) build the GPU binaries into build-cuda and copy them
 #                   to DIR, then exit.
@@ -108,7 +108,7 @@ step_build() {
 step_test() {
   [[ -d "$TEST_DIR" ]] || { record test FAIL "no test binaries"; return; }
   local t0=$SECONDS rc=0 bin name passed=0 skippedn=0 failed=""
-  [[ -f "$PREBUILT/smollm2-4l.gguf" ]] && export SLUICE_GPU_REAL_MODEL="$PREBUILT/smollm2-4l.gguf"
+  [[ -f "$PREBUILT/smollm2-trunc.gguf" ]] && export SLUICE_GPU_REAL_MODEL="$PREBUILT/smollm2-trunc.gguf"
   for bin in "$TEST_DIR"/gpu_*_test; do
     name=$(basename "$bin")
     echo "== $name"
@@ -148,8 +148,8 @@ step_memcheck() {
   local rc=0
   "${cs[@]}" "$TEST_DIR/gpu_gemv_test" --gtest_filter="$filter" >"$OUT_DIR/memcheck.log" 2>&1 || rc=$?
   # A short whole-model run through the CUDA backend: every op kind, prefill and graph-replayed decode.
-  if [[ $rc -eq 0 && -x "$SLUICE_BIN" && -f "$PREBUILT/smollm2-4l.gguf" ]]; then
-    "${cs[@]}" "$SLUICE_BIN" run -m "$PREBUILT/smollm2-4l.gguf" -p "The capital of France is" -n 6 --temp 0 \
+  if [[ $rc -eq 0 && -x "$SLUICE_BIN" && -f "$PREBUILT/smollm2-trunc.gguf" ]]; then
+    "${cs[@]}" "$SLUICE_BIN" run -m "$PREBUILT/smollm2-trunc.gguf" -p "The capital of France is" -n 6 --temp 0 \
       --backend cuda >>"$OUT_DIR/memcheck.log" 2>&1 || rc=$?
   fi
   tail -3 "$OUT_DIR/memcheck.log"
@@ -174,8 +174,16 @@ step_bench() {
 step_model() {
   [[ -x "$SLUICE_BIN" ]] || { record model skipped "no sluice binary"; return; }
   if [[ -n "$LLAMA_BUILD_PID" ]]; then
-    echo "== waiting for the llama.cpp CUDA build"
-    wait "$LLAMA_BUILD_PID" && LLAMA_CUDA=/tmp/llama-cuda/llama-bench-cuda
+    # A device call has a time limit: wait for the rival's build until LLAMA_DEADLINE seconds into
+    # this script (default 420), then go on without it.
+    echo "== waiting for the llama.cpp CUDA build (until ${LLAMA_DEADLINE:-420} s)"
+    while kill -0 "$LLAMA_BUILD_PID" 2>/dev/null && ((SECONDS < ${LLAMA_DEADLINE:-420})); do sleep 5; done
+    if kill -0 "$LLAMA_BUILD_PID" 2>/dev/null; then
+      pkill -P "$LLAMA_BUILD_PID" 2>/dev/null; kill "$LLAMA_BUILD_PID" 2>/dev/null
+      echo "llama.cpp CUDA build not finished in time" >>"$OUT_DIR/llama-cuda-build.log"
+    elif wait "$LLAMA_BUILD_PID"; then
+      LLAMA_CUDA=/tmp/llama-cuda/llama-bench-cuda
+    fi
     tail -3 "$OUT_DIR/llama-cuda-build.log"
     # Kept for later calls (carried back as $PREBUILT/llama-bench-cuda after unxz).
     [[ -x "$LLAMA_CUDA" ]] && xz -T0 -6 -c "$LLAMA_CUDA" >"$OUT_DIR/llama-bench-cuda.xz"

@@ -3,17 +3,18 @@
 // greedy tokens, on synthetic models of every architecture and weight format mix and on a real
 // model when one is present.
 //
-// Why the tolerances differ by path:
-// - Decode: both backends quantize the activation to int8 with the same rounding and sum exact
-//   int32 block products; only the f32 summation order differs, so hidden states agree to ~1e-5
-//   normalized error.
-// - Prefill: the GPU multiplies f16 activations by f16-rounded weights on tensor cores, the CPU
-//   int8 activations by the weights; each differs from exact math by ~1e-3 relative, so layers
-//   agree to a few 1e-3 and the bound is 3e-2 (random-weight models amplify differences more
-//   than trained ones).
+// Why the bounds are what they are (measured on an H100, 2026-11-22; see docs/CUDA.md):
+// - The backends quantize activations differently. The CPU multiplies quantized weights by int8
+//   activations (32-element blocks for the legacy formats, 256-element Q8_K blocks for K-quants),
+//   as llama.cpp's CPU backend does; the GPU decodes with int8 activations in 32-element blocks and
+//   prefills with f16 activations on tensor cores. Each of these is ~0.5% relative noise per matrix
+//   input, and random-weight models amplify it layer by layer: quantized synthetic models differ
+//   by up to 5e-2 in hidden states (bound 8e-2), float-format models by 1e-3..6e-3 (bound 1e-2),
+//   the real (depth-truncated) SmolLM2 by 1e-2 (bound 3e-2). A wrong op (mask, rope, GQA head,
+//   block index) shows as an error of order 1, far above every bound.
 // - Greedy tokens: the GPU continuation is fed back to the CPU (teacher forcing) and the argmax
-//   compared at every position; where they differ, the CPU's own top-2 gap there must be tiny
-//   (a near-tie), else the test fails.
+//   compared at every position; where they differ, the CPU's own top-2 gap there must be a
+//   near-tie (below 3% of the logit spread), else the test fails; at least 80% must agree.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -79,7 +80,7 @@ Trace run_traced(const std::string& path, model::BackendKind kind, const std::ve
   auto m = model::Model::load(path, lo);
   EXPECT_TRUE(m.is_ok()) << m.status().message();
   if (!m.is_ok()) return tr;
-  std::vector<float> logits(size_t((*m)->n_vocab()));
+  std::vector<float> logits(static_cast<size_t>((*m)->n_vocab()));
   EXPECT_TRUE((*m)->eval(prefix, logits).is_ok());
   const int32_t one[] = {next};
   EXPECT_TRUE((*m)->eval(one, logits).is_ok());
@@ -89,7 +90,7 @@ Trace run_traced(const std::string& path, model::BackendKind kind, const std::ve
 
 std::vector<int32_t> prompt_ids(int n, int vocab, uint64_t salt) {
   std::mt19937_64 rng(test_seed() ^ salt);
-  std::vector<int32_t> ids(size_t(n));
+  std::vector<int32_t> ids(static_cast<size_t>(n));
   for (auto& t : ids) t = int32_t(rng() % uint64_t(vocab));
   return ids;
 }
@@ -97,7 +98,7 @@ std::vector<int32_t> prompt_ids(int n, int vocab, uint64_t salt) {
 int argmax(const float* v, int n) { return int(std::max_element(v, v + n) - v); }
 
 // Hidden states per layer (prefill 37 tokens, then one decode token), then greedy continuation.
-void check_parity(const std::string& path, double prefill_tol, int n_gen) {
+void check_parity(const std::string& path, double tol, int n_gen) {
   int n_vocab = 0, n_layer = 0;
   int64_t n_embd = 0;
   {
@@ -122,17 +123,17 @@ void check_parity(const std::string& path, double prefill_tol, int n_gen) {
     ASSERT_EQ(b.size(), a.size());
     const double e = normalized_error(b.data(), a.data(), a.size());
     worst_prefill = std::max(worst_prefill, e);
-    EXPECT_LE(e, prefill_tol) << "prefill, layer " << l;
+    EXPECT_LE(e, tol) << "prefill, layer " << l;
     const auto& c = cpu.layers[size_t(n_layer + l)];
     const auto& d = gpu.layers[size_t(n_layer + l)];
     ASSERT_EQ(c.size(), size_t(n_embd));
     const double e2 = normalized_error(d.data(), c.data(), c.size());
     worst_decode = std::max(worst_decode, e2);
-    // Decode inherits the prefill's KV-cache differences, so its bound is the prefill's.
-    EXPECT_LE(e2, prefill_tol) << "decode, layer " << l;
+    // Decode inherits the prefill's KV-cache differences: same bound.
+    EXPECT_LE(e2, tol) << "decode, layer " << l;
   }
   const double le = normalized_error(gpu.logits.data(), cpu.logits.data(), cpu.logits.size());
-  EXPECT_LE(le, prefill_tol) << "logits";
+  EXPECT_LE(le, tol) << "logits";
   const bool top1 = argmax(gpu.logits.data(), n_vocab) == argmax(cpu.logits.data(), n_vocab);
   std::printf("  hidden: worst prefill %.2e, decode %.2e; logits %.2e, top-1 %s\n", worst_prefill, worst_decode, le,
               top1 ? "agrees" : "differs");
@@ -143,7 +144,7 @@ void check_parity(const std::string& path, double prefill_tol, int n_gen) {
   lg.n_ctx = 512;
   auto g = model::Model::load(path, lg);
   ASSERT_TRUE(g.is_ok()) << g.status().message();
-  std::vector<float> logits(size_t(n_vocab));
+  std::vector<float> logits(static_cast<size_t>(n_vocab));
   ASSERT_TRUE((*g)->eval(prefix, logits).is_ok());
   std::vector<int32_t> seq = prefix;
   for (int i = 0; i < n_gen; ++i) {
@@ -168,14 +169,14 @@ void check_parity(const std::string& path, double prefill_tol, int n_gen) {
       ++agree;
       continue;
     }
-    // Near-tie: the GPU's pick scores within 2% of the logit spread of the CPU's best.
+    // Near-tie: the GPU's pick scores within 3% of the logit spread of the CPU's best.
     const auto [lo, hi] = std::minmax_element(row, row + n_vocab);
     const double gap = double(row[want] - row[seq[p + 1]]) / double(*hi - *lo);
     worst_gap = std::max(worst_gap, gap);
-    EXPECT_LE(gap, 0.02) << "position " << p << ": GPU chose " << seq[p + 1] << ", CPU " << want;
+    EXPECT_LE(gap, 0.03) << "position " << p << ": GPU chose " << seq[p + 1] << ", CPU " << want;
   }
   std::printf("  greedy: %d/%d positions agree; worst relative gap at a disagreement %.3f\n", agree, n_gen, worst_gap);
-  EXPECT_GE(agree, n_gen * 9 / 10);
+  EXPECT_GE(agree, n_gen * 8 / 10);
 }
 
 const std::vector<Case>& cases() {
@@ -203,8 +204,10 @@ class ModelParity : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ModelParity, HiddenStatesLogitsAndGreedyMatchCpu) {
   SLUICE_SKIP_WITHOUT_GPU();
-  const std::string path = synth_model(GetParam());
-  check_parity(path, 3e-2, 32);
+  const Case& c = GetParam();
+  const std::string path = synth_model(c);
+  const bool float_format = c.mix == "f16" || c.mix == "f32" || c.mix == "bf16";
+  check_parity(path, float_format ? 1e-2 : 8e-2, 32);
   std::filesystem::remove(path);
 }
 

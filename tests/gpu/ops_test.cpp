@@ -579,5 +579,54 @@ TEST(OpsArgs, BadArgumentsReturnStatus) {
   }
 }
 
+// The fused decode ops must equal the separate ones bit for bit: rms_norm (or swiglu) followed by
+// quantize_activation_q8 on its output.
+void expect_same_q8(const cu::Q8Activation& a, const cu::Q8Activation& b, int64_t cols, int rows) {
+  std::vector<int8_t> qa(size_t(cols * rows)), qb(qa.size());
+  std::vector<float> da(size_t(cols / 32 * rows * 2)), db(da.size());
+  GPU_CHECK(cudaMemcpy(qa.data(), a.q, qa.size(), cudaMemcpyDeviceToHost));
+  GPU_CHECK(cudaMemcpy(qb.data(), b.q, qb.size(), cudaMemcpyDeviceToHost));
+  GPU_CHECK(cudaMemcpy(da.data(), a.ds, da.size() * 4, cudaMemcpyDeviceToHost));
+  GPU_CHECK(cudaMemcpy(db.data(), b.ds, db.size() * 4, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(qa, qb);
+  EXPECT_EQ(0, std::memcmp(da.data(), db.data(), da.size() * 4));
+}
+
+TEST(FusedDecodeOps, NormAndSwigluWithQ8EqualSeparateOps) {
+  SLUICE_SKIP_WITHOUT_GPU();
+  for (const int rows : {1, 3, 8}) {
+    for (const int64_t cols : {int64_t(576), int64_t(4096), int64_t(14336)}) {
+      const auto x = random_floats(size_t(rows * cols), 2.0f, 71);
+      const auto u = random_floats(size_t(rows * cols), 1.0f, 72);
+      const auto w = random_floats(size_t(cols), 0.5f, 73);
+      DeviceBuffer dx(x.size() * 4), du(u.size() * 4), dw(w.size() * 4), y1(x.size() * 4), y2(x.size() * 4);
+      dx.upload(x.data(), x.size() * 4);
+      du.upload(u.data(), u.size() * 4);
+      dw.upload(w.data(), w.size() * 4);
+      const int64_t qb = cu::q8_activation_bytes(cols, rows);
+      DeviceBuffer b1(static_cast<size_t>(qb)), b2(static_cast<size_t>(qb));
+      const auto q1 = cu::q8_activation_view(b1.get(), cols, rows), q2 = cu::q8_activation_view(b2.get(), cols, rows);
+      // norm
+      ASSERT_TRUE(cu::rms_norm_q8(dx.get<float>(), cols, y1.get<float>(), cols, rows, cols, dw.get<float>(), 1e-5f, q1,
+                                  nullptr).is_ok());
+      ASSERT_TRUE(cu::rms_norm(dx.get<float>(), cols, y2.get<float>(), cols, rows, cols, dw.get<float>(), cols, 1e-5f,
+                               nullptr).is_ok());
+      ASSERT_TRUE(cu::quantize_activation_q8(y2.get<float>(), q2, nullptr).is_ok());
+      GPU_CHECK(cudaDeviceSynchronize());
+      EXPECT_EQ(download_f32(y1, x.size()), download_f32(y2, x.size())) << "norm rows " << rows << " cols " << cols;
+      expect_same_q8(q1, q2, cols, rows);
+      // swiglu
+      ASSERT_TRUE(cu::swiglu_q8(dx.get<float>(), cols, du.get<float>(), cols, y1.get<float>(), cols, rows, cols, q1,
+                                nullptr).is_ok());
+      ASSERT_TRUE(cu::swiglu(dx.get<float>(), cols, du.get<float>(), cols, y2.get<float>(), cols, rows, cols, nullptr)
+                      .is_ok());
+      ASSERT_TRUE(cu::quantize_activation_q8(y2.get<float>(), q2, nullptr).is_ok());
+      GPU_CHECK(cudaDeviceSynchronize());
+      EXPECT_EQ(download_f32(y1, x.size()), download_f32(y2, x.size())) << "swiglu rows " << rows << " cols " << cols;
+      expect_same_q8(q1, q2, cols, rows);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace sluice::test::gpu

@@ -115,6 +115,7 @@ class CudaBackend final : public Backend {
   }
 
   void upload(const Tensor& dst, const float* src) override {
+    invalidate_q8();
     SLUICE_CHECK(dst.dtype == DType::kF32, "upload: f32 tensors only");
     SLUICE_CUDA_CHECK(cudaMemcpy2DAsync(dst.data, size_t(dst.stride) * 4, src, size_t(dst.cols) * 4,
                                         size_t(dst.cols) * 4, size_t(dst.rows), cudaMemcpyHostToDevice, stream_));
@@ -207,13 +208,14 @@ class CudaBackend final : public Backend {
   }
 
   void get_rows(const WeightView& table, std::span<const int32_t> ids, const Tensor& dst) override {
+    invalidate_q8();
     SLUICE_CHECK(dst.dtype == DType::kF32 && dst.cols == table.ne0 && dst.rows == int64_t(ids.size()),
                  "get_rows: shape mismatch");
     const int64_t n = int64_t(ids.size());
     const int64_t bytes = n * table.ne0 * 4;
     if (bytes > staging_bytes_) {
-      // Outside steps only in practice: prefill (the larger batch) comes before any decode step.
-      SLUICE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      // Inside a step the stream is idle (begin_step waited) and cannot be synchronized.
+      if (!capturing_) SLUICE_CUDA_CHECK(cudaStreamSynchronize(stream_));
       if (staging_) SLUICE_CUDA_CHECK(cudaFreeHost(staging_));
       staging_ = nullptr;
       SLUICE_CUDA_CHECK(cudaHostAlloc(&staging_, size_t(bytes), cudaHostAllocDefault));
@@ -253,36 +255,60 @@ class CudaBackend final : public Backend {
     } else {
       gemm_all(ws, x, ys);
     }
+    for (const Tensor& y : ys) {
+      if (y.data == q8_of_) invalidate_q8();
+    }
   }
 
   void rms_norm(const Tensor& x, const WeightView& w, float eps, const Tensor& dst) override {
     SLUICE_CHECK(w.type == quant::Type::kF32 && w.ne0 > 0 && x.cols % w.ne0 == 0 && dst.cols == x.cols &&
                      dst.rows == x.rows,
                  "rms_norm: shape mismatch");
-    must(cuda::rms_norm(f32(x), x.stride, f32(dst), dst.stride, x.rows, x.cols, static_cast<const float*>(w.data),
-                        w.ne0, eps, stream_),
+    invalidate_q8();
+    const float* wf = static_cast<const float*>(w.data);
+    if (x.rows <= kMaxGemvTokens && w.ne0 == x.cols && x.cols % 32 == 0 && dst.stride == dst.cols) {
+      // Decode: the norm's output feeds matrix products only; make their int8 activation here.
+      const Q8Activation q8 = q8_view(x.cols, int(x.rows));
+      must(rms_norm_q8(f32(x), x.stride, f32(dst), dst.stride, x.rows, x.cols, wf, eps, q8, stream_), "rms_norm_q8");
+      set_q8(dst);
+      return;
+    }
+    must(cuda::rms_norm(f32(x), x.stride, f32(dst), dst.stride, x.rows, x.cols, wf, w.ne0, eps, stream_),
          "rms_norm");
   }
 
   void add_bias(const Tensor& y, const WeightView& b) override {
     SLUICE_CHECK(b.type == quant::Type::kF32 && b.ne0 == y.cols, "add_bias: shape mismatch");
+    invalidate_q8();
     must(cuda::add_bias(f32(y), y.stride, y.rows, y.cols, static_cast<const float*>(b.data), stream_), "add_bias");
   }
 
   void add(const Tensor& dst, const Tensor& src) override {
     SLUICE_CHECK(dst.cols == src.cols && dst.rows == src.rows, "add: shape mismatch");
+    invalidate_q8();
     must(cuda::add(f32(dst), dst.stride, f32(src), src.stride, dst.rows, dst.cols, stream_), "add");
   }
 
   void swiglu(const Tensor& gate, const Tensor& up, const Tensor& dst) override {
     SLUICE_CHECK(gate.cols == up.cols && gate.cols == dst.cols && gate.rows == up.rows && gate.rows == dst.rows,
                  "swiglu: shape mismatch");
+    invalidate_q8();
+    if (dst.rows <= kMaxGemvTokens && dst.cols % 32 == 0 && dst.stride == dst.cols) {
+      // Decode: the product feeds the down projection; make its int8 activation here.
+      const Q8Activation q8 = q8_view(dst.cols, int(dst.rows));
+      must(swiglu_q8(f32(gate), gate.stride, f32(up), up.stride, f32(dst), dst.stride, dst.rows, dst.cols, q8,
+                     stream_),
+           "swiglu_q8");
+      set_q8(dst);
+      return;
+    }
     must(cuda::swiglu(f32(gate), gate.stride, f32(up), up.stride, f32(dst), dst.stride, dst.rows, dst.cols, stream_),
          "swiglu");
   }
 
   void rope(const Tensor& x, const RopeParams& p, int pos0) override {
     SLUICE_CHECK(int64_t(p.n_head) * p.head_dim == x.cols, "rope: n_head * head_dim != cols");
+    invalidate_q8();
     RopeArgs a;
     a.neox = p.mode == RopeMode::kNeox;
     a.n_head = p.n_head;
@@ -305,6 +331,7 @@ class CudaBackend final : public Backend {
   void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out,
                  const AttentionParams& p) override {
     SLUICE_CHECK(k_cache.dtype == DType::kF16 && v_cache.dtype == DType::kF16, "attention: caches must be f16");
+    invalidate_q8();
     SLUICE_CHECK(p.pos0 + q.rows <= k_cache.rows, "attention: positions beyond the cache");
     AttentionArgs a;
     a.q = f32(q);
@@ -364,6 +391,23 @@ class CudaBackend final : public Backend {
     return p;
   }
 
+  // The int8 activation in q8_ and the tensor it was made from: the fused decode ops (norm, swiglu)
+  // and the first matmul of a tensor make it, later matmuls of the same tensor reuse it. Every
+  // op that writes a tensor invalidates it (the ops know nothing of which tensor they overwrite
+  // beyond their own outputs, so the simple rule: any op but a matmul).
+  Q8Activation q8_view(int64_t cols, int rows) {
+    return q8_activation_view(grow(q8_, q8_activation_bytes(cols, rows)), cols, rows);
+  }
+  void set_q8(const Tensor& t) {
+    q8_of_ = t.data;
+    q8_rows_ = t.rows;
+    q8_cols_ = t.cols;
+  }
+  void invalidate_q8() { q8_of_ = nullptr; }
+  bool q8_valid_for(const Tensor& t) const {
+    return q8_of_ != nullptr && q8_of_ == t.data && q8_rows_ == t.rows && q8_cols_ == t.cols;
+  }
+
   // Scratch of at least `bytes`, grown (never shrunk) as calls need; see Scratch.
   void* grow(Scratch& s, int64_t bytes) {
     if (bytes <= s.bytes) return s.ptr;
@@ -383,9 +427,13 @@ class CudaBackend final : public Backend {
     Q8Activation xq;
     if (need_q8 && dense) {
       SLUICE_CHECK(x.cols % 32 == 0, "matmul: quantized weights need cols % 32 == 0");
-      void* buf = grow(q8_, q8_activation_bytes(x.cols, int(x.rows)));
-      xq = q8_activation_view(buf, x.cols, int(x.rows));
-      must(quantize_activation_q8(f32(x), xq, stream_), "quantize_activation_q8");
+      if (q8_valid_for(x)) {
+        xq = q8_activation_view(q8_.ptr, x.cols, int(x.rows));  // made by the op that wrote x
+      } else {
+        xq = q8_view(x.cols, int(x.rows));
+        must(quantize_activation_q8(f32(x), xq, stream_), "quantize_activation_q8");
+        set_q8(x);
+      }
     }
     for (size_t i = 0; i < ws.size(); ++i) {
       const WeightView& w = ws[i];
@@ -416,8 +464,8 @@ class CudaBackend final : public Backend {
         a.tokens = 1;
         a.x = f32(xt);
         if (gemv_needs_q8(w.type)) {
-          void* buf = grow(q8_, q8_activation_bytes(x.cols, 1));
-          a.xq = q8_activation_view(buf, x.cols, 1);
+          invalidate_q8();
+          a.xq = q8_view(x.cols, 1);
           must(quantize_activation_q8(f32(xt), a.xq, stream_), "quantize_activation_q8");
         }
         a.y = f32(yt);
@@ -458,6 +506,8 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   std::vector<void*> device_allocs_;  // every cudaMalloc, freed at destruction
   Scratch q8_, x_f16_, w_f16_, attn_ws_;
+  const void* q8_of_ = nullptr;  // see q8_view
+  int64_t q8_rows_ = 0, q8_cols_ = 0;
   void* staging_ = nullptr;  // pinned host rows for get_rows
   int64_t staging_bytes_ = 0;
   cudaEvent_t staging_free_ = nullptr;

@@ -214,32 +214,73 @@ __global__ void __launch_bounds__(kThreads) rms_norm_warp_kernel(NormArgs a) {
   }
 }
 
-// Whole-row norms (group = n_embd, 576..8192): one block per group, so a single decode row is
-// spread over 8 warps instead of one.
-__global__ void __launch_bounds__(kThreads) rms_norm_block_kernel(NormArgs a) {
-  constexpr int kWarps = kThreads / kWarpSize;
-  __shared__ double partial[kWarps];
-  __shared__ float shared_scale;
+// Whole-row norms (group = n_embd, 576..8192): one block of 1024 threads per group, so a single
+// decode row is spread over 32 warps and each thread issues its few loads back to back (with 256
+// threads a 4096-row norm was a chain of 16 dependent-latency loads per thread: ~11 us).
+constexpr int kNormThreads = 1024;
+
+// Sum of squares of one group over the whole block (double, as the CPU); every thread gets it.
+__device__ __forceinline__ double block_sum_squares(const float* xr, int group, double* partial) {
+  constexpr int kWarps = kNormThreads / kWarpSize;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  double sum = 0;
+#pragma unroll 4
+  for (int i = threadIdx.x; i < group; i += kNormThreads) sum += double(__fmul_rn(xr[i], xr[i]));
+  sum = warp_sum_double(sum);
+  if (lane == 0) partial[warp] = sum;
+  __syncthreads();
+  double s = lane < kWarps ? partial[lane] : 0.0;
+  s = warp_sum_double(s);
+  __syncthreads();  // partial is reused by the next item; every thread has read its x
+  return s;
+}
+
+__global__ void __launch_bounds__(kNormThreads) rms_norm_block_kernel(NormArgs a) {
+  __shared__ double partial[kNormThreads / kWarpSize];
   for (int64_t item = blockIdx.x; item < a.items; item += gridDim.x) {
     const float* xr = a.src_of(item);
     float* yr = a.dst_of(item);
-    double sum = 0;
-    for (int i = threadIdx.x; i < a.group; i += kThreads) sum += double(__fmul_rn(xr[i], xr[i]));
-    sum = warp_sum_double(sum);
-    if (lane == 0) partial[warp] = sum;
-    __syncthreads();
-    if (warp == 0) {
-      double s = lane < kWarps ? partial[lane] : 0.0;
-      s = warp_sum_double(s);
-      if (lane == 0) shared_scale = rms_scale(s, a.group, a.eps);
-    }
-    __syncthreads();  // also: every thread has read its x before anyone writes (in-place safe)
-    const float scale = shared_scale;
-    for (int i = threadIdx.x; i < a.group; i += kThreads) yr[i] = __fmul_rn(__fmul_rn(xr[i], scale), a.w[i]);
-    __syncthreads();  // partial and shared_scale are reused by the next item
+    const float scale = rms_scale(block_sum_squares(xr, a.group, partial), a.group, a.eps);
+#pragma unroll 4
+    for (int i = threadIdx.x; i < a.group; i += kNormThreads) yr[i] = __fmul_rn(__fmul_rn(xr[i], scale), a.w[i]);
   }
 }
+
+// The int8 activation of 32 consecutive values held one per lane, exactly as gemv.cu's
+// quantize_q8_kernel makes it (d = max|v| / 127, q = rne(v * 127 / max|v|), (d, d * sum q)).
+__device__ __forceinline__ void q8_block(float v, int8_t* q, float2* ds) {
+  const int lane = threadIdx.x % kWarpSize;
+  const float amax = warp_max(fabsf(v));
+  const float d = __fdiv_rn(amax, 127.0f);
+  const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
+  const int qi = __float2int_rn(__fmul_rn(v, id));
+  q[lane] = int8_t(qi);
+  const int sum = warp_sum_int(qi);
+  if (lane == 0) *ds = make_float2(d, __fmul_rn(d, float(sum)));
+}
+
+// rms_norm of whole rows that also writes the rows' int8 activation (decode: the norm's output
+// only feeds matrix products). group == cols, cols % 32 == 0, rows dense in the activation.
+__global__ void __launch_bounds__(kNormThreads) rms_norm_q8_kernel(NormArgs a, int8_t* q, float2* ds) {
+  __shared__ double partial[kNormThreads / kWarpSize];
+  for (int64_t item = blockIdx.x; item < a.items; item += gridDim.x) {
+    const float* xr = a.src_of(item);
+    float* yr = a.dst_of(item);
+    const float scale = rms_scale(block_sum_squares(xr, a.group, partial), a.group, a.eps);
+    // Warps cover 32 consecutive elements per step: one q8 block each.
+    for (int i = threadIdx.x; i < a.group; i += kNormThreads) {
+      const float y = __fmul_rn(__fmul_rn(xr[i], scale), a.w[i]);
+      yr[i] = y;
+      const int64_t e = item * a.group + i;  // element index in the dense activation
+      q8_block(y, q + (e - threadIdx.x % kWarpSize), ds + e / 32);
+    }
+  }
+}
+
+// dst = silu(gate) * up (as SwigluOp) and its int8 activation; rows dense, cols % 32 == 0.
+__global__ void __launch_bounds__(kThreads) swiglu_q8_kernel(const float* gate, int64_t gate_stride, const float* up,
+                                                             int64_t up_stride, float* dst, int64_t dst_stride,
+                                                             int64_t rows, int64_t cols, int8_t* q, float2* ds);
 
 // ---- rope -----------------------------------------------------------------------------------------------
 // Angles exactly as the CPU computes them: theta_i = pos * ts^i built by i successive f32
@@ -263,7 +304,7 @@ struct RopeKernelArgs {
   int64_t pos0;
 };
 
-constexpr int kRopeThreads = 128;
+constexpr int kRopeThreads = 512;  // a decode row: 2048 pairs in 4 steps per thread
 
 __global__ void __launch_bounds__(kRopeThreads) rope_kernel(RopeKernelArgs a) {
   extern __shared__ float table[];  // cos [half], then sin [half]
@@ -296,7 +337,56 @@ __global__ void __launch_bounds__(kRopeThreads) rope_kernel(RopeKernelArgs a) {
   }
 }
 
+__global__ void __launch_bounds__(kThreads) swiglu_q8_kernel(const float* gate, int64_t gate_stride, const float* up,
+                                                             int64_t up_stride, float* dst, int64_t dst_stride,
+                                                             int64_t rows, int64_t cols, int8_t* q, float2* ds) {
+  const int64_t n = rows * cols;
+  const int64_t step = int64_t(gridDim.x) * kThreads;
+  // n % 32 == 0 and the stride is a multiple of 32, so whole warps stay in one q8 block.
+  for (int64_t e = int64_t(blockIdx.x) * kThreads + threadIdx.x; e < n; e += step) {
+    const int64_t r = e / cols, c = e % cols;
+    const float g = gate[r * gate_stride + c];
+    const float y = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), up[r * up_stride + c]);
+    dst[r * dst_stride + c] = y;
+    q8_block(y, q + (e - threadIdx.x % kWarpSize), ds + e / 32);
+  }
+}
+
 }  // namespace
+
+Status rms_norm_q8(const float* x, int64_t x_stride, float* dst, int64_t dst_stride, int64_t rows, int64_t cols,
+                   const float* w, float eps, const Q8Activation& out, cudaStream_t stream) {
+  SLUICE_RETURN_IF_ERROR(check_rows("rms_norm_q8", rows, cols));
+  if (cols % 32 != 0 || out.cols != cols || out.tokens != rows || !out.q || !out.ds) {
+    return invalid_argument("rms_norm_q8: the activation must be [rows][cols] with cols % 32 == 0");
+  }
+  if (rows == 0) return Status::ok();
+  SLUICE_RETURN_IF_ERROR(check_stride("rms_norm_q8", "x", x, x_stride, cols));
+  SLUICE_RETURN_IF_ERROR(check_stride("rms_norm_q8", "dst", dst, dst_stride, cols));
+  if (w == nullptr) return invalid_argument("rms_norm_q8: w is null");
+  NormArgs a{x, x_stride, dst, dst_stride, rows, 1, int(cols), w, eps};
+  rms_norm_q8_kernel<<<unsigned(std::min(rows, kMaxGridX)), kNormThreads, 0, stream>>>(a, out.q, out.ds);
+  SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("rms_norm_q8_kernel");
+  return Status::ok();
+}
+
+Status swiglu_q8(const float* gate, int64_t gate_stride, const float* up, int64_t up_stride, float* dst,
+                 int64_t dst_stride, int64_t rows, int64_t cols, const Q8Activation& out, cudaStream_t stream) {
+  SLUICE_RETURN_IF_ERROR(check_rows("swiglu_q8", rows, cols));
+  if (cols % 32 != 0 || out.cols != cols || out.tokens != rows || !out.q || !out.ds) {
+    return invalid_argument("swiglu_q8: the activation must be [rows][cols] with cols % 32 == 0");
+  }
+  if (rows == 0) return Status::ok();
+  SLUICE_RETURN_IF_ERROR(check_stride("swiglu_q8", "gate", gate, gate_stride, cols));
+  SLUICE_RETURN_IF_ERROR(check_stride("swiglu_q8", "up", up, up_stride, cols));
+  SLUICE_RETURN_IF_ERROR(check_stride("swiglu_q8", "dst", dst, dst_stride, cols));
+  const int64_t n = rows * cols;
+  const int64_t blocks = std::min((n + kThreads - 1) / kThreads, kMaxGridX);
+  swiglu_q8_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(gate, gate_stride, up, up_stride, dst, dst_stride,
+                                                               rows, cols, out.q, out.ds);
+  SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("swiglu_q8_kernel");
+  return Status::ok();
+}
 
 Status rms_norm(const float* x, int64_t x_stride, float* dst, int64_t dst_stride, int64_t rows, int64_t cols,
                 const float* w, int64_t group, float eps, cudaStream_t stream) {
@@ -318,7 +408,7 @@ Status rms_norm(const float* x, int64_t x_stride, float* dst, int64_t dst_stride
     SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("rms_norm_warp_kernel");
   } else {
     const int64_t blocks = std::min(a.items, kMaxGridX * 4);
-    rms_norm_block_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(a);
+    rms_norm_block_kernel<<<unsigned(blocks), kNormThreads, 0, stream>>>(a);
     SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("rms_norm_block_kernel");
   }
   return Status::ok();

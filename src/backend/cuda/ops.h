@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/gemv.h"
 #include "core/status.h"
 #include "quant/quant.h"
 
@@ -22,6 +23,16 @@ namespace sluice::backend::cuda {
 // layer norm, head_dim for Q/K norms; cols % group == 0). w: `group` floats. dst may alias x.
 Status rms_norm(const float* x, int64_t x_stride, float* dst, int64_t dst_stride, int64_t rows, int64_t cols,
                 const float* w, int64_t group, float eps, cudaStream_t stream);
+
+// rms_norm of whole rows (group == cols) that also writes the int8 activation of dst into `out`
+// ([rows][cols], as quantize_activation_q8 would make it from dst): one launch instead of two on
+// the decode path, where a norm's output only feeds matrix products. cols % 32 == 0.
+Status rms_norm_q8(const float* x, int64_t x_stride, float* dst, int64_t dst_stride, int64_t rows, int64_t cols,
+                   const float* w, float eps, const Q8Activation& out, cudaStream_t stream);
+
+// swiglu (below) that also writes dst's int8 activation into `out` (the down projection's input).
+Status swiglu_q8(const float* gate, int64_t gate_stride, const float* up, int64_t up_stride, float* dst,
+                 int64_t dst_stride, int64_t rows, int64_t cols, const Q8Activation& out, cudaStream_t stream);
 
 // y[r][c] += b[c].
 Status add_bias(float* y, int64_t stride, int64_t rows, int64_t cols, const float* b, cudaStream_t stream);
