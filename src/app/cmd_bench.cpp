@@ -3,7 +3,9 @@
 // evals from an empty cache. Tokens are fixed pseudo-random ids (speed does not depend on
 // them). Each test runs once unmeasured (warm-up: page cache, allocations), then -r times.
 // tg also reports weight GB/s: weight bytes read per decoded token x tok/s, the number to hold
-// against the memory (or link) bandwidth.
+// against the memory (or link) bandwidth. On the CUDA backend the device's copy bandwidth is
+// measured once per run and tg rows give the ratio to it (the roofline of a weight-bound decode);
+// on the CPU the bound column stays empty. --ram-budget benchmarks the streamed model.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -14,6 +16,7 @@
 
 #include "app/commands.h"
 #include "app/common.h"
+#include "backend/backend.h"
 
 namespace sluice::app {
 namespace {
@@ -24,6 +27,7 @@ struct BenchResult {
   std::vector<double> tok_s;  // one per repetition
   double mean = 0, stdev = 0, median = 0;
   double weight_gb_s = 0;     // tg only: mean tok/s x bytes per token
+  double bound_ratio = 0;     // tg on CUDA: weight_gb_s / device copy GB/s; 0: not measured
 };
 
 void finish(BenchResult& r) {
@@ -96,7 +100,10 @@ int cmd_bench(int argc, char** argv) {
   app.add_flag("--csv", csv, "CSV output")->excludes(json_flag);
   ModelFlags mf;
   add_backend_flags(app, mf);
+  StreamFlags stf;
+  add_stream_flags(app, stf);
   if (auto rc = parse_flags(app, argc, argv)) return *rc;
+  if (auto st = resolve_stream_flags(stf); !st.is_ok()) return report_error("bench", st.status());
   if (n_prompt == 0 && n_gen == 0) return report_error("bench", invalid_argument("-p and -n are both 0: nothing to run"));
 
   auto meta = open_model_meta(model_path);
@@ -105,10 +112,26 @@ int cmd_bench(int argc, char** argv) {
   mf.model_path = model_path;
   mf.n_ctx = std::max(n_prompt, n_gen);
   mf.n_threads = n_threads;
-  double load_s = 0;
-  auto model = load_weights(mf, load_s);
-  if (!model.is_ok()) return report_error("bench", model.status());
-  model::Model& m = **model;
+  if (stf.show_plan) {
+    if (Status st = print_plan(mf, stf, *meta->file); !st.is_ok()) return report_error("bench", st);
+    return kExitOk;
+  }
+  auto loaded = load_model(mf, stf);
+  if (!loaded.is_ok()) return report_error("bench", loaded.status());
+  model::Model& m = *loaded->model;
+  const double load_s = loaded->load_s;
+  const std::string backend = m.backend_name();
+  // The roofline of a decode that reads every weight once: device-to-device copy bandwidth
+  // (bytes read + written), measured once. A failure only leaves the bound empty.
+  double bound_gb_s = 0;
+  if (backend == "cuda") {
+    auto bw = backend::cuda_copy_bandwidth(0);
+    if (bw.is_ok()) {
+      bound_gb_s = *bw / 1e9;
+    } else {
+      std::fprintf(stderr, "bench: copy bandwidth not measured: %s\n", bw.status().message().c_str());
+    }
+  }
   if (m.n_ctx() < mf.n_ctx) {
     return report_error("bench", invalid_argument("the model's context holds " + std::to_string(m.n_ctx()) +
                                                   " tokens; -p/-n need " + std::to_string(mf.n_ctx)));
@@ -132,15 +155,16 @@ int cmd_bench(int argc, char** argv) {
       r.tok_s.push_back(double(n) / s);
     }
     finish(r);
-    if (std::string(kind) == "tg") r.weight_gb_s = r.mean * double(m.weight_bytes_per_token()) / 1e9;
+    if (std::string(kind) == "tg") {
+      r.weight_gb_s = r.mean * double(m.weight_bytes_per_token()) / 1e9;
+      if (bound_gb_s > 0) r.bound_ratio = r.weight_gb_s / bound_gb_s;
+    }
     results.push_back(r);
     return Status::ok();
   };
   if (Status st = run("pp", n_prompt, time_prefill); !st.is_ok()) return report_error("bench", st);
   if (Status st = run("tg", n_gen, time_decode); !st.is_ok()) return report_error("bench", st);
 
-  // The model interface does not say where it runs yet; every loaded model runs on the CPU.
-  const std::string backend = "CPU";
   const int threads = n_threads;  // 0: model/ chose (all physical cores)
   const std::string threads_str = n_threads > 0 ? std::to_string(n_threads) : "auto";
   if (json) {
@@ -151,38 +175,58 @@ int cmd_bench(int argc, char** argv) {
                      {"test", r.test}, {"n_tokens", r.n_tokens}, {"samples_ts", r.tok_s}, {"avg_ts", r.mean},
                      {"stddev_ts", r.stdev}, {"median_ts", r.median},
                      {"weight_bytes_per_token", m.weight_bytes_per_token()}, {"weight_gb_s", r.weight_gb_s},
+                     {"bound_gb_s", bound_gb_s > 0 ? nlohmann::json(bound_gb_s) : nlohmann::json(nullptr)},
+                     {"bound_ratio", r.bound_ratio > 0 ? nlohmann::json(r.bound_ratio) : nlohmann::json(nullptr)},
                      {"load_s", load_s}});
     }
     std::printf("%s\n", out.dump(1).c_str());
   } else if (csv) {
-    std::printf("model,size_bytes,params,backend,threads,test,avg_ts,stddev_ts,median_ts,weight_gb_s\n");
+    // Empty fields where there is no bound (CPU) or no ratio (pp rows), as in the JSON's nulls.
+    std::printf("model,size_bytes,params,backend,threads,test,avg_ts,stddev_ts,median_ts,weight_gb_s,bound_gb_s,"
+                "bound_ratio\n");
     for (const auto& r : results) {
-      std::printf("\"%s\",%llu,%llu,%s,%d,%s,%.3f,%.3f,%.3f,%.3f\n", summary.description.c_str(),
+      char bound[32] = "", ratio[32] = "";
+      if (bound_gb_s > 0) std::snprintf(bound, sizeof bound, "%.3f", bound_gb_s);
+      if (r.bound_ratio > 0) std::snprintf(ratio, sizeof ratio, "%.4f", r.bound_ratio);
+      std::printf("\"%s\",%llu,%llu,%s,%d,%s,%.3f,%.3f,%.3f,%.3f,%s,%s\n", summary.description.c_str(),
                   static_cast<unsigned long long>(summary.n_bytes), static_cast<unsigned long long>(summary.n_params),
-                  backend.c_str(), threads, r.test.c_str(), r.mean, r.stdev, r.median, r.weight_gb_s);
+                  backend.c_str(), threads, r.test.c_str(), r.mean, r.stdev, r.median, r.weight_gb_s, bound, ratio);
     }
   } else {
-    std::printf("| %-24s | %10s | %10s | %-7s | %7s | %6s | %19s | %10s | %11s |\n", "model", "size", "params",
-                "backend", "threads", "test", "t/s", "median t/s", "weight GB/s");
-    std::printf("| %s | %s: | %s: | %s | %s: | %s: | %s: | %s: | %s: |\n", std::string(24, '-').c_str(),
+    std::printf("| %-24s | %10s | %10s | %-7s | %7s | %6s | %19s | %10s | %11s | %10s |\n", "model", "size", "params",
+                "backend", "threads", "test", "t/s", "median t/s", "weight GB/s", "% of bound");
+    std::printf("| %s | %s: | %s: | %s | %s: | %s: | %s: | %s: | %s: | %s: |\n", std::string(24, '-').c_str(),
                 std::string(9, '-').c_str(), std::string(9, '-').c_str(), std::string(7, '-').c_str(),
                 std::string(6, '-').c_str(), std::string(5, '-').c_str(), std::string(17, '-').c_str(),
-                std::string(9, '-').c_str(), std::string(10, '-').c_str());
+                std::string(9, '-').c_str(), std::string(10, '-').c_str(), std::string(9, '-').c_str());
     for (const auto& r : results) {
-      char ts[64], gbs[32];
+      char ts[64], gbs[32], pct[32] = "-";
+      if (r.bound_ratio > 0) std::snprintf(pct, sizeof pct, "%.1f%%", 100.0 * r.bound_ratio);
       std::snprintf(ts, sizeof ts, "%.2f ± %.2f", r.mean, r.stdev);
       if (r.weight_gb_s > 0) {
         std::snprintf(gbs, sizeof gbs, "%.2f", r.weight_gb_s);
       } else {
         std::snprintf(gbs, sizeof gbs, "-");
       }
-      std::printf("| %-24s | %10s | %10s | %-7s | %7s | %6s | %19s | %10.2f | %11s |\n", summary.description.c_str(),
-                  format_size(summary.n_bytes).c_str(), format_params(summary.n_params).c_str(), backend.c_str(),
-                  threads_str.c_str(), r.test.c_str(), ts, r.median, gbs);
+      std::printf("| %-24s | %10s | %10s | %-7s | %7s | %6s | %19s | %10.2f | %11s | %10s |\n",
+                  summary.description.c_str(), format_size(summary.n_bytes).c_str(),
+                  format_params(summary.n_params).c_str(), backend.c_str(), threads_str.c_str(), r.test.c_str(), ts,
+                  r.median, gbs, pct);
     }
+    if (bound_gb_s > 0) std::printf("bound: device copy bandwidth %.1f GB/s (read + write)\n", bound_gb_s);
   }
   std::fprintf(stderr, "load %.3f s; weights read per decoded token: %.1f MB\n", load_s,
                double(m.weight_bytes_per_token()) / 1e6);
+  // bench's decode timings are its own; the streamer's counters cover every repetition.
+  decode::Timings all;
+  for (const auto& r : results) {
+    if (r.test.rfind("tg", 0) == 0) {
+      all.n_decode = r.n_tokens * (reps + 1);
+      for (double v : r.tok_s) all.decode_s += double(r.n_tokens) / v;
+      all.decode_s *= double(reps + 1) / double(reps);  // the warm-up run, at the measured mean
+    }
+  }
+  if (Status st = finish_stream(stderr, *loaded, all); !st.is_ok()) return report_error("bench", st);
   return kExitOk;
 }
 

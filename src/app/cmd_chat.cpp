@@ -31,7 +31,10 @@ int cmd_chat(int argc, char** argv) {
   app.add_option("--system", system, "system message");
   app.add_option("--chat-template", template_name, "override the template family: chatml|llama3|mistral|llama2|gemma");
   add_sampling_flags(app, sf);
+  StreamFlags stf;
+  add_stream_flags(app, stf);
   if (auto rc = parse_flags(app, argc, argv)) return *rc;
+  if (auto st = resolve_stream_flags(stf); !st.is_ok()) return report_error("chat", st.status());
 
   auto sampling = resolve_sampling(sf);
   if (!sampling.is_ok()) return report_error("chat", sampling.status());
@@ -40,11 +43,14 @@ int cmd_chat(int argc, char** argv) {
   const model::Tokenizer& tok = *meta->tokenizer;
   auto tmpl = chat_template_for(*meta->file, template_name);
   if (!tmpl.is_ok()) return report_error("chat", tmpl.status());
+  if (stf.show_plan) {
+    if (Status st = print_plan(mf, stf, *meta->file); !st.is_ok()) return report_error("chat", st);
+    return kExitOk;
+  }
 
-  double load_s = 0;
-  auto model = load_weights(mf, load_s);
-  if (!model.is_ok()) return report_error("chat", model.status());
-  model::Model& m = **model;
+  auto loaded = load_model(mf, stf);
+  if (!loaded.is_ok()) return report_error("chat", loaded.status());
+  model::Model& m = *loaded->model;
   if (!sf.seed_given && sampling->temperature > 0) {
     std::fprintf(stderr, "seed: %llu\n", static_cast<unsigned long long>(sampling->seed));
   }
@@ -111,7 +117,8 @@ int cmd_chat(int argc, char** argv) {
   }
   std::fprintf(stderr, "turns:   %zu, %d of %d context positions used\n", (history.size() - !system.empty()) / 2,
                m.n_past(), m.n_ctx());
-  print_stats(stderr, load_s, total, m.weight_bytes_per_token(), m.backend_name());
+  print_stats(stderr, loaded->load_s, total, m.weight_bytes_per_token(), m.backend_name());
+  if (Status st = finish_stream(stderr, *loaded, total); !st.is_ok()) return report_error("chat", st);
   return rc;
 }
 

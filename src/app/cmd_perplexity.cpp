@@ -42,7 +42,10 @@ int cmd_perplexity(int argc, char** argv) {
   app.add_option("--chunks", max_chunks, "score at most this many windows; -1 = all")
       ->check(CLI::Range(-1, 1 << 30))
       ->capture_default_str();
+  StreamFlags stf;
+  add_stream_flags(app, stf);
   if (auto rc = parse_flags(app, argc, argv)) return *rc;
+  if (auto st = resolve_stream_flags(stf); !st.is_ok()) return report_error("perplexity", st.status());
   if (mf.n_ctx < 4) {
     return report_error("perplexity", invalid_argument("-c must be at least 4 for perplexity, got " +
                                                        std::to_string(mf.n_ctx)));
@@ -57,6 +60,10 @@ int cmd_perplexity(int argc, char** argv) {
 
   auto meta = open_model_meta(mf.model_path);
   if (!meta.is_ok()) return report_error("perplexity", meta.status());
+  if (stf.show_plan) {
+    if (Status st = print_plan(mf, stf, *meta->file); !st.is_ok()) return report_error("perplexity", st);
+    return kExitOk;
+  }
   const model::Tokenizer& tok = *meta->tokenizer;
   const bool add_bos = tok.add_bos_default() && tok.bos() >= 0;
   const std::vector<int32_t> tokens = tok.encode(text, add_bos, /*parse_special=*/false);
@@ -69,10 +76,10 @@ int cmd_perplexity(int argc, char** argv) {
   }
   if (max_chunks > 0) n_chunks = std::min(n_chunks, max_chunks);
 
-  double load_s = 0;
-  auto model = load_weights(mf, load_s);
-  if (!model.is_ok()) return report_error("perplexity", model.status());
-  model::Model& m = **model;
+  auto loaded = load_model(mf, stf);
+  if (!loaded.is_ok()) return report_error("perplexity", loaded.status());
+  model::Model& m = *loaded->model;
+  const double load_s = loaded->load_s;
   if (m.n_ctx() < n_ctx) {
     return report_error("perplexity", invalid_argument("the model's context holds " + std::to_string(m.n_ctx()) +
                                                        " tokens, less than -c " + std::to_string(n_ctx)));
@@ -126,6 +133,8 @@ int cmd_perplexity(int argc, char** argv) {
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::fprintf(stderr, "load:    %.3f s\nscored:  %lld tokens in %.2f s (%.1f tok/s evaluated)\n", load_s,
                static_cast<long long>(count), s, double(n_chunks) * (n_ctx - 1) / s);
+  // Every eval here is a batch (no decode step): the stream stats are per pass.
+  if (Status st = finish_stream(stderr, *loaded, decode::Timings{}); !st.is_ok()) return report_error("perplexity", st);
   return kExitOk;
 }
 

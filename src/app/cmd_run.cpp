@@ -1,16 +1,12 @@
 // sluice run -m MODEL -p PROMPT [-n N] [--chat [--system TEXT]] [sampling flags]: streams the
 // continuation to stdout as it is produced; stderr ends with load time, prefill and decode
 // tok/s and the weight bandwidth per decoded token.
-#include <sys/resource.h>
-
-#include <chrono>
 #include <cstdio>
 #include <optional>
 #include <vector>
 
 #include "app/commands.h"
 #include "app/common.h"
-#include "stream/cpu_streamer.h"
 
 namespace sluice::app {
 
@@ -30,42 +26,18 @@ int cmd_run(int argc, char** argv) {
   app.add_option("--system", system, "system message (implies --chat)");
   app.add_option("--chat-template", template_name, "override the template family: chatml|llama3|mistral|llama2|gemma");
   add_sampling_flags(app, sf);
-  // CPU streaming (docs/STREAMING.md): with --ram-budget the weights always go through the
-  // streamer, which keeps as many layers resident as the budget allows and reads the rest from disk.
-  std::string ram_budget_text;
-  int n_slots = 2;
-  bool show_plan = false;
-  app.add_option("--ram-budget", ram_budget_text,
-                 "RAM for weights (K/M/G suffixes); layers beyond it are streamed from disk each token");
-  app.add_option("--slots", n_slots, "RAM slots for streamed layers (prefetch depth = slots - 1)")
-      ->check(CLI::Range(1, 64))
-      ->capture_default_str();
-  app.add_flag("--plan", show_plan, "print the placement plan and predicted token time, then exit");
+  StreamFlags stf;
+  add_stream_flags(app, stf);
   if (auto rc = parse_flags(app, argc, argv)) return *rc;
-  std::optional<uint64_t> ram_budget;
-  if (!ram_budget_text.empty()) {
-    auto b = stream::parse_byte_size(ram_budget_text);
-    if (!b.is_ok()) return report_error("run", invalid_argument("--ram-budget: " + b.status().message()));
-    ram_budget = *b;
-  }
+  if (auto st = resolve_stream_flags(stf); !st.is_ok()) return report_error("run", st.status());
 
   auto sampling = resolve_sampling(sf);
   if (!sampling.is_ok()) return report_error("run", sampling.status());
   auto meta = open_model_meta(mf.model_path);
   if (!meta.is_ok()) return report_error("run", meta.status());
   const model::Tokenizer& tok = *meta->tokenizer;
-  stream::CpuStreamOptions stream_opts;
-  stream_opts.n_slots = n_slots;
-  if (show_plan) {
-    auto layout = stream::layout_of(*meta->file);
-    if (!layout.is_ok()) return report_error("run", layout.status());
-    uint64_t all = layout->globals.bytes;
-    for (const auto& u : layout->layers) all += u.bytes;
-    stream_opts.ram_budget = ram_budget.value_or(all);
-    auto plan = stream::plan_cpu(*layout, stream_opts);
-    if (!plan.is_ok()) return report_error("run", plan.status());
-    std::printf("plan (CPU only, default bandwidths: disk %.1f GB/s, CPU %.0f GB/s):\n%s", stream_opts.bw.disk / 1e9,
-                stream_opts.bw.cpu / 1e9, plan->describe().c_str());
+  if (stf.show_plan) {
+    if (Status st = print_plan(mf, stf, *meta->file); !st.is_ok()) return report_error("run", st);
     return kExitOk;
   }
 
@@ -100,24 +72,9 @@ int cmd_run(int argc, char** argv) {
     if (Status st = check_fits(mf.n_ctx); !st.is_ok()) return report_error("run", st);
   }
 
-  double load_s = 0;
-  stream::CpuLayerStreamer* streamer = nullptr;  // owned by the model
-  Result<std::unique_ptr<model::Model>> model = invalid_argument("not loaded");
-  if (ram_budget) {
-    stream_opts.ram_budget = *ram_budget;
-    model::LoadOptions lo;
-    lo.n_ctx = mf.n_ctx;
-    lo.n_threads = mf.n_threads;
-    lo.backend = backend_kind(mf);
-    lo.layer_source = stream::cpu_streaming_source(mf.model_path, stream_opts, &streamer);
-    const auto t0 = std::chrono::steady_clock::now();
-    model = model::Model::load(mf.model_path, lo);
-    load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  } else {
-    model = load_weights(mf, load_s);
-  }
-  if (!model.is_ok()) return report_error("run", model.status());
-  model::Model& m = **model;
+  auto loaded = load_model(mf, stf);
+  if (!loaded.is_ok()) return report_error("run", loaded.status());
+  model::Model& m = *loaded->model;
   if (Status st = check_fits(m.n_ctx()); !st.is_ok()) return report_error("run", st);
 
   if (!sf.seed_given && sampling->temperature > 0) {
@@ -136,22 +93,8 @@ int cmd_run(int argc, char** argv) {
                  m.n_ctx());
   }
   std::fprintf(stderr, "stop:    %s after %zu tokens\n", decode::stop_reason_name(gen->stop), gen->tokens.size());
-  print_stats(stderr, load_s, gen->timings, m.weight_bytes_per_token(), m.backend_name());
-  if (streamer) {
-    const stream::StreamStats& ss = streamer->stats();
-    const auto& st = gen->timings;
-    const double per_tok = ss.decode_passes ? double(ss.decode_bytes_read) / double(ss.decode_passes) : 0;
-    rusage ru{};
-    getrusage(RUSAGE_SELF, &ru);
-    std::fprintf(stderr,
-                 "stream:  %.1f MB from disk per decoded token (%s, %d slots), disk %.2f GB/s, stall %.2f ms/token "
-                 "(%.0f%% of decode); weights in RAM %.1f MB; peak RSS %.1f MB\n",
-                 per_tok / 1e6, streamer->reader().direct() ? "O_DIRECT" : "buffered", streamer->plan().plan.n_slots,
-                 st.decode_s > 0 ? double(ss.decode_bytes_read) / st.decode_s / 1e9 : 0.0,
-                 ss.decode_passes ? ss.decode_stall_seconds / double(ss.decode_passes) * 1e3 : 0.0,
-                 st.decode_s > 0 ? 100.0 * ss.decode_stall_seconds / st.decode_s : 0.0,
-                 double(streamer->owned_bytes()) / 1e6, double(ru.ru_maxrss) * 1024 / 1e6);
-  }
+  print_stats(stderr, loaded->load_s, gen->timings, m.weight_bytes_per_token(), m.backend_name());
+  if (Status st = finish_stream(stderr, *loaded, gen->timings); !st.is_ok()) return report_error("run", st);
   return kExitOk;
 }
 

@@ -1,5 +1,8 @@
 #include "app/common.h"
 
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <filesystem>
@@ -52,6 +55,135 @@ Result<std::unique_ptr<model::Model>> load_weights(const ModelFlags& f, double& 
   auto m = model::Model::load(f.model_path, opts);
   seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return m;
+}
+
+Result<std::optional<uint64_t>> resolve_stream_flags(const StreamFlags& sf) {
+  std::optional<uint64_t> budget;
+  if (!sf.ram_budget.empty()) {
+    auto b = stream::parse_byte_size(sf.ram_budget);
+    if (!b.is_ok()) return invalid_argument("--ram-budget: " + b.status().message());
+    budget = *b;
+  }
+  // The trace records the streaming pipeline; the mmapped path has no reads or slots to show.
+  if (!sf.trace_path.empty() && !budget) {
+    return invalid_argument("--trace records the streaming pipeline and needs --ram-budget (a budget of the file's "
+                            "size keeps every layer resident)");
+  }
+  return budget;
+}
+
+namespace {
+
+// Streamer options from the flags; the disk bandwidth is measured unless --no-probe.
+Result<stream::CpuStreamOptions> stream_options(const ModelFlags& mf, const StreamFlags& sf,
+                                                std::optional<stream::DiskProbe>& probe) {
+  stream::CpuStreamOptions o;
+  o.n_slots = sf.n_slots;
+  if (!sf.no_probe) {
+    SLUICE_ASSIGN_OR_RETURN(stream::DiskProbe p, stream::probe_disk(mf.model_path, o.io));
+    if (p.measured) o.bw.disk = p.bytes_per_s;
+    probe = p;
+  }
+  return o;
+}
+
+std::string disk_source(const std::optional<stream::DiskProbe>& probe) {
+  if (!probe) return "default (--no-probe)";
+  if (!probe->measured) return "default: " + probe->describe();
+  return "measured: " + probe->describe();
+}
+
+}  // namespace
+
+Status print_plan(const ModelFlags& mf, const StreamFlags& sf, const gguf::File& file) {
+  SLUICE_ASSIGN_OR_RETURN(std::optional<uint64_t> budget, resolve_stream_flags(sf));
+  SLUICE_ASSIGN_OR_RETURN(stream::FileLayout layout, stream::layout_of(file));
+  std::optional<stream::DiskProbe> probe;
+  SLUICE_ASSIGN_OR_RETURN(stream::CpuStreamOptions o, stream_options(mf, sf, probe));
+  uint64_t all = layout.globals.bytes;
+  for (const auto& u : layout.layers) all += u.bytes;
+  o.ram_budget = budget.value_or(all);
+  SLUICE_ASSIGN_OR_RETURN(stream::CpuPlan plan, stream::plan_cpu(layout, o));
+  std::printf("plan (CPU only; disk %.2f GB/s %s; CPU %.0f GB/s default):\n%s", o.bw.disk / 1e9,
+              disk_source(probe).c_str(), o.bw.cpu / 1e9, plan.describe().c_str());
+  return Status::ok();
+}
+
+Result<LoadedModel> load_model(const ModelFlags& mf, const StreamFlags& sf) {
+  SLUICE_ASSIGN_OR_RETURN(std::optional<uint64_t> budget, resolve_stream_flags(sf));
+  LoadedModel lm;
+  if (!budget) {
+    SLUICE_ASSIGN_OR_RETURN(lm.model, load_weights(mf, lm.load_s));
+    return lm;
+  }
+  if (!sf.trace_path.empty()) {
+    SLUICE_ASSIGN_OR_RETURN(lm.trace, stream::TraceWriter::open(sf.trace_path));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  SLUICE_ASSIGN_OR_RETURN(stream::CpuStreamOptions o, stream_options(mf, sf, lm.probe));
+  o.ram_budget = *budget;
+  o.trace = lm.trace.get();
+  model::LoadOptions lo;
+  lo.n_ctx = mf.n_ctx;
+  lo.n_threads = mf.n_threads;
+  lo.backend = backend_kind(mf);
+  lo.cuda_graphs = !mf.no_graphs;
+  lo.layer_source = stream::cpu_streaming_source(mf.model_path, o, &lm.streamer);
+  auto m = model::Model::load(mf.model_path, lo);
+  lm.load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!m.is_ok()) return m.status();
+  lm.model = std::move(m).value();
+  return lm;
+}
+
+Status finish_stream(FILE* out, LoadedModel& lm, const decode::Timings& t) {
+  if (lm.streamer) {
+    const stream::StreamStats& ss = lm.streamer->stats();
+    const stream::CpuLayerStreamer& st = *lm.streamer;
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    const char* how = st.reader().direct() ? "O_DIRECT" : "buffered";
+    const double rss_mb = double(ru.ru_maxrss) * 1024 / 1e6;
+    const double ram_mb = double(st.owned_bytes()) / 1e6;
+    if (ss.decode_passes > 0) {
+      const double n = double(ss.decode_passes);
+      const double disk_tok = double(ss.decode_bytes_read) / n;
+      std::fprintf(out,
+                   "stream:  %.1f MB from disk per decoded token (%s, %d slots), disk %.2f GB/s, stall %.2f ms/token "
+                   "(%.0f%% of decode); weights in RAM %.1f MB; peak RSS %.1f MB\n",
+                   disk_tok / 1e6, how, st.plan().plan.n_slots, t.decode_s > 0 ? double(ss.decode_bytes_read) / t.decode_s / 1e9 : 0.0,
+                   ss.decode_stall_seconds / n * 1e3, t.decode_s > 0 ? 100.0 * ss.decode_stall_seconds / t.decode_s : 0.0,
+                   ram_mb, rss_mb);
+      // Per tier, per decoded token: bytes and the rate they were consumed at; for the disk also
+      // the rate while a read was in flight (what the device delivered) next to the probe's.
+      const uint64_t w = lm.model->weight_bytes_per_token();
+      const double ram_tok = double(w) > disk_tok ? double(w) - disk_tok : 0.0;
+      const double tok_s = t.decode_tok_s();
+      char probe[32] = "-";
+      if (lm.probe && lm.probe->measured) std::snprintf(probe, sizeof probe, "%.2f GB/s", lm.probe->bytes_per_s / 1e9);
+      std::fprintf(out,
+                   "tiers:   disk %.1f MB/token = %.2f GB/s (%.2f GB/s while reading, busy %.0f%% of decode; probe %s); "
+                   "RAM %.1f MB/token = %.2f GB/s\n",
+                   disk_tok / 1e6, disk_tok * tok_s / 1e9,
+                   ss.decode_read_busy_seconds > 0 ? double(ss.decode_bytes_read) / ss.decode_read_busy_seconds / 1e9 : 0.0,
+                   t.decode_s > 0 ? 100.0 * std::min(1.0, ss.decode_read_busy_seconds / t.decode_s) : 0.0,
+                   probe,
+                   ram_tok / 1e6, ram_tok * tok_s / 1e9);
+    } else {
+      const double n = double(std::max<uint64_t>(ss.passes, 1));
+      std::fprintf(out,
+                   "stream:  %.1f MB from disk per pass over %llu passes (%s, %d slots), stall %.2f ms/pass; RAM-resident "
+                   "layers %.1f MB/pass; weights in RAM %.1f MB; peak RSS %.1f MB\n",
+                   double(ss.bytes_read) / n / 1e6, static_cast<unsigned long long>(ss.passes), how,
+                   st.plan().plan.n_slots, ss.stall_seconds / n * 1e3, double(ss.ram_bytes) / n / 1e6, ram_mb, rss_mb);
+    }
+  }
+  if (lm.trace) {
+    SLUICE_RETURN_IF_ERROR(lm.trace->flush());
+    std::fprintf(out, "trace:   %llu events -> %s\n", static_cast<unsigned long long>(lm.trace->events()),
+                 lm.trace->path().c_str());
+  }
+  return Status::ok();
 }
 
 Result<model::ChatTemplate> chat_template_for(const gguf::File& file, const std::string& override_name) {

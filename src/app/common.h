@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -15,6 +16,9 @@
 #include "model/chat_template.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
+#include "stream/cpu_streamer.h"
+#include "stream/probe.h"
+#include "stream/trace.h"
 
 namespace sluice::app {
 
@@ -34,6 +38,30 @@ Result<ModelMeta> open_model_meta(const std::string& path);
 
 // Loads the weights; `seconds` receives the wall time taken.
 Result<std::unique_ptr<model::Model>> load_weights(const ModelFlags& f, double& seconds);
+
+// Checks the stream flags before anything is loaded: --ram-budget parses (error names the flag),
+// --trace comes with --ram-budget. Returns the budget, if any.
+Result<std::optional<uint64_t>> resolve_stream_flags(const StreamFlags& sf);
+
+// --plan: probes the disk (unless --no-probe), plans with --ram-budget (default: everything
+// resident) and prints the plan to stdout.
+Status print_plan(const ModelFlags& mf, const StreamFlags& sf, const gguf::File& file);
+
+// A model loaded by the shared path: on the mmapped file, or with --ram-budget through the CPU
+// streamer (after the disk probe, writing --trace).
+struct LoadedModel {
+  std::unique_ptr<stream::TraceWriter> trace;  // before model: the streamer appends until destroyed
+  std::unique_ptr<model::Model> model;
+  stream::CpuLayerStreamer* streamer = nullptr;  // owned by model; null without --ram-budget
+  std::optional<stream::DiskProbe> probe;        // when streaming without --no-probe
+  double load_s = 0;                              // wall time of the load (probe included)
+};
+Result<LoadedModel> load_model(const ModelFlags& mf, const StreamFlags& sf);
+
+// After the run: the streaming stats lines (nothing without a streamer) and the trace flushed to
+// its file (stats name it). `t` gives the decode rate; passes without decode (perplexity) are
+// reported per pass. Error: the trace could not be written.
+Status finish_stream(FILE* out, LoadedModel& lm, const decode::Timings& t);
 
 // The model's chat template (tokenizer.chat_template), or the family named by `override_name`
 // ("chatml", "llama3", ...) when non-empty. Error names the families on offer.

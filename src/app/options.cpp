@@ -32,6 +32,19 @@ model::BackendKind backend_kind(const ModelFlags& f) {
   return model::BackendKind::kAuto;
 }
 
+void add_stream_flags(CLI::App& app, StreamFlags& f) {
+  // With --ram-budget the weights always go through the streamer, which keeps as many layers
+  // resident as the budget allows and reads the rest from disk each token.
+  app.add_option("--ram-budget", f.ram_budget,
+                 "RAM for weights (K/M/G suffixes); layers beyond it are streamed from disk each token");
+  app.add_option("--slots", f.n_slots, "RAM slots for streamed layers (prefetch depth = slots - 1)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_flag("--plan", f.show_plan, "print the placement plan and predicted token time, then exit");
+  app.add_option("--trace", f.trace_path, "write a per-layer access trace (CSV) of the streamed run to FILE");
+  app.add_flag("--no-probe", f.no_probe, "skip the start-up disk probe (the planner uses its default disk bandwidth)");
+}
+
 void add_sampling_flags(CLI::App& app, SamplingFlags& f) {
   auto& p = f.params;
   app.add_option("--temp", p.temperature, "temperature; 0 = greedy (argmax)")->capture_default_str();

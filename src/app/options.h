@@ -21,6 +21,15 @@ struct ModelFlags {
   int n_threads = 0;       // -t; 0: all physical cores
 };
 
+// Streaming and its observability (docs/STREAMING.md), for run, chat, perplexity and bench.
+struct StreamFlags {
+  std::string ram_budget;  // --ram-budget SIZE (K/M/G suffixes); empty: weights on the mmapped file
+  int n_slots = 2;         // --slots: RAM slots for streamed layers (prefetch depth = slots - 1)
+  bool show_plan = false;  // --plan: print the placement and predicted token time, then exit
+  std::string trace_path;  // --trace FILE: per-layer access trace (CSV), needs --ram-budget
+  bool no_probe = false;   // --no-probe: planner uses the default disk bandwidth (tests, scripts)
+};
+
 struct SamplingFlags {
   decode::SamplerParams params;
   bool seed_given = false;  // --seed appeared on the command line (set while parsing)
@@ -32,6 +41,9 @@ void add_model_flags(CLI::App& app, ModelFlags& f, int default_ctx = 0);
 void add_backend_flags(CLI::App& app, ModelFlags& f);
 // The --backend choice as model/ takes it.
 model::BackendKind backend_kind(const ModelFlags& f);
+
+// --ram-budget, --slots, --plan, --trace, --no-probe.
+void add_stream_flags(CLI::App& app, StreamFlags& f);
 
 // --temp --top-k --top-p --min-p --repeat-penalty --repeat-last-n --seed. Ranges are checked by
 // decode::validate() after parsing, so the message names the flag and the accepted range.

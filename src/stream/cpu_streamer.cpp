@@ -167,6 +167,7 @@ Result<std::unique_ptr<CpuLayerStreamer>> CpuLayerStreamer::create(const std::st
                                                                    const model::Weights& w,
                                                                    const CpuStreamOptions& opts) {
   std::unique_ptr<CpuLayerStreamer> s(new CpuLayerStreamer());
+  s->trace_ = opts.trace;
   SLUICE_ASSIGN_OR_RETURN(s->layout_, layout_of(file));
   const size_t n_layer = w.layers.size();
   if (s->layout_.layers.size() != n_layer) {
@@ -201,6 +202,7 @@ Result<std::unique_ptr<CpuLayerStreamer>> CpuLayerStreamer::create(const std::st
   SLUICE_ASSIGN_OR_RETURN(s->resident_, alloc(at));
   uint8_t* rbase = s->resident_.get();
   {
+    const auto load_start = FileReader::Clock::now();
     std::vector<FileReader::Ticket> tickets;
     auto read_unit = [&](const UnitLayout& u, uint8_t* base) -> Status {
       for (const ReadRun& r : u.runs) {
@@ -218,6 +220,9 @@ Result<std::unique_ptr<CpuLayerStreamer>> CpuLayerStreamer::create(const std::st
       if (st.is_ok()) st = ws;
     }
     SLUICE_RETURN_IF_ERROR(st);
+    if (s->trace_) {
+      s->trace_->append({s->trace_->us(load_start), s->trace_->now_us(), "load", -1, "resident", "disk", at});
+    }
   }
 
   s->globals_ = w;
@@ -248,6 +253,7 @@ Result<std::unique_ptr<CpuLayerStreamer>> CpuLayerStreamer::create(const std::st
     SLUICE_ASSIGN_OR_RETURN(s->slot_pool_, alloc(s->slot_pool_bytes_));
     s->slots_.resize(size_t(n_slots));
     for (int k = 0; k < n_slots; ++k) {
+      s->slot_lanes_.push_back("disk slot " + std::to_string(k));
       s->slots_[size_t(k)].base = s->slot_pool_.get() + uint64_t(k) * slot_bytes;
       s->slots_[size_t(k)].tickets.reserve(max_runs);
     }
@@ -280,6 +286,7 @@ Status CpuLayerStreamer::submit_next() {
   slot.tickets.clear();  // keeps its capacity: no allocation
   slot.seq = seq;
   slot.state = SlotState::kReading;
+  slot.submitted = FileReader::Clock::now();
   ++submitted_;
   for (const ReadRun& r : u.runs) {
     auto t = reader_->submit(r.offset, r.len, slot.base + r.dst);
@@ -304,35 +311,62 @@ Result<const model::LayerWeights*> CpuLayerStreamer::acquire(int layer) {
   if (!failed_.is_ok()) return failed_;
   SLUICE_CHECK(layer >= 0 && size_t(layer) < stream_index_.size(), "stream: layer out of range");
   const int idx = stream_index_[size_t(layer)];
-  if (idx < 0) return &resident_views_[size_t(layer)];
+  const uint64_t bytes = layout_.layers[size_t(layer)].bytes;
+  if (idx < 0) {
+    stats_.ram_bytes += bytes;
+    if (decode_pass_) stats_.decode_ram_bytes += bytes;
+    if (trace_) compute_start_ = FileReader::Clock::now();
+    return &resident_views_[size_t(layer)];
+  }
   const size_t m = streamed_.size();
   SLUICE_CHECK(streamed_[next_seq_ % m] == layer, "stream: layers must be acquired in order");
   const size_t k = next_seq_ % slots_.size();
   Slot& slot = slots_[k];
   SLUICE_CHECK(slot.state == SlotState::kReading && slot.seq == next_seq_, "stream: slot not holding the next layer");
-  const auto t0 = std::chrono::steady_clock::now();
+  const auto t0 = FileReader::Clock::now();
   Status st;
+  FileReader::Clock::time_point arrived = slot.submitted;  // the last byte of the layer
   for (FileReader::Ticket t : slot.tickets) {  // wait for every read, even after an error
-    Status ws = reader_->wait(t);
+    FileReader::Clock::time_point done{};
+    Status ws = reader_->wait(t, &done);
+    arrived = std::max(arrived, done);
     if (st.is_ok()) st = std::move(ws);
   }
   slot.tickets.clear();
-  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const auto t1 = FileReader::Clock::now();
+  const double waited = std::chrono::duration<double>(t1 - t0).count();
   if (!st.is_ok()) return fail(std::move(st));
   slot.state = SlotState::kInUse;
-  const uint64_t bytes = layout_.layers[size_t(layer)].bytes;
   stats_.stall_seconds += waited;
   stats_.bytes_read += bytes;
   if (decode_pass_) {
     stats_.decode_stall_seconds += waited;
     stats_.decode_bytes_read += bytes;
+    // Reads of successive slots overlap in time; count each instant once.
+    const auto from = std::max(slot.submitted, busy_until_);
+    if (arrived > from) stats_.decode_read_busy_seconds += std::chrono::duration<double>(arrived - from).count();
+  }
+  busy_until_ = std::max(busy_until_, arrived);
+  if (trace_) {
+    const std::string& name = layout_.layers[size_t(layer)].name;
+    trace_->append({trace_->us(slot.submitted), trace_->us(arrived), slot_lanes_[k], layer, name, "disk", bytes});
+    if (t1 - t0 > std::chrono::microseconds(1)) {
+      trace_->append({trace_->us(t0), trace_->us(t1), "stall", layer, name, "disk", 0});
+    }
+    compute_start_ = t1;
   }
   return &slot_views_[size_t(idx) * slots_.size() + k];
 }
 
 void CpuLayerStreamer::release(int layer) {
   SLUICE_CHECK(layer >= 0 && size_t(layer) < stream_index_.size(), "stream: layer out of range");
-  if (stream_index_[size_t(layer)] < 0) return;
+  const bool resident = stream_index_[size_t(layer)] < 0;
+  if (trace_ && failed_.is_ok()) {
+    const UnitLayout& u = layout_.layers[size_t(layer)];
+    trace_->append({trace_->us(compute_start_), trace_->now_us(), "cpu", layer, u.name, resident ? "ram" : "disk",
+                    u.bytes});
+  }
+  if (resident) return;
   Slot& slot = slots_[next_seq_ % slots_.size()];
   if (slot.state != SlotState::kInUse) return;  // acquire failed; the error is already sticky
   slot.state = SlotState::kFree;
@@ -341,10 +375,14 @@ void CpuLayerStreamer::release(int layer) {
   if (failed_.is_ok()) (void)submit_next();
 }
 
-std::function<Result<std::unique_ptr<model::LayerSource>>(const gguf::File&, const model::Weights&)>
+std::function<Result<std::unique_ptr<model::LayerSource>>(const gguf::File&, const model::Weights&, backend::Backend&)>
 cpu_streaming_source(const std::string& path, const CpuStreamOptions& opts, CpuLayerStreamer** out) {
-  return [path, opts, out](const gguf::File& file,
-                           const model::Weights& w) -> Result<std::unique_ptr<model::LayerSource>> {
+  return [path, opts, out](const gguf::File& file, const model::Weights& w,
+                           backend::Backend& be) -> Result<std::unique_ptr<model::LayerSource>> {
+    if (!be.reads_host_weights()) {
+      return unsupported(std::string("CPU streaming computes on host memory; the ") + be.name() +
+                         " backend cannot use it (use --backend cpu)");
+    }
     SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<CpuLayerStreamer> s, CpuLayerStreamer::create(path, file, w, opts));
     if (out) *out = s.get();
     return std::unique_ptr<model::LayerSource>(std::move(s));

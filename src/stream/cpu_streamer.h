@@ -21,6 +21,7 @@
 #include "model/weights.h"
 #include "stream/io.h"
 #include "stream/plan.h"
+#include "stream/trace.h"
 
 namespace sluice::gguf {
 class File;
@@ -33,6 +34,9 @@ struct CpuStreamOptions {
   int n_slots = 2;          // ring slots for streamed layers (>= 1; 2+ overlaps disk and compute)
   IoOptions io;
   Bandwidths bw;            // for the predicted token time only
+  // Optional access trace (not owned; must outlive the streamer): start-up reads ("load"), each
+  // slot read ("disk slot K"), stalls ("stall") and each layer's compute ("cpu").
+  TraceWriter* trace = nullptr;
 };
 
 // One aligned read of a unit: file bytes [offset, offset + len) land at unit buffer + dst.
@@ -68,8 +72,12 @@ Result<CpuPlan> plan_cpu(const FileLayout& layout, const CpuStreamOptions& opts)
 // Counters since load; "decode" is passes of one token.
 struct StreamStats {
   uint64_t passes = 0, decode_passes = 0;
-  uint64_t bytes_read = 0, decode_bytes_read = 0;  // streamed bytes consumed by passes
+  uint64_t bytes_read = 0, decode_bytes_read = 0;  // streamed (disk tier) bytes consumed by passes
+  uint64_t ram_bytes = 0, decode_ram_bytes = 0;    // RAM-resident layer bytes consumed by passes
   double stall_seconds = 0, decode_stall_seconds = 0;  // compute waiting for a slot's read
+  // Time some slot read was in flight during decode passes (union of [submit, last byte]
+  // intervals, as seen at acquire): streamed bytes / this = the disk's achieved GB/s while busy.
+  double decode_read_busy_seconds = 0;
 };
 
 class CpuLayerStreamer final : public model::LayerSource {
@@ -100,6 +108,7 @@ class CpuLayerStreamer final : public model::LayerSource {
     SlotState state = SlotState::kFree;
     std::vector<FileReader::Ticket> tickets;  // capacity reserved at start-up
     uint64_t seq = 0;
+    FileReader::Clock::time_point submitted{};
   };
 
   CpuLayerStreamer() = default;
@@ -124,13 +133,17 @@ class CpuLayerStreamer final : public model::LayerSource {
   uint64_t next_seq_ = 0;   // next sequence number to acquire
   uint64_t submitted_ = 0;  // next sequence number to submit
   bool decode_pass_ = false;
+  TraceWriter* trace_ = nullptr;
+  std::vector<std::string> slot_lanes_;       // "disk slot K", built once
+  FileReader::Clock::time_point compute_start_{};  // acquire of the layer being computed
+  FileReader::Clock::time_point busy_until_{};     // end of the last read counted as busy
   Status failed_;           // sticky: once a read failed, every later call reports it
   StreamStats stats_;
 };
 
 // The LoadOptions::layer_source hook for CPU streaming; *out (optional) receives the streamer the
 // model will own, for stats.
-std::function<Result<std::unique_ptr<model::LayerSource>>(const gguf::File&, const model::Weights&)>
+std::function<Result<std::unique_ptr<model::LayerSource>>(const gguf::File&, const model::Weights&, backend::Backend&)>
 cpu_streaming_source(const std::string& path, const CpuStreamOptions& opts, CpuLayerStreamer** out);
 
 }  // namespace sluice::stream

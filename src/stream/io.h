@@ -1,12 +1,18 @@
 // Disk tier reader: byte ranges of one file into caller buffers, asynchronously, bypassing the
 // page cache (O_DIRECT) so that the engine's own buffers, not the kernel's, decide what stays in
 // RAM. io_uring keeps several large requests in flight (NVMe needs queue depth to reach its
-// bandwidth); a pread worker thread is the fallback where io_uring is unavailable.
+// bandwidth); a small pool of pread worker threads is the fallback where io_uring is unavailable.
+//
+// Reads progress on their own: a completion thread (io_uring) or the workers (pread) refill the
+// queue as requests finish, so a range far larger than queue_depth x chunk_bytes (a 500 MB layer
+// of a 70B model) keeps queue_depth requests in flight while the caller computes, instead of
+// advancing only inside wait().
 //
 // O_DIRECT contract: destination, offset and length aligned to kIoAlign. align_range() turns
 // any byte range into the enclosing aligned one.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -23,8 +29,8 @@ const char* io_kind_name(IoKind k);
 struct IoOptions {
   IoKind kind = IoKind::kAuto;   // kAuto: io_uring if the kernel allows it, else pread
   bool direct = true;            // O_DIRECT (falls back to buffered if the filesystem refuses)
-  uint32_t queue_depth = 8;      // requests in flight (io_uring)
-  uint64_t chunk_bytes = 4ull << 20;  // one request's size; larger ranges are split
+  uint32_t queue_depth = 8;      // requests in flight (io_uring; pread: worker threads, at most 4)
+  uint64_t chunk_bytes = 4ull << 20;  // one request's size (<= 1 GiB); larger ranges are split
 };
 
 // The aligned superset of [offset, offset + len): read `len` bytes at `offset` into an aligned
@@ -39,6 +45,7 @@ AlignedRange align_range(uint64_t offset, uint64_t len);
 class FileReader {
  public:
   using Ticket = uint64_t;
+  using Clock = std::chrono::steady_clock;
   virtual ~FileReader() = default;
   static Result<std::unique_ptr<FileReader>> open(const std::string& path, const IoOptions& opts);
 
@@ -46,8 +53,13 @@ class FileReader {
   // the end of the file are not read; a range that starts beyond it is an error.
   virtual Result<Ticket> submit(uint64_t offset, uint64_t len, void* dst) = 0;
   // Blocks until the read completes; an I/O error or a short read inside the file is an error
-  // naming file, offset and byte counts. Each ticket is waited for once.
-  virtual Status wait(Ticket t) = 0;
+  // naming file, offset and byte counts. Each ticket is waited for once. *completed (optional)
+  // receives when the last byte arrived, which can be well before wait() was called (traces).
+  virtual Status wait(Ticket t, Clock::time_point* completed) = 0;
+  Status wait(Ticket t) { return wait(t, nullptr); }
+  // Non-blocking: true once every request of the read has completed (or the ticket is not in
+  // flight any more). The read still has to be wait()ed for to collect its status.
+  virtual bool is_done(Ticket t) = 0;
   Status read(uint64_t offset, uint64_t len, void* dst);
 
   // Error if the file's size or modification time changed since open (model replaced while
