@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "test_util.h"
@@ -96,6 +97,36 @@ TEST_P(StreamIo, ManyRequestsInFlightCompleteInAnyWaitOrder) {
   EXPECT_FALSE(r->wait(tickets[0]).is_ok()) << "a ticket is waited for once";
 }
 
+// A read of many more chunks than the queue holds completes while the caller does nothing (a
+// layer of hundreds of MB must keep streaming while the CPU computes), and reports when its last
+// byte arrived.
+TEST_P(StreamIo, LargeReadProgressesWithoutTheCaller) {
+  IoOptions o;
+  o.kind = std::get<0>(GetParam());
+  o.direct = std::get<1>(GetParam());
+  o.chunk_bytes = 64 * 1024;  // 5 MiB = 81 chunks through a queue of 2
+  o.queue_depth = 2;
+  auto opened = FileReader::open(path_, o);
+  if (!opened.is_ok()) {
+    ASSERT_EQ(o.kind, IoKind::kUring) << opened.status().message();
+    GTEST_SKIP() << "io_uring not available on this kernel";
+  }
+  FileReader& r = **opened;
+  const AlignedRange a = align_range(0, data_.size());
+  AlignedBuf buf(a.len);
+  const auto t0 = FileReader::Clock::now();
+  auto t = r.submit(a.offset, a.len, buf.p);
+  ASSERT_TRUE(t.is_ok()) << t.status().message();
+  const auto deadline = t0 + std::chrono::seconds(20);
+  while (!r.is_done(*t) && FileReader::Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(r.is_done(*t)) << "the read did not progress without wait()";
+  FileReader::Clock::time_point done{};
+  ASSERT_TRUE(r.wait(*t, &done).is_ok());
+  EXPECT_GE(done, t0);
+  EXPECT_LE(done, FileReader::Clock::now());
+  ASSERT_EQ(0, std::memcmp(buf.p, data_.data(), data_.size()));
+}
+
 TEST_P(StreamIo, ShortReadAndChangedFileAreErrors) {
   auto r = open_reader();
   if (!r) GTEST_SKIP() << "io_uring not available on this kernel";
@@ -127,6 +158,8 @@ TEST(StreamIoOpen, MissingFileAndBadOptions) {
   EXPECT_NE(r.status().message().find("/nonexistent/model.gguf"), std::string::npos);
   IoOptions o;
   o.chunk_bytes = 1000;
+  EXPECT_FALSE(FileReader::open("/dev/null", o).is_ok());
+  o.chunk_bytes = 2ull << 30;  // beyond what one io_uring request can carry
   EXPECT_FALSE(FileReader::open("/dev/null", o).is_ok());
 }
 
