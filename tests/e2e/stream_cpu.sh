@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # CPU streaming through the CLI: greedy output with --ram-budget (a quarter of the weights, 2 and
-# 3 slots) identical to the all-resident run, peak RSS within the budget, the budget minimum.
+# 3 slots) identical to the all-resident run, peak RSS within the budget, the budget minimum;
+# --trace writes a well-formed trace (and bench/plot/timeline.py renders it when matplotlib is
+# importable, else exit 77 = skipped); perplexity, chat and bench take the streaming flags and give
+# the same numbers as without them.
 # Usage: stream_cpu.sh CASE SLUICE_BIN SOURCE_DIR
 set -u
 case_name=$1; bin=$2; src=$3
@@ -22,9 +25,10 @@ run_rss() {
   python3 - "$out" "$bin" "$@" <<'PY'
 import resource, subprocess, sys
 out = sys.argv[1]
-r = subprocess.run(sys.argv[2:], capture_output=True, text=True)
-open(out, "w").write(r.stdout)
-open(out + ".err", "w").write(r.stderr)
+# Bytes, not text: a synthetic model's greedy output need not be valid UTF-8.
+r = subprocess.run(sys.argv[2:], capture_output=True)
+open(out, "wb").write(r.stdout)
+open(out + ".err", "wb").write(r.stderr)
 print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024 if r.returncode == 0 else -r.returncode - 1000)
 PY
 }
@@ -59,6 +63,93 @@ case $case_name in
     "$bin" run "${common[@]}" --ram-budget "$quarter" --plan >"$tmp/o" 2>"$tmp/e" || fail "--plan failed: $(cat "$tmp/e")"
     grep -q "predicted token time" "$tmp/o" || fail "no prediction: $(cat "$tmp/o")"
     grep -q "C:disk" "$tmp/o" || fail "no disk units"
+    echo ok;;
+  trace_well_formed)
+    "$bin" run "${common[@]}" --ram-budget "$quarter" --no-probe --trace "$tmp/t.csv" >/dev/null 2>"$tmp/e" ||
+      fail "run --trace failed: $(cat "$tmp/e")"
+    grep -q "^trace: .* events -> $tmp/t.csv" "$tmp/e" || fail "no trace line: $(cat "$tmp/e")"
+    grep -q "^tiers: *disk .*MB/token.*RAM .*MB/token" "$tmp/e" || fail "no per-tier stats: $(cat "$tmp/e")"
+    python3 - "$tmp/t.csv" <<'PY' || fail "malformed trace"
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+assert rows[0] == ["t_start_us", "t_end_us", "lane", "layer", "tensor", "tier", "bytes"], rows[0]
+lanes = {}
+for r in rows[1:]:
+    assert len(r) == 7, r
+    s, e, layer, n = int(r[0]), int(r[1]), int(r[3]), int(r[6])
+    assert 0 <= s <= e and n >= 0, r
+    assert r[5] in ("disk", "ram"), r
+    lanes.setdefault(r[2], []).append((s, e, layer))
+assert "load" in lanes and "cpu" in lanes, sorted(lanes)
+assert any(l.startswith("disk slot ") for l in lanes), sorted(lanes)
+# 16 layers computed in order, once per pass (prompt + 23 decode steps = 24 passes).
+cpu = lanes["cpu"]
+assert len(cpu) == 16 * 24, len(cpu)
+assert [x[2] for x in cpu[:16]] == list(range(16))
+assert all(a[1] <= b[0] for a, b in zip(cpu, cpu[1:])), "compute rows overlap"
+print("ok:", {k: len(v) for k, v in lanes.items()})
+PY
+    "$bin" run "${common[@]}" --trace "$tmp/t2.csv" >/dev/null 2>"$tmp/e2"; rc=$?
+    [[ $rc == 2 ]] && grep -q "needs --ram-budget" "$tmp/e2" || fail "--trace without --ram-budget: exit $rc: $(cat "$tmp/e2")"
+    "$bin" run "${common[@]}" --ram-budget "$quarter" --trace /nonexistent-dir/t.csv >/dev/null 2>"$tmp/e3"; rc=$?
+    [[ $rc == 2 ]] && grep -q "/nonexistent-dir/t.csv" "$tmp/e3" || fail "unwritable trace: exit $rc: $(cat "$tmp/e3")"
+    echo ok;;
+  timeline_png)
+    python3 -c "import matplotlib" 2>/dev/null || { echo "matplotlib not importable: skipped"; exit 77; }
+    "$bin" run "${common[@]:0:4}" -n 4 --temp 0 -c 256 -t 2 --ram-budget "$quarter" --no-probe --trace "$tmp/t.csv" >/dev/null 2>"$tmp/e" ||
+      fail "run --trace failed: $(cat "$tmp/e")"
+    python3 "$src/bench/plot/timeline.py" "$tmp/t.csv" -o "$tmp/t.png" >"$tmp/o" 2>&1 || fail "timeline.py: $(cat "$tmp/o")"
+    head -c 8 "$tmp/t.png" | od -An -tx1 | grep -q "89 50 4e 47 0d 0a 1a 0a" || fail "not a PNG"
+    (( $(stat -c %s "$tmp/t.png") > 10000 )) || fail "PNG suspiciously small"
+    printf 'bad,header\n' >"$tmp/bad.csv"
+    python3 "$src/bench/plot/timeline.py" "$tmp/bad.csv" -o "$tmp/b.png" >/dev/null 2>&1; rc=$?
+    [[ $rc == 2 ]] || fail "malformed trace: exit $rc, expected 2"
+    echo ok;;
+  perplexity_matches_resident)
+    ppl=(perplexity -m "$model" -f "$src/tests/e2e/data/ppl.txt" -c 64 --chunks 2 -t 2)
+    "$bin" "${ppl[@]}" >"$tmp/ref" 2>"$tmp/ref.err" || fail "perplexity: $(cat "$tmp/ref.err")"
+    "$bin" "${ppl[@]}" --ram-budget "$quarter" --slots 3 --trace "$tmp/t.csv" >"$tmp/s" 2>"$tmp/s.err" ||
+      fail "streamed perplexity: $(cat "$tmp/s.err")"
+    grep -q "^Final estimate: PPL" "$tmp/ref" || fail "no estimate"
+    cmp -s "$tmp/ref" "$tmp/s" || fail "PPL differs: $(tail -1 "$tmp/s") vs $(tail -1 "$tmp/ref")"
+    grep -q "^stream: .*from disk per pass" "$tmp/s.err" || fail "no stream stats: $(cat "$tmp/s.err")"
+    grep -q "^trace: " "$tmp/s.err" || fail "no trace line"
+    echo "ok: $(tail -1 "$tmp/s")";;
+  chat_matches_resident)
+    printf 'hello there\nand again\n' | "$bin" chat "${common[@]:0:2}" --chat-template chatml --temp 0 -n 8 -c 256 -t 2 >"$tmp/ref" 2>"$tmp/ref.err" ||
+      fail "chat: $(cat "$tmp/ref.err")"
+    printf 'hello there\nand again\n' | "$bin" chat "${common[@]:0:2}" --chat-template chatml --temp 0 -n 8 -c 256 -t 2 --ram-budget "$quarter" \
+      >"$tmp/s" 2>"$tmp/s.err" || fail "streamed chat: $(cat "$tmp/s.err")"
+    cmp -s "$tmp/ref" "$tmp/s" || fail "chat output differs"
+    grep -q "^stream: .*from disk per decoded token" "$tmp/s.err" || fail "no stream stats"
+    echo ok;;
+  bench_with_budget)
+    "$bin" bench -m "$model" -p 8 -n 4 -r 1 -t 2 --json >"$tmp/ref" 2>"$tmp/ref.err" || fail "bench: $(cat "$tmp/ref.err")"
+    "$bin" bench -m "$model" -p 8 -n 4 -r 1 -t 2 --json --ram-budget "$quarter" >"$tmp/s" 2>"$tmp/s.err" ||
+      fail "streamed bench: $(cat "$tmp/s.err")"
+    python3 - "$tmp/ref" "$tmp/s" <<'PY' || fail "bench JSON"
+import json, sys
+ref, got = (json.load(open(p)) for p in sys.argv[1:])
+assert [r["test"] for r in got] == ["pp8", "tg4"], got
+for a, b in zip(ref, got):
+    assert b["backend"] == a["backend"] == "cpu", (a["backend"], b["backend"])
+    assert b["weight_bytes_per_token"] == a["weight_bytes_per_token"]
+    assert b["avg_ts"] > 0 and "bound_ratio" in b and b["bound_ratio"] is None
+PY
+    grep -q "^stream: .*from disk per decoded token" "$tmp/s.err" || fail "no stream stats: $(cat "$tmp/s.err")"
+    "$bin" bench -m "$model" -p 8 -n 4 -r 1 -t 2 --csv --ram-budget "$quarter" --no-probe >"$tmp/c" 2>/dev/null || fail "csv"
+    head -1 "$tmp/c" | grep -q ",weight_gb_s,bound_gb_s,bound_ratio$" || fail "CSV header: $(head -1 "$tmp/c")"
+    awk -F, 'NR > 1 && NF != 12 { exit 1 }' "$tmp/c" || fail "CSV rows must have 12 fields"
+    "$bin" bench -m "$model" -p 8 -n 4 --ram-budget 8M >/dev/null 2>"$tmp/e"; rc=$?
+    [[ $rc == 2 ]] && grep -q "too small: at least" "$tmp/e" || fail "bench budget below minimum: exit $rc"
+    echo ok;;
+  plan_probe)
+    "$bin" run "${common[@]}" --ram-budget "$quarter" --plan >"$tmp/o" 2>"$tmp/e" || fail "--plan: $(cat "$tmp/e")"
+    grep -q "disk [0-9.]* GB/s measured: .* O_DIRECT\|disk [0-9.]* GB/s measured: .* buffered" "$tmp/o" ||
+      fail "no measured disk bandwidth: $(head -1 "$tmp/o")"
+    "$bin" perplexity -m "$model" -f "$src/tests/e2e/data/ppl.txt" --ram-budget "$quarter" --plan --no-probe >"$tmp/o" 2>"$tmp/e" ||
+      fail "perplexity --plan: $(cat "$tmp/e")"
+    grep -q "default (--no-probe)" "$tmp/o" || fail "--no-probe not reported: $(head -1 "$tmp/o")"
     echo ok;;
   *) fail "unknown case $case_name";;
 esac
