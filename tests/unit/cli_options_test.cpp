@@ -62,6 +62,48 @@ TEST(CliOptions, ParseFlagsMapsHelpToZeroAndErrorsToTwo) {
   EXPECT_NE(err.find("bogus"), std::string::npos) << err;
 }
 
+TEST(CliOptions, StreamFlagsParseAndAreCheckedBeforeLoading) {
+  auto parse = [](std::vector<std::string> args, StreamFlags& f) {
+    CLI::App app{"test", "sluice test"};
+    add_stream_flags(app, f);
+    Argv a(std::move(args));
+    return parse_flags(app, a.argc(), a.argv());
+  };
+  StreamFlags f;
+  EXPECT_EQ(parse({"bench", "--ram-budget", "1.5G", "--slots", "3", "--trace", "t.csv", "--no-probe", "--plan"}, f),
+            std::nullopt);
+  EXPECT_EQ(f.n_slots, 3);
+  EXPECT_EQ(f.trace_path, "t.csv");
+  EXPECT_TRUE(f.no_probe && f.show_plan);
+  auto b = resolve_stream_flags(f);
+  ASSERT_TRUE(b.is_ok()) << b.status().message();
+  EXPECT_EQ(**b, uint64_t(1.5 * (1ull << 30)));
+
+  StreamFlags none;
+  auto nb = resolve_stream_flags(none);
+  ASSERT_TRUE(nb.is_ok());
+  EXPECT_FALSE(nb->has_value()) << "no --ram-budget: the mmapped path";
+
+  StreamFlags bad;
+  bad.ram_budget = "lots";
+  auto e = resolve_stream_flags(bad);
+  ASSERT_FALSE(e.is_ok());
+  EXPECT_EQ(exit_code_for(e.status()), kExitBadInput);
+  EXPECT_NE(e.status().message().find("--ram-budget"), std::string::npos) << e.status().message();
+
+  StreamFlags trace_only;
+  trace_only.trace_path = "t.csv";
+  auto t = resolve_stream_flags(trace_only);
+  ASSERT_FALSE(t.is_ok());
+  EXPECT_EQ(exit_code_for(t.status()), kExitBadInput);
+  EXPECT_NE(t.status().message().find("needs --ram-budget"), std::string::npos) << t.status().message();
+
+  StreamFlags s;
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(parse({"run", "--slots", "0"}, s), std::optional<int>(kExitBadInput));
+  testing::internal::GetCapturedStderr();
+}
+
 TEST(CliOptions, ResolveSamplingValidatesAndDrawsASeedWhenNoneGiven) {
   CLI::App app{"test"};
   SamplingFlags sf;
