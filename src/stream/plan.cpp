@@ -217,6 +217,19 @@ Result<Plan> make_plan(const PlanInput& in) {
   return *best;
 }
 
+void score_plan(const PlanInput& in, Plan& p) {
+  SLUICE_CHECK(p.units.size() == in.units.size(), "score_plan: plan and input differ in unit count");
+  p.resident_bytes = p.ram_bytes = p.disk_bytes = p.cpu_exec_bytes = 0;
+  for (size_t i = 0; i < in.units.size(); ++i) {
+    const uint64_t b = in.units[i].bytes;
+    if (p.units[i].home == Home::kVram || (!in.has_gpu && p.units[i].home == Home::kRam)) p.resident_bytes += b;
+    if (in.has_gpu && p.units[i].home == Home::kRam) p.ram_bytes += b;
+    if (p.units[i].home == Home::kDisk) p.disk_bytes += b;
+    if (p.units[i].exec == Executor::kCpu) p.cpu_exec_bytes += b;
+  }
+  score(in, p);
+}
+
 std::string Plan::describe(const PlanInput& in) const {
   std::string out;
   char line[256];

@@ -84,6 +84,11 @@ struct Plan {
 // Errors (kInvalidArgument) when even the minimum does not fit, stating the minimum.
 Result<Plan> make_plan(const PlanInput& in);
 
+// Scores a placement chosen elsewhere (tests forcing tiers, an explicit per-unit override): the
+// units' homes and executors, n_slots, slot_bytes and staging_bytes are the caller's; fills the
+// byte totals, the cost terms and the bound exactly as make_plan does for its own placements.
+void score_plan(const PlanInput& in, Plan& p);
+
 // "16G", "512M", "1.5G", "1024" (bytes), K/M/G/T are powers of 1024. Error names the text.
 Result<uint64_t> parse_byte_size(std::string_view text);
 std::string format_bytes(uint64_t bytes);

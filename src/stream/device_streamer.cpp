@@ -1,0 +1,664 @@
+#include "stream/device_streamer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+
+#include "gguf/gguf.h"
+#include "model/arch.h"
+#include "model/config.h"
+
+namespace sluice::stream {
+namespace {
+
+using Mark = backend::Backend::Mark;
+using Clock = FileReader::Clock;
+
+// The layer loop's fixed sizes (model/forward.cpp): tokens per pass and logit rows per output
+// projection, which size its activation buffers; and the default context cap for n_ctx = 0.
+constexpr int64_t kMaxBatch = 512;
+constexpr int64_t kLogitRows = 16;
+constexpr int kDefaultMaxCtx = 4096;
+// The CUDA GEMV reads weights with 16-byte loads; GGUF aligns tensor data to 32 bytes.
+constexpr uint64_t kWeightAlign = 16;
+// Marks are recycled by the backend after 1024 newer ones (cuda_backend.cu); older records can
+// no longer be read and are dropped.
+constexpr Mark kMarkHorizon = 960;
+
+using Field = model::TensorRef model::LayerWeights::*;
+constexpr Field kLayerFields[] = {
+    &model::LayerWeights::attn_norm, &model::LayerWeights::wq,     &model::LayerWeights::wk,
+    &model::LayerWeights::wv,        &model::LayerWeights::wo,     &model::LayerWeights::bq,
+    &model::LayerWeights::bk,        &model::LayerWeights::bv,     &model::LayerWeights::q_norm,
+    &model::LayerWeights::k_norm,    &model::LayerWeights::ffn_norm, &model::LayerWeights::w_gate,
+    &model::LayerWeights::w_up,      &model::LayerWeights::w_down};
+
+uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+// Byte offset of tensor `t` inside a unit buffer laid out by `u` (the file's bytes at the same
+// relative positions, runs packed one after another).
+Result<uint64_t> offset_in_unit(const model::TensorRef& t, const gguf::File& f, const UnitLayout& u) {
+  const gguf::TensorInfo* info = f.find_tensor(t.name);
+  if (!info) return internal_error("stream: tensor " + t.name + " not in the file");
+  const uint64_t off = f.data_offset() + info->offset;
+  for (const ReadRun& r : u.runs) {
+    if (off >= r.offset && off + info->nbytes <= r.offset + r.len) return r.dst + (off - r.offset);
+  }
+  return internal_error("stream: tensor " + t.name + " is outside the reads of unit " + u.name);
+}
+
+// Points every present tensor of `lw` into a unit buffer at `base`. With `align`, a tensor whose
+// offset is not a multiple of it is an error (the buffer base is aligned, so the offset decides).
+Status relocate_layer(model::LayerWeights& lw, const gguf::File& f, const UnitLayout& u, uint8_t* base, uint64_t align) {
+  for (Field fld : kLayerFields) {
+    model::TensorRef& t = lw.*fld;
+    if (!t.present()) continue;
+    SLUICE_ASSIGN_OR_RETURN(uint64_t off, offset_in_unit(t, f, u));
+    if (align > 1 && off % align != 0) {
+      return unsupported(f.path() + ": tensor " + t.name + " lies at an offset that is not a multiple of " +
+                         std::to_string(align) + " bytes (the backend's weight loads need that alignment)");
+    }
+    t.data = base + off;
+  }
+  return Status::ok();
+}
+
+uint64_t tensor_bytes(const gguf::File& f, const char* name) {
+  const gguf::TensorInfo* t = f.find_tensor(name);
+  return t ? t->nbytes : 0;
+}
+
+uint64_t physical_ram() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? uint64_t(pages) * uint64_t(page) : 0;
+}
+
+}  // namespace
+
+// ---- planning ---------------------------------------------------------------------------------
+
+Result<DevicePlan> plan_device(const gguf::File& file, const FileLayout& layout, const DeviceStreamOptions& opts) {
+  if (opts.n_slots < 2) {
+    return invalid_argument("--slots must be >= 2 for device streaming (one slot computes while the next is copied), got " +
+                            std::to_string(opts.n_slots));
+  }
+  if (opts.n_ctx < 0) return invalid_argument("n_ctx must be >= 0, got " + std::to_string(opts.n_ctx));
+  SLUICE_ASSIGN_OR_RETURN(std::string arch_name, file.get_string("general.architecture"));
+  const model::ArchSpec* arch = model::find_arch(arch_name);
+  if (!arch) return unsupported(file.path() + ": architecture \"" + arch_name + "\" is not supported");
+  SLUICE_ASSIGN_OR_RETURN(model::Config cfg, model::read_config(file, *arch));
+
+  DevicePlan dp;
+  dp.n_ctx = opts.n_ctx == 0 ? std::min(cfg.n_ctx_train, kDefaultMaxCtx) : opts.n_ctx;
+  // Uploaded non-layer tensors; a tied output head uploads the embedding table as the head.
+  const uint64_t head = tensor_bytes(file, "output.weight");
+  dp.globals_bytes = (head ? head : tensor_bytes(file, "token_embd.weight")) + tensor_bytes(file, "output_norm.weight") +
+                     tensor_bytes(file, "rope_freqs.weight");
+  dp.kv_bytes = uint64_t(dp.n_ctx) * uint64_t(cfg.n_layer) * uint64_t(cfg.n_embd_k() + cfg.n_embd_v()) * 2;
+  dp.activation_bytes = uint64_t(kMaxBatch) *
+                            uint64_t(2 * cfg.n_embd + cfg.n_embd_q() + cfg.n_embd_k() + cfg.n_embd_v() +
+                                     cfg.n_head * cfg.head_dim_v + 2 * cfg.n_ff) * 4 +
+                        uint64_t(kLogitRows) * uint64_t(cfg.n_vocab) * 4;
+  dp.workspace_bytes = opts.workspace_bytes;
+  dp.vram_budget = opts.vram_budget;
+  dp.ram_budget = opts.ram_budget ? opts.ram_budget : physical_ram() / 4 * 3;
+
+  PlanInput& in = dp.input;
+  in.has_gpu = true;
+  in.min_slots = opts.n_slots;
+  in.bw = opts.bw;
+  for (const UnitLayout& u : layout.layers) in.units.push_back({u.name, u.bytes});
+  const size_t n = in.units.size();
+
+  if (!opts.force_homes.empty()) {
+    if (opts.force_homes.size() != n) {
+      return invalid_argument("force_homes has " + std::to_string(opts.force_homes.size()) + " entries, the model has " +
+                              std::to_string(n) + " layers");
+    }
+    Plan& p = dp.plan;
+    p.units.assign(n, UnitPlan{});
+    size_t streamed = 0;
+    uint64_t largest = 0, largest_disk = 0;
+    for (size_t i = 0; i < n; ++i) {
+      p.units[i] = {opts.force_homes[i], Executor::kGpu};
+      if (opts.force_homes[i] == Home::kVram) continue;
+      ++streamed;
+      largest = std::max(largest, in.units[i].bytes);
+      if (opts.force_homes[i] == Home::kDisk) largest_disk = std::max(largest_disk, in.units[i].bytes);
+    }
+    p.n_slots = int(std::min<size_t>(size_t(opts.n_slots), streamed));
+    p.slot_bytes = largest;
+    p.staging_bytes = 2 * largest_disk;
+    score_plan(in, p);
+    dp.forced = true;
+    dp.n_staging = p.disk_bytes > 0 ? 2 : 0;
+    return dp;
+  }
+
+  if (dp.vram_budget == 0) return invalid_argument("device streaming needs a VRAM budget (--vram-budget)");
+  // The smallest budget any placement fits, by the planner's rule (largest layers resident first,
+  // the rest through min(n_slots, streamed) slots of the largest streamed layer).
+  std::vector<uint64_t> sizes;
+  for (const Unit& u : in.units) sizes.push_back(u.bytes);
+  std::sort(sizes.rbegin(), sizes.rend());
+  uint64_t min_layers = UINT64_MAX, resident = 0;
+  for (size_t r = 0; r <= sizes.size(); ++r) {
+    if (r > 0) resident += sizes[r - 1];
+    const size_t m = sizes.size() - r;
+    min_layers = std::min(min_layers, resident + std::min<uint64_t>(uint64_t(opts.n_slots), m) * (m ? sizes[r] : 0));
+  }
+  const uint64_t minimum = dp.reserved_bytes() + min_layers;
+  if (dp.vram_budget < minimum) {
+    return invalid_argument("VRAM budget " + format_bytes(dp.vram_budget) + " is too small: at least " +
+                            format_bytes(minimum) + " (" + std::to_string(minimum) + " bytes) is needed: KV cache " +
+                            format_bytes(dp.kv_bytes) + " (" + std::to_string(dp.n_ctx) + " positions; a smaller -c lowers it)" +
+                            " + activations " + format_bytes(dp.activation_bytes) + " + workspace " +
+                            format_bytes(dp.workspace_bytes) + " + output head and norms " + format_bytes(dp.globals_bytes) +
+                            " + " + std::to_string(opts.n_slots) + " slots of the largest layer (" +
+                            format_bytes(sizes.front()) + ")");
+  }
+  in.vram_budget = dp.vram_budget;
+  in.vram_reserved = dp.reserved_bytes();
+  in.ram_budget = dp.ram_budget;
+  auto p = make_plan(in);
+  if (!p.is_ok()) {
+    if (p.status().message().find("staging") == std::string::npos) return p.status();
+    // The planner cannot even stage disk reads: state the RAM that needs (two buffers of the
+    // largest layer streamed from disk; layers are near-equal in size, so the largest overall).
+    return invalid_argument("RAM budget " + format_bytes(dp.ram_budget) + " is too small: reading layers from disk needs " +
+                            "2 pinned staging buffers of the largest layer, at least " + format_bytes(2 * sizes.front()) +
+                            " (" + std::to_string(2 * sizes.front()) + " bytes)");
+  }
+  dp.plan = std::move(p).value();
+  dp.n_staging = dp.plan.disk_bytes > 0 ? 2 : 0;
+  return dp;
+}
+
+std::string DevicePlan::describe() const {
+  std::string s = plan.describe(input);
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "  VRAM %s of the %s budget: KV cache %s (%d positions), activations %s, workspace %s, output head and "
+                "norms %s, resident layers %s, %d slots of %s\n",
+                format_bytes(vram_used()).c_str(), forced ? "(forced placement)" : format_bytes(vram_budget).c_str(),
+                format_bytes(kv_bytes).c_str(), n_ctx, format_bytes(activation_bytes).c_str(),
+                format_bytes(workspace_bytes).c_str(), format_bytes(globals_bytes).c_str(),
+                format_bytes(plan.resident_bytes).c_str(), plan.n_slots, format_bytes(plan.slot_bytes).c_str());
+  s += line;
+  std::snprintf(line, sizeof line,
+                "  pinned RAM %s of the %s budget (B copies %s, disk staging %d x %s); token_embd stays in host memory\n",
+                format_bytes(plan.ram_bytes + plan.staging_bytes).c_str(), format_bytes(ram_budget).c_str(),
+                format_bytes(plan.ram_bytes).c_str(), n_staging,
+                format_bytes(n_staging ? plan.staging_bytes / uint64_t(n_staging) : 0).c_str());
+  return s + line;
+}
+
+// ---- the streamer -----------------------------------------------------------------------------
+
+DeviceStreamer::~DeviceStreamer() = default;
+
+Result<std::unique_ptr<DeviceStreamer>> DeviceStreamer::create(const std::string& path, const gguf::File& file,
+                                                               const model::Weights& w, backend::Backend& be,
+                                                               const DeviceStreamOptions& opts_in) {
+  const bool host = be.reads_host_weights();
+  if (host && !opts_in.allow_host_backend) {
+    return unsupported(std::string("device streaming copies layers into a backend's own memory; the ") + be.name() +
+                       " backend computes on host memory (use CPU streaming: --ram-budget without --vram-budget)");
+  }
+  DeviceStreamOptions opts = opts_in;
+  if (opts.vram_budget == 0 && opts.force_homes.empty()) {
+    const int64_t free = be.free_memory();
+    if (free < 0) return invalid_argument(std::string("the ") + be.name() + " backend has no memory limit: give a VRAM budget");
+    opts.vram_budget = uint64_t(free);
+  }
+  std::unique_ptr<DeviceStreamer> s(new DeviceStreamer(be));
+  s->host_backend_ = host;
+  s->timed_ = !host && opts.time_marks;
+  s->trace_ = opts.trace;
+  s->stats_.device_timed = s->timed_;
+  SLUICE_ASSIGN_OR_RETURN(s->layout_, layout_of(file));
+  const size_t n_layer = w.layers.size();
+  if (s->layout_.layers.size() != n_layer) {
+    return invalid_argument(path + ": file has " + std::to_string(s->layout_.layers.size()) +
+                            " blk.* layers, the model expects " + std::to_string(n_layer));
+  }
+  SLUICE_ASSIGN_OR_RETURN(s->plan_, plan_device(file, s->layout_, opts));
+  SLUICE_ASSIGN_OR_RETURN(s->reader_, FileReader::open(path, opts.io));
+  FileReader& rd = *s->reader_;
+  if (rd.file_size() != file.file_size()) {
+    return io_error(path + ": the model file changed while loading (size " + std::to_string(file.file_size()) + " -> " +
+                    std::to_string(rd.file_size()) + ")");
+  }
+  const Plan& plan = s->plan_.plan;
+  const uint64_t align = host ? 1 : kWeightAlign;
+
+  // Globals: the output head and the small vectors live in backend memory; token_embd stays on
+  // the host (get_rows moves only the looked-up rows).
+  auto upload = [&](model::TensorRef& t) -> Status {
+    if (!t.present()) return Status::ok();
+    auto v = be.upload_weight(t.view());
+    if (!v.is_ok()) return Status(v.status().code(), "uploading " + t.name + ": " + v.status().message());
+    t.data = v->data;
+    return Status::ok();
+  };
+  s->globals_ = w;
+  s->globals_.layers.clear();
+  for (model::TensorRef* t : {&s->globals_.output_norm, &s->globals_.output, &s->globals_.rope_freqs}) {
+    SLUICE_RETURN_IF_ERROR(upload(*t));
+  }
+
+  // A: uploaded once. B and C: streamed, in layer order.
+  s->resident_views_.resize(n_layer);
+  s->stream_index_.assign(n_layer, -1);
+  for (size_t l = 0; l < n_layer; ++l) {
+    if (plan.units[l].home == Home::kVram) {
+      s->resident_views_[l] = w.layers[l];
+      for (Field fld : kLayerFields) SLUICE_RETURN_IF_ERROR(upload(s->resident_views_[l].*fld));
+      continue;
+    }
+    const int j = int(s->streamed_.size());
+    s->stream_index_[l] = j;
+    s->streamed_.push_back(int(l));
+    if (plan.units[l].home == Home::kDisk) {
+      s->c_index_.push_back(int(s->c_pos_.size()));
+      s->c_pos_.push_back(j);
+    } else {
+      s->c_index_.push_back(-1);
+    }
+  }
+  if (s->streamed_.empty()) return s;
+
+  // B: pinned host copies, read once with O_DIRECT (pinned memory is page-aligned), so the
+  // page cache does not hold a second copy of what is already pinned.
+  s->host_copy_.assign(s->streamed_.size(), nullptr);
+  {
+    const auto t0 = Clock::now();
+    std::vector<FileReader::Ticket> tickets;
+    uint64_t loaded = 0;
+    Status st;
+    for (size_t j = 0; j < s->streamed_.size() && st.is_ok(); ++j) {
+      if (s->c_index_[j] >= 0) continue;
+      const UnitLayout& u = s->layout_.layers[size_t(s->streamed_[j])];
+      auto p = be.alloc_staging(int64_t(round_up(u.bytes, kIoAlign)));
+      if (!p.is_ok()) {
+        st = Status(p.status().code(), "pinned copy of " + u.name + ": " + p.status().message());
+        break;
+      }
+      uint8_t* dst = static_cast<uint8_t*>(*p);
+      std::memset(dst, 0, size_t(round_up(u.bytes, kIoAlign)));  // bytes past the file end stay defined
+      s->pinned_bytes_ += round_up(u.bytes, kIoAlign);
+      s->host_copy_[j] = dst;
+      loaded += u.bytes;
+      for (const ReadRun& r : u.runs) {
+        auto t = rd.submit(r.offset, r.len, dst + r.dst);
+        if (!t.is_ok()) {
+          st = t.status();
+          break;
+        }
+        tickets.push_back(*t);
+      }
+    }
+    for (FileReader::Ticket t : tickets) {  // all of them, even after an error: no read may outlive this
+      Status ws = rd.wait(t);
+      if (st.is_ok()) st = std::move(ws);
+    }
+    SLUICE_RETURN_IF_ERROR(st);
+    if (s->trace_ && loaded) {
+      s->trace_->append({s->trace_->us(t0), s->trace_->now_us(), "load", -1, "pinned", "disk", loaded});
+    }
+  }
+
+  // Slots: the ring every streamed layer passes through, and each (layer, slot) view prepared
+  // now so the hot path allocates nothing.
+  const int n_slots = plan.n_slots;
+  const uint64_t slot_bytes = round_up(plan.slot_bytes, kIoAlign);
+  for (int k = 0; k < n_slots; ++k) {
+    SLUICE_ASSIGN_OR_RETURN(void* p, be.alloc_slot(int64_t(slot_bytes)));
+    if (reinterpret_cast<uintptr_t>(p) % kWeightAlign != 0) {
+      return internal_error(std::string("the ") + be.name() + " backend returned a slot that is not 16-byte aligned");
+    }
+    s->slots_.push_back({p, 0, 0, 0});
+    s->slot_lanes_.push_back("h2d slot " + std::to_string(k));
+  }
+  s->slot_views_.resize(s->streamed_.size() * size_t(n_slots));
+  for (size_t j = 0; j < s->streamed_.size(); ++j) {
+    const size_t l = size_t(s->streamed_[j]);
+    for (int k = 0; k < n_slots; ++k) {
+      model::LayerWeights& v = s->slot_views_[j * size_t(n_slots) + size_t(k)];
+      v = w.layers[l];
+      SLUICE_RETURN_IF_ERROR(
+          relocate_layer(v, file, s->layout_.layers[l], static_cast<uint8_t*>(s->slots_[size_t(k)].base), align));
+    }
+  }
+
+  // C: staging buffers for disk reads.
+  if (!s->c_pos_.empty()) {
+    uint64_t largest = 0;
+    size_t max_runs = 0;
+    for (int j : s->c_pos_) {
+      const UnitLayout& u = s->layout_.layers[size_t(s->streamed_[size_t(j)])];
+      largest = std::max(largest, u.bytes);
+      max_runs = std::max(max_runs, u.runs.size());
+    }
+    const uint64_t bytes = round_up(largest, kIoAlign);
+    for (int k = 0; k < s->plan_.n_staging; ++k) {
+      auto p = be.alloc_staging(int64_t(bytes));
+      if (!p.is_ok()) return Status(p.status().code(), "disk staging buffer: " + p.status().message());
+      std::memset(*p, 0, size_t(bytes));
+      s->pinned_bytes_ += bytes;
+      Staging st;
+      st.base = static_cast<uint8_t*>(*p);
+      st.tickets.reserve(max_runs);
+      s->staging_.push_back(std::move(st));
+      s->staging_lanes_.push_back("disk staging " + std::to_string(k));
+    }
+  }
+  // Start the disk reads and the first copies now; begin_pass tops the ring up.
+  SLUICE_RETURN_IF_ERROR(s->pump(-1));
+  return s;
+}
+
+Status DeviceStreamer::fail(Status st) {
+  if (failed_.is_ok()) failed_ = std::move(st);
+  return failed_;
+}
+
+uint64_t DeviceStreamer::cseq_of(uint64_t seq) const {
+  const uint64_t m = streamed_.size(), mc = c_pos_.size();
+  return seq / m * mc + uint64_t(c_index_[seq % m]);
+}
+
+void DeviceStreamer::note_host_wait(const char* what, int layer, Clock::time_point t0, double* counter) {
+  const auto t1 = Clock::now();
+  const double dt = seconds(t0, t1);
+  *counter += dt;
+  if (trace_ && dt > 1e-6) {
+    const std::string name = layer >= 0 ? layout_.layers[size_t(layer)].name : std::string();
+    trace_->append({trace_->us(t0), trace_->us(t1), "host wait", layer, name, what, 0});
+  }
+}
+
+// Reads of C layers into free staging buffers, in C order. A buffer is free once the copy out of
+// it is done; the host waits for that copy only when it was issued by an earlier pump (then it
+// has had time to finish), when the disk would otherwise have nothing to read, or when the read
+// is needed now (force_upto).
+Status DeviceStreamer::submit_reads(int64_t force_upto) {
+  const uint64_t n_st = staging_.size();
+  if (n_st == 0) return Status::ok();
+  const uint64_t m = streamed_.size(), mc = c_pos_.size();
+  while (c_read_ < c_copied_ + n_st) {
+    Staging& st = staging_[c_read_ % n_st];
+    if (st.copy_mark != 0) {
+      const bool old = st.copy_pump < pump_id_;
+      const bool disk_idle = c_read_ == c_copied_;
+      const bool forced = int64_t(c_read_) <= force_upto;
+      if (!old && !disk_idle && !forced) break;
+      const auto t0 = Clock::now();
+      be_.host_wait(st.copy_mark);
+      const int layer = streamed_[size_t(c_pos_[st.cseq % mc])];
+      note_host_wait("staging", layer, t0, &stats_.staging_wait_seconds);
+      st.copy_mark = 0;
+    }
+    const uint64_t j = uint64_t(c_pos_[c_read_ % mc]);
+    (void)m;
+    const UnitLayout& u = layout_.layers[size_t(streamed_[j])];
+    st.tickets.clear();  // keeps its capacity: no allocation
+    st.cseq = c_read_;
+    st.submitted = Clock::now();
+    ++c_read_;
+    for (const ReadRun& r : u.runs) {
+      auto t = reader_->submit(r.offset, r.len, st.base + r.dst);
+      if (!t.is_ok()) return fail(t.status());
+      st.tickets.push_back(*t);
+    }
+  }
+  return Status::ok();
+}
+
+// The copy of sequence `seq` into its slot (the slot is free: the caller keeps copied_ <
+// released_ + n_slots). A C layer needs its read done: without may_block the copy waits for a
+// later pump instead; with it the host waits for the disk (a stall the disk causes).
+Status DeviceStreamer::issue_copy(uint64_t seq, bool may_block, bool* issued) {
+  *issued = false;
+  const size_t m = streamed_.size();
+  const size_t j = size_t(seq % m);
+  const int layer = streamed_[j];
+  const UnitLayout& u = layout_.layers[size_t(layer)];
+  const bool disk = is_disk(j);
+  const uint8_t* src = host_copy_.empty() ? nullptr : host_copy_[j];
+  Staging* st = nullptr;
+  if (disk) {
+    const uint64_t k = cseq_of(seq);
+    if (k >= c_read_) {
+      if (!may_block) return Status::ok();
+      SLUICE_RETURN_IF_ERROR(submit_reads(int64_t(k)));
+    }
+    st = &staging_[k % staging_.size()];
+    SLUICE_CHECK(st->cseq == k, "stream: staging buffer does not hold the layer to copy");
+    if (!may_block) {
+      for (FileReader::Ticket t : st->tickets) {
+        if (!reader_->is_done(t)) return Status::ok();
+      }
+    }
+    const auto t0 = Clock::now();
+    Status rs;
+    Clock::time_point arrived = st->submitted;
+    for (FileReader::Ticket t : st->tickets) {  // every one, even after an error
+      Clock::time_point done{};
+      Status ws = reader_->wait(t, &done);
+      arrived = std::max(arrived, done);
+      if (rs.is_ok()) rs = std::move(ws);
+    }
+    st->tickets.clear();
+    if (may_block) {
+      const double before = stats_.disk_wait_seconds;
+      note_host_wait("disk", layer, t0, &stats_.disk_wait_seconds);
+      if (decode_pass_) stats_.decode_disk_wait_seconds += stats_.disk_wait_seconds - before;
+    }
+    if (!rs.is_ok()) return fail(std::move(rs));
+    if (trace_) {
+      trace_->append({trace_->us(st->submitted), trace_->us(arrived), staging_lanes_[k % staging_.size()], layer, u.name,
+                      "disk", u.bytes});
+    }
+    src = st->base;
+  }
+  const size_t slot_k = size_t(seq % slots_.size());
+  Slot& sl = slots_[slot_k];
+  CopyRecord rec;
+  rec.bytes = u.bytes;
+  rec.layer = layer;
+  rec.slot = int(slot_k);
+  rec.from_disk = disk;
+  rec.decode = decode_pass_;
+  const auto h0 = Clock::now();
+  Mark after = sl.free_mark;
+  if (timed_) {
+    // An empty copy first: its mark passes when the copy queue reaches this copy and the slot is
+    // free, so the pair of marks times the copy itself, not the wait before it.
+    rec.start = be_.copy_to_slot(sl.base, src, 0, after);
+    after = 0;
+  }
+  const Mark end = be_.copy_to_slot(sl.base, src, int64_t(u.bytes), after);
+  ++stats_.copies;
+  if (host_backend_) {
+    const auto h1 = Clock::now();
+    stats_.copy_seconds += seconds(h0, h1);
+    stats_.copy_bytes_timed += u.bytes;
+    if (trace_) {
+      trace_->append({trace_->us(h0), trace_->us(h1), slot_lanes_[slot_k], layer, u.name, disk ? "disk" : "ram", u.bytes});
+    }
+  } else if (timed_) {
+    rec.end = end;
+    rec.anchor = anchor_;
+    rec.anchor_us = anchor_us_;
+    copy_records_.push_back(rec);
+  }
+  newest_mark_ = std::max(newest_mark_, end);
+  sl.copy_mark = end;
+  sl.seq = seq;
+  last_copy_ = end;
+  if (disk) {
+    st->copy_mark = end;
+    st->copy_pump = pump_id_;
+    ++c_copied_;
+  }
+  ++copied_;
+  *issued = true;
+  return Status::ok();
+}
+
+Status DeviceStreamer::pump(int64_t need) {
+  if (streamed_.empty()) return Status::ok();
+  if (!failed_.is_ok()) return failed_;
+  ++pump_id_;
+  SLUICE_RETURN_IF_ERROR(submit_reads(-1));
+  while (copied_ < released_ + slots_.size()) {
+    const bool required = need >= 0 && copied_ <= uint64_t(need);
+    bool issued = false;
+    SLUICE_RETURN_IF_ERROR(issue_copy(copied_, required, &issued));
+    if (!issued) break;
+  }
+  return submit_reads(-1);
+}
+
+Status DeviceStreamer::begin_pass(int n_tokens) {
+  if (!failed_.is_ok()) return failed_;
+  // Once per pass: a file replaced or truncated under us must stop generation, not feed the
+  // layers a mix of two files (fstat + stat: microseconds).
+  if (Status st = reader_->check_unchanged(); !st.is_ok()) return fail(std::move(st));
+  collect();
+  decode_pass_ = n_tokens == 1;
+  ++stats_.passes;
+  if (decode_pass_) ++stats_.decode_passes;
+  if (trace_ && timed_ && !streamed_.empty()) {
+    // The compute queue is idle here (the last eval ended with a sync), so a mark taken now
+    // passes at once: device times map to the trace clock through it.
+    anchor_ = be_.compute_mark();
+    be_.host_wait(anchor_);
+    anchor_us_ = trace_->now_us();
+    newest_mark_ = std::max(newest_mark_, anchor_);
+  }
+  return pump(-1);
+}
+
+Result<const model::LayerWeights*> DeviceStreamer::acquire(int layer) {
+  if (!failed_.is_ok()) return failed_;
+  SLUICE_CHECK(layer >= 0 && size_t(layer) < stream_index_.size(), "stream: layer out of range");
+  const int idx = stream_index_[size_t(layer)];
+  const uint64_t bytes = layout_.layers[size_t(layer)].bytes;
+  if (idx < 0) {
+    stats_.vram_bytes += bytes;
+    if (decode_pass_) stats_.decode_vram_bytes += bytes;
+    return &resident_views_[size_t(layer)];
+  }
+  const size_t m = streamed_.size();
+  SLUICE_CHECK(streamed_[acquired_ % m] == layer, "stream: layers must be acquired in order");
+  SLUICE_CHECK(acquired_ == released_, "stream: acquire before the previous streamed layer was released");
+  SLUICE_RETURN_IF_ERROR(pump(int64_t(acquired_)));
+  SLUICE_CHECK(copied_ > acquired_, "stream: the copy of the layer to compute was not issued");
+  const size_t k = size_t(acquired_ % slots_.size());
+  Slot& sl = slots_[k];
+  SLUICE_CHECK(sl.seq == acquired_, "stream: slot does not hold the layer to compute");
+  const bool disk = is_disk(size_t(idx));
+  if (timed_) {
+    StallRecord r;
+    r.before = be_.compute_mark();
+    be_.compute_wait(sl.copy_mark);
+    r.after = be_.compute_mark();
+    r.layer = layer;
+    r.from_disk = disk;
+    r.decode = decode_pass_;
+    r.anchor = anchor_;
+    r.anchor_us = anchor_us_;
+    newest_mark_ = std::max(newest_mark_, r.after);
+    stall_records_.push_back(r);
+  } else {
+    be_.compute_wait(sl.copy_mark);
+  }
+  if (disk) {
+    stats_.disk_bytes += bytes;
+    if (decode_pass_) stats_.decode_disk_bytes += bytes;
+  } else {
+    stats_.ram_bytes += bytes;
+    if (decode_pass_) stats_.decode_ram_bytes += bytes;
+  }
+  ++acquired_;
+  return &slot_views_[size_t(idx) * slots_.size() + k];
+}
+
+void DeviceStreamer::release(int layer) {
+  SLUICE_CHECK(layer >= 0 && size_t(layer) < stream_index_.size(), "stream: layer out of range");
+  if (stream_index_[size_t(layer)] < 0) return;
+  if (acquired_ != released_ + 1) return;  // its acquire failed; the error is already sticky
+  SLUICE_CHECK(streamed_[released_ % streamed_.size()] == layer, "stream: layers must be released in order");
+  Slot& sl = slots_[released_ % slots_.size()];
+  // The next copy into this slot starts once the compute issued so far (this layer) is done.
+  sl.free_mark = be_.compute_mark();
+  newest_mark_ = std::max(newest_mark_, sl.free_mark);
+  ++released_;
+  if (failed_.is_ok()) (void)pump(-1);  // errors are sticky and reported by the next acquire
+}
+
+void DeviceStreamer::trace_mark_span(Mark anchor, int64_t anchor_us, Mark from, Mark to, TraceEvent e) {
+  if (!trace_ || anchor == 0) return;
+  const double a = be_.seconds_between(anchor, from), b = be_.seconds_between(anchor, to);
+  if (a < 0 || b < 0) return;  // before the anchor or no longer readable
+  e.t_start_us = anchor_us + int64_t(a * 1e6);
+  e.t_end_us = anchor_us + int64_t(b * 1e6);
+  trace_->append(std::move(e));
+}
+
+void DeviceStreamer::collect() {
+  if (!timed_) return;
+  auto stale = [&](Mark m) { return m + kMarkHorizon <= newest_mark_; };
+  while (!stall_records_.empty()) {
+    const StallRecord& r = stall_records_.front();
+    const double d = be_.seconds_between(r.before, r.after);
+    if (d < 0 && !stale(r.after)) break;  // not passed yet: later records have not either
+    if (d >= 0) {
+      stats_.compute_stall_seconds += d;
+      if (r.decode) stats_.decode_compute_stall_seconds += d;
+      if (d > 1e-6) {
+        trace_mark_span(r.anchor, r.anchor_us, r.before, r.after,
+                        {0, 0, "stall", r.layer, layout_.layers[size_t(r.layer)].name, r.from_disk ? "disk" : "ram", 0});
+      }
+    }
+    stall_records_.pop_front();
+  }
+  while (!copy_records_.empty()) {
+    const CopyRecord& r = copy_records_.front();
+    const double d = be_.seconds_between(r.start, r.end);
+    if (d < 0 && !stale(r.end)) break;
+    if (d >= 0) {
+      stats_.copy_seconds += d;
+      stats_.copy_bytes_timed += r.bytes;
+      trace_mark_span(r.anchor, r.anchor_us, r.start, r.end,
+                      {0, 0, slot_lanes_[size_t(r.slot)], r.layer, layout_.layers[size_t(r.layer)].name,
+                       r.from_disk ? "disk" : "ram", r.bytes});
+    }
+    copy_records_.pop_front();
+  }
+}
+
+std::function<Result<std::unique_ptr<model::LayerSource>>(const gguf::File&, const model::Weights&, backend::Backend&)>
+device_streaming_source(const std::string& path, const DeviceStreamOptions& opts, DeviceStreamer** out) {
+  return [path, opts, out](const gguf::File& file, const model::Weights& w,
+                           backend::Backend& be) -> Result<std::unique_ptr<model::LayerSource>> {
+    DeviceStreamOptions o = opts;
+    if (!be.reads_host_weights() && o.measure_bandwidths) {
+      // The planner's two GPU terms, measured on this machine (a failed probe keeps the default).
+      if (auto h2d = backend::cuda_h2d_bandwidth(0); h2d.is_ok()) o.bw.h2d = *h2d;
+      if (auto vram = backend::cuda_copy_bandwidth(0); vram.is_ok()) o.bw.vram = *vram;
+    }
+    SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<DeviceStreamer> s, DeviceStreamer::create(path, file, w, be, o));
+    if (out) *out = s.get();
+    return std::unique_ptr<model::LayerSource>(std::move(s));
+  };
+}
+
+}  // namespace sluice::stream

@@ -1,0 +1,232 @@
+// Device streaming: the layer source for a backend with its own memory (the CUDA backend) when the
+// model does not fit it. From the plan (make_plan with has_gpu = true), every layer has a home:
+//   A  uploaded once at start-up (upload_weight): resident, pointers fixed;
+//   B  its bytes held in pinned host memory (alloc_staging, read once at start-up), copied each
+//      pass into a ring of n_slots backend slots (copy_to_slot);
+//   C  read from disk each pass (FileReader, O_DIRECT) into a ring of pinned staging buffers, then
+//      copied into the slots as B.
+// The output head, output_norm and rope_freqs are uploaded; token_embd stays in host memory
+// (Backend::get_rows reads the host table).
+//
+// Streamed layers pass through the slots in sequence (s = pass * n_streamed + index among
+// streamed layers; slot s % n_slots), and the host never waits for the device on the hot path:
+//   copy s into its slot   starts after the compute mark taken at release(s - n_slots) (slot free)
+//   compute of s           waits (compute_wait) for the mark of copy s, issued in acquire(s)
+//   release(s)             takes compute_mark() and issues copy s + n_slots into the freed slot
+// so while layer s computes, copies of s+1 .. s+n_slots-1 are queued or running (prefetch depth
+// n_slots - 1), wrapping from the last layer of one pass to the first of the next.
+// C layers: read C-index k goes into staging buffer k % n_staging once the copy of k - n_staging
+// out of that buffer is done (host_wait on its mark: the only host wait, and it is taken without
+// need only when the disk would otherwise idle); the copy of k is issued once its read is done.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/status.h"
+#include "model/model.h"
+#include "model/weights.h"
+#include "stream/cpu_streamer.h"
+#include "stream/io.h"
+#include "stream/plan.h"
+#include "stream/trace.h"
+
+namespace sluice::gguf {
+class File;
+}
+
+namespace sluice::stream {
+
+struct DeviceStreamOptions {
+  // Backend memory for everything the model puts there: uploaded output head and norms, resident
+  // layers, slots, KV cache, activations and workspace. 0: the backend's free memory at load.
+  uint64_t vram_budget = 0;
+  // Pinned host memory for B copies plus C staging. 0: three quarters of physical RAM.
+  uint64_t ram_budget = 0;
+  int n_slots = 2;          // backend slots for streamed layers (>= 2: one computes, one fills)
+  int n_ctx = 0;            // the model's KV cache positions (LoadOptions::n_ctx; 0: model default)
+  uint64_t workspace_bytes = 512ull << 20;  // backend scratch (GEMM tiles, attention, cuBLAS)
+  IoOptions io;
+  Bandwidths bw;            // planning; h2d and vram are measured at load where possible
+  bool measure_bandwidths = true;  // cuda_h2d_bandwidth / cuda_copy_bandwidth at load (GPU only)
+  // Read device queue times from marks (copy seconds, compute stalls). Costs two compute marks per
+  // streamed layer; off: only host-side waits are counted.
+  bool time_marks = true;
+  // Optional access trace (not owned; must outlive the streamer): "h2d slot K" copies, "disk
+  // staging K" reads, "stall" host waits, "load" start-up reads.
+  TraceWriter* trace = nullptr;
+
+  // Tests: run the pipeline on a backend that reads host weights (the CPU backend implements the
+  // streaming calls synchronously), and force each layer's home instead of planning.
+  bool allow_host_backend = false;
+  std::vector<Home> force_homes;  // per layer; empty: the planner decides
+};
+
+struct DevicePlan {
+  PlanInput input;              // units = layers
+  Plan plan;
+  int n_ctx = 0;                // resolved KV cache positions
+  uint64_t globals_bytes = 0;   // output head, output_norm, rope_freqs (uploaded)
+  uint64_t kv_bytes = 0;        // KV cache (f16)
+  uint64_t activation_bytes = 0;
+  uint64_t workspace_bytes = 0;
+  uint64_t vram_budget = 0, ram_budget = 0;
+  int n_staging = 0;            // pinned staging buffers for C reads (0 without C layers)
+  bool forced = false;          // homes came from force_homes
+  uint64_t reserved_bytes() const { return globals_bytes + kv_bytes + activation_bytes + workspace_bytes; }
+  // Backend bytes the plan uses: reserved + resident layers + slots.
+  uint64_t vram_used() const { return reserved_bytes() + plan.resident_bytes + uint64_t(plan.n_slots) * plan.slot_bytes; }
+  std::string describe() const;
+};
+
+// The placement for `file` under the budgets of `opts` (vram_budget must be set: the caller
+// resolves 0 to the backend's free memory). Errors (kInvalidArgument) when the VRAM budget cannot
+// hold the reserved memory plus n_slots slots of the largest layer, or the RAM budget cannot hold
+// the staging that reading from disk needs, stating the minimum.
+Result<DevicePlan> plan_device(const gguf::File& file, const FileLayout& layout, const DeviceStreamOptions& opts);
+
+// Counters since load; "decode" is passes of one token. Bytes are counted as passes consume them.
+struct DeviceStreamStats {
+  uint64_t passes = 0, decode_passes = 0;
+  uint64_t vram_bytes = 0, decode_vram_bytes = 0;  // A: resident layers read in place
+  uint64_t ram_bytes = 0, decode_ram_bytes = 0;    // B: copied from pinned RAM
+  uint64_t disk_bytes = 0, decode_disk_bytes = 0;  // C: read from disk, then copied
+  // Copy queue: seconds copying and the bytes those copies moved (from marks on a GPU; the memcpy
+  // on host backends). Copies are timed once their marks have passed: call collect() after a
+  // run for the last pass.
+  double copy_seconds = 0;
+  uint64_t copy_bytes_timed = 0;
+  uint64_t copies = 0;
+  // Stall estimate: compute waiting for copies (time between the compute marks around each
+  // compute_wait), and the host blocked on disk reads or on copies still reading staging.
+  double compute_stall_seconds = 0, decode_compute_stall_seconds = 0;
+  double disk_wait_seconds = 0, decode_disk_wait_seconds = 0;
+  double staging_wait_seconds = 0;
+  bool device_timed = false;  // copy_seconds / compute stalls come from the backend's marks
+};
+
+class DeviceStreamer final : public model::LayerSource {
+ public:
+  // Plans, uploads globals and A layers, reads B layers into pinned memory, allocates slots and
+  // staging, and starts the first reads. `be` must outlive the streamer (the model owns both and
+  // destroys the source first).
+  static Result<std::unique_ptr<DeviceStreamer>> create(const std::string& path, const gguf::File& file,
+                                                        const model::Weights& w, backend::Backend& be,
+                                                        const DeviceStreamOptions& opts);
+  ~DeviceStreamer() override;
+
+  const model::Weights& globals() const override { return globals_; }
+  Status begin_pass(int n_tokens) override;
+  Result<const model::LayerWeights*> acquire(int layer) override;
+  void release(int layer) override;
+  // Slot reuse is ordered on the device by marks, never by a host sync.
+  bool release_needs_sync() const override { return false; }
+  // Only when every layer is resident (then decode steps may be replayed).
+  bool weights_fixed() const override { return streamed_.empty(); }
+
+  const DevicePlan& plan() const { return plan_; }
+  const DeviceStreamStats& stats() const { return stats_; }
+  // Folds the timings of copies and stalls whose marks have passed into stats() (begin_pass does
+  // it for earlier passes; call after a run, once the backend is idle, for the last one).
+  void collect();
+  uint64_t pinned_bytes() const { return pinned_bytes_; }
+
+ private:
+  struct Slot {
+    void* base = nullptr;
+    backend::Backend::Mark free_mark = 0;  // compute mark at the release of its last layer
+    backend::Backend::Mark copy_mark = 0;  // end of the copy of its current layer
+    uint64_t seq = 0;
+  };
+  struct Staging {
+    uint8_t* base = nullptr;
+    std::vector<FileReader::Ticket> tickets;  // capacity reserved at start-up
+    uint64_t cseq = 0;                          // C-index of the read it holds
+    FileReader::Clock::time_point submitted{};
+    backend::Backend::Mark copy_mark = 0;       // copy out of it still to be waited for; 0: none
+    uint64_t copy_pump = 0;                     // pump() call that issued that copy
+  };
+  // Marks to turn into seconds once they have passed.
+  struct CopyRecord {
+    backend::Backend::Mark start = 0, end = 0;
+    uint64_t bytes = 0;
+    int layer = -1;
+    int slot = 0;
+    bool from_disk = false;
+    bool decode = false;
+    backend::Backend::Mark anchor = 0;  // trace clock anchor when issued (0: no trace)
+    int64_t anchor_us = 0;
+  };
+  struct StallRecord {
+    backend::Backend::Mark before = 0, after = 0;
+    int layer = -1;
+    bool from_disk = false;
+    bool decode = false;
+    backend::Backend::Mark anchor = 0;
+    int64_t anchor_us = 0;
+  };
+
+  DeviceStreamer(backend::Backend& be) : be_(be) {}
+  Status fail(Status st);
+  // Issues every copy and read that may start now (in sequence order); with need >= 0, blocks
+  // until the copy of sequence `need` is issued (waiting for its disk read if it must).
+  Status pump(int64_t need);
+  Status submit_reads(int64_t force_upto);
+  Status issue_copy(uint64_t seq, bool may_block, bool* issued);
+  void trace_mark_span(backend::Backend::Mark anchor, int64_t anchor_us, backend::Backend::Mark from,
+                       backend::Backend::Mark to, TraceEvent e);
+  bool is_disk(size_t j) const { return c_index_[j] >= 0; }
+  uint64_t cseq_of(uint64_t seq) const;
+  void note_host_wait(const char* what, int layer, FileReader::Clock::time_point t0, double* counter);
+
+  backend::Backend& be_;
+  DevicePlan plan_;
+  FileLayout layout_;
+  std::unique_ptr<FileReader> reader_;  // drains in-flight reads on destruction (buffers are the backend's)
+
+  model::Weights globals_;
+  std::vector<model::LayerWeights> resident_views_;  // per layer (A)
+  std::vector<int> stream_index_;      // per layer: index among streamed layers, or -1
+  std::vector<int> streamed_;          // streamed layer ids, in order
+  std::vector<int> c_index_;           // per streamed index: index among C layers, or -1
+  std::vector<int> c_pos_;             // per C index: streamed index
+  std::vector<const uint8_t*> host_copy_;  // per streamed index: pinned bytes (B), nullptr (C)
+  std::vector<model::LayerWeights> slot_views_;  // [streamed index * n_slots + slot]
+  std::vector<Slot> slots_;
+  std::vector<Staging> staging_;
+  uint64_t pinned_bytes_ = 0;
+
+  uint64_t acquired_ = 0;    // next sequence to acquire
+  uint64_t released_ = 0;    // sequences released
+  uint64_t copied_ = 0;      // next sequence whose copy is to be issued
+  uint64_t c_copied_ = 0;    // C copies issued
+  uint64_t c_read_ = 0;      // next C-index to read
+  uint64_t pump_id_ = 0;
+  backend::Backend::Mark last_copy_ = 0;  // end of the last copy issued (the copy queue is FIFO)
+  backend::Backend::Mark newest_mark_ = 0;
+  bool host_backend_ = false;  // copies are synchronous memcpys: time them on the host
+  bool timed_ = false;         // device marks are read for copy seconds and compute stalls
+  bool decode_pass_ = false;
+  std::deque<CopyRecord> copy_records_;
+  std::deque<StallRecord> stall_records_;
+  // Trace clock anchor: a compute mark that passed at a known host time.
+  backend::Backend::Mark anchor_ = 0;
+  int64_t anchor_us_ = 0;
+  TraceWriter* trace_ = nullptr;
+  std::vector<std::string> slot_lanes_, staging_lanes_;
+  Status failed_;  // sticky: once a read or check failed, every later call reports it
+  DeviceStreamStats stats_;
+};
+
+// The LoadOptions::layer_source hook for device streaming; *out (optional) receives the streamer
+// the model will own, for stats. Error on a backend that reads host weights (use CPU streaming)
+// unless opts.allow_host_backend.
+std::function<Result<std::unique_ptr<model::LayerSource>>(const gguf::File&, const model::Weights&, backend::Backend&)>
+device_streaming_source(const std::string& path, const DeviceStreamOptions& opts, DeviceStreamer** out);
+
+}  // namespace sluice::stream

@@ -1,0 +1,404 @@
+// The device streaming pipeline on the CPU backend (which implements slots, staging and marks
+// synchronously): greedy tokens and logits of every tier mix (all B, all C, A+B, A+B+C; 2 and 3
+// slots) identical to the all-resident run, on a small quantized synthetic model and on SmolLM2;
+// the planner's placement under a VRAM budget; a backend whose copies run late (only when a mark
+// is waited for), so a missing compute_wait or a staging buffer overwritten before its copy shows
+// as wrong bytes; errors (budgets too small, slots < 2, host backend without opt-in, file changed).
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "gguf/gguf.h"
+#include "model/arch.h"
+#include "model/config.h"
+#include "model/model.h"
+#include "model/weights.h"
+#include "stream/device_streamer.h"
+#include "test_util.h"
+
+namespace sluice::stream {
+namespace {
+
+constexpr Home A = Home::kVram, B = Home::kRam, C = Home::kDisk;
+
+// A 6-layer llama with K-quant weights (n_embd 256: one Q4_K block per row chunk), so every
+// tensor of a layer has the format and alignment of a real file.
+std::string write_synthetic(const std::string& tag) {
+  const int E = 256, H = 4, KVH = 2, F = 512, L = 6, V = 96;
+  const int D = E / H;
+  gguf::Writer w;
+  w.add("general.architecture", gguf::Value::str("llama"));
+  w.add("llama.block_count", gguf::Value::u32(L));
+  w.add("llama.context_length", gguf::Value::u32(256));
+  w.add("llama.embedding_length", gguf::Value::u32(E));
+  w.add("llama.feed_forward_length", gguf::Value::u32(F));
+  w.add("llama.attention.head_count", gguf::Value::u32(H));
+  w.add("llama.attention.head_count_kv", gguf::Value::u32(KVH));
+  w.add("llama.attention.layer_norm_rms_epsilon", gguf::Value::f32(1e-5f));
+  w.add("llama.rope.freq_base", gguf::Value::f32(10000.0f));
+  std::vector<std::vector<uint8_t>> data;
+  uint64_t salt = 7;
+  auto add = [&](const std::string& name, quant::Type ty, uint64_t ne0, uint64_t ne1, float scale, float offset) {
+    std::vector<uint64_t> shape = {ne0};
+    if (ne1 > 1) shape.push_back(ne1);
+    ASSERT_TRUE(w.add_tensor(name, ty, shape).is_ok()) << name;
+    std::vector<float> v = test::random_floats(ne0 * ne1, scale, ++salt);
+    for (float& x : v) x += offset;
+    const int64_t rb = quant::row_bytes(ty, int64_t(ne0));
+    std::vector<uint8_t> bytes(size_t(rb) * ne1);
+    for (uint64_t r = 0; r < ne1; ++r) quant::kernels(ty).quantize_row(v.data() + r * ne0, bytes.data() + r * rb, int64_t(ne0));
+    data.push_back(std::move(bytes));
+  };
+  using T = quant::Type;
+  add("token_embd.weight", T::kQ4_K, E, V, 1.0f, 0);
+  for (int l = 0; l < L; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    add(p + "attn_norm.weight", T::kF32, E, 1, 0.1f, 1.0f);
+    add(p + "attn_q.weight", T::kQ4_K, E, uint64_t(H * D), 0.2f, 0);
+    add(p + "attn_k.weight", T::kQ4_K, E, uint64_t(KVH * D), 0.2f, 0);
+    add(p + "attn_v.weight", T::kQ6_K, E, uint64_t(KVH * D), 0.2f, 0);
+    add(p + "attn_output.weight", T::kQ4_K, uint64_t(H * D), E, 0.2f, 0);
+    add(p + "ffn_norm.weight", T::kF32, E, 1, 0.1f, 1.0f);
+    add(p + "ffn_gate.weight", T::kQ4_K, E, F, 0.2f, 0);
+    add(p + "ffn_up.weight", T::kQ4_K, E, F, 0.2f, 0);
+    add(p + "ffn_down.weight", T::kQ6_K, F, E, 0.2f, 0);
+  }
+  add("output_norm.weight", T::kF32, E, 1, 0.1f, 1.0f);
+  add("output.weight", T::kQ6_K, E, V, 0.2f, 0);
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("sluice_devstream_" + tag + "_" + std::to_string(::getpid()) + ".gguf")).string();
+  const Status st = w.write(path, data);
+  EXPECT_TRUE(st.is_ok()) << st.message();
+  return path;
+}
+
+struct GreedyRun {
+  std::vector<int32_t> tokens;
+  std::vector<float> first_logits;
+};
+
+// Prefill of `prompt`, then n greedy steps.
+GreedyRun greedy(model::Model& m, std::vector<int32_t> prompt, int n) {
+  GreedyRun r;
+  std::vector<float> logits(size_t(m.n_vocab()));
+  for (int i = 0; i < n; ++i) {
+    Status st = m.eval(prompt, logits);
+    EXPECT_TRUE(st.is_ok()) << st.message();
+    if (!st.is_ok()) return r;
+    if (i == 0) r.first_logits = logits;
+    int32_t best = 0;
+    for (int32_t v = 1; v < m.n_vocab(); ++v) best = logits[size_t(v)] > logits[size_t(best)] ? v : best;
+    r.tokens.push_back(best);
+    prompt = {best};
+  }
+  return r;
+}
+
+DeviceStreamOptions host_options(std::vector<Home> homes, int slots) {
+  DeviceStreamOptions o;
+  o.allow_host_backend = true;
+  o.force_homes = std::move(homes);
+  o.n_slots = slots;
+  o.n_ctx = 128;
+  return o;
+}
+
+Result<std::unique_ptr<model::Model>> load_streamed(const std::string& path, const DeviceStreamOptions& so,
+                                                    DeviceStreamer** s) {
+  model::LoadOptions o;
+  o.backend = model::BackendKind::kCpu;
+  o.n_ctx = so.n_ctx;
+  o.layer_source = device_streaming_source(path, so, s);
+  return model::Model::load(path, o);
+}
+
+GreedyRun resident_run(const std::string& path, const std::vector<int32_t>& prompt, int n) {
+  model::LoadOptions o;
+  o.backend = model::BackendKind::kCpu;
+  o.n_ctx = 128;
+  auto m = model::Model::load(path, o);
+  EXPECT_TRUE(m.is_ok()) << m.status().message();
+  if (!m.is_ok()) return {};
+  return greedy(**m, prompt, n);
+}
+
+// Every mix against the resident run: same bytes, same kernels, so identical logits.
+void check_mixes(const std::string& path, const std::vector<std::vector<Home>>& mixes, const std::vector<int32_t>& prompt) {
+  const int n = 8;
+  const GreedyRun ref = resident_run(path, prompt, n);
+  ASSERT_EQ(ref.tokens.size(), size_t(n));
+  for (const auto& homes : mixes) {
+    for (int slots : {2, 3}) {
+      std::string mix;
+      for (Home h : homes) mix += h == A ? 'A' : h == B ? 'B' : 'C';
+      SCOPED_TRACE("mix " + mix + ", " + std::to_string(slots) + " slots");
+      DeviceStreamer* s = nullptr;
+      auto m = load_streamed(path, host_options(homes, slots), &s);
+      ASSERT_TRUE(m.is_ok()) << m.status().message();
+      ASSERT_NE(s, nullptr);
+      const GreedyRun got = greedy(**m, prompt, n);
+      EXPECT_EQ(got.tokens, ref.tokens);
+      EXPECT_EQ(got.first_logits, ref.first_logits);
+      // Each decode pass consumes each layer once, from its tier.
+      const Plan& p = s->plan().plan;
+      const DeviceStreamStats& st = s->stats();
+      EXPECT_EQ(st.decode_passes, uint64_t(n - 1));
+      EXPECT_EQ(st.decode_vram_bytes, st.decode_passes * p.resident_bytes);
+      EXPECT_EQ(st.decode_ram_bytes, st.decode_passes * p.ram_bytes);
+      EXPECT_EQ(st.decode_disk_bytes, st.decode_passes * p.disk_bytes);
+      EXPECT_EQ(s->weights_fixed(), p.resident_bytes == p.resident_bytes + p.ram_bytes + p.disk_bytes);
+      EXPECT_FALSE(s->release_needs_sync());
+      if (p.ram_bytes + p.disk_bytes > 0) {
+        EXPECT_GT(st.copies, 0u);
+        EXPECT_GE(st.copy_seconds, 0.0);
+        EXPECT_EQ(p.n_slots, std::min(slots, int(std::count_if(homes.begin(), homes.end(), [](Home h) { return h != A; }))));
+      }
+    }
+  }
+}
+
+const std::vector<std::vector<Home>> kSyntheticMixes = {
+    {B, B, B, B, B, B},  // all B
+    {C, C, C, C, C, C},  // all C
+    {A, B, A, B, B, A},  // A + B
+    {A, C, B, C, B, A},  // A + B + C
+    {C, B, C, B, C, B},  // B + C alternating: staging and slots interleave
+    {A, A, A, A, A, A},  // all resident through the streamer (uploads only)
+};
+
+TEST(StreamDevice, SyntheticEveryTierMixMatchesResident) {
+  const std::string path = write_synthetic("mix");
+  check_mixes(path, kSyntheticMixes, {1, 5, 9, 17, 33, 2, 64, 80, 3});
+  std::filesystem::remove(path);
+}
+
+TEST(StreamDevice, SmolLM2EveryTierMixMatchesResident) {
+  const std::string path = test::model_path(test::kSmolLM2);
+  SLUICE_REQUIRE_MODEL(path);
+  auto f = gguf::File::open(path);
+  ASSERT_TRUE(f.is_ok());
+  auto layout = layout_of(*f);
+  ASSERT_TRUE(layout.is_ok());
+  const size_t n = layout->layers.size();
+  std::vector<Home> all_b(n, B), all_c(n, C), ab(n, A), abc(n, A);
+  for (size_t l = 0; l < n; ++l) {
+    if (l % 2) ab[l] = B;
+    abc[l] = l % 3 == 0 ? A : l % 3 == 1 ? B : C;
+  }
+  check_mixes(path, {all_b, all_c, ab, abc}, {1, 504, 3458, 282, 4649, 314, 2725, 30, 378, 3458, 282});
+}
+
+// A VRAM budget of the reserved memory plus a few layers: the planner keeps some layers resident
+// and streams the rest from pinned RAM, or from disk when the RAM budget is small.
+TEST(StreamDevice, PlannedPlacementMatchesResident) {
+  const std::string path = write_synthetic("plan");
+  const std::vector<int32_t> prompt = {4, 8, 15, 16, 23, 42};
+  const GreedyRun ref = resident_run(path, prompt, 6);
+  auto f = gguf::File::open(path);
+  auto layout = layout_of(*f);
+  ASSERT_TRUE(layout.is_ok());
+  uint64_t layer = 0;  // layers differ by at most an alignment block; plan with the largest
+  for (const UnitLayout& u : layout->layers) layer = std::max(layer, u.bytes);
+  for (bool small_ram : {false, true}) {
+    DeviceStreamOptions o = host_options({}, 2);
+    o.workspace_bytes = 1 << 20;
+    auto probe = plan_device(*f, *layout, [&] { DeviceStreamOptions q = o; q.vram_budget = 1ull << 40; return q; }());
+    ASSERT_TRUE(probe.is_ok()) << probe.status().message();
+    o.vram_budget = probe->reserved_bytes() + 4 * layer;  // 2 resident + 2 slots
+    o.ram_budget = small_ram ? 3 * layer : 0;             // 1 layer pinned + 2 staging buffers
+    DeviceStreamer* s = nullptr;
+    auto m = load_streamed(path, o, &s);
+    ASSERT_TRUE(m.is_ok()) << m.status().message();
+    const Plan& p = s->plan().plan;
+    int n_a = 0, n_b = 0, n_c = 0;
+    for (const UnitPlan& u : p.units) (u.home == A ? n_a : u.home == B ? n_b : n_c) += 1;
+    EXPECT_EQ(n_a, 2);
+    EXPECT_EQ(p.n_slots, 2);
+    EXPECT_EQ(n_b, small_ram ? 1 : 4);
+    EXPECT_EQ(n_c, small_ram ? 3 : 0);
+    EXPECT_LE(s->plan().vram_used(), o.vram_budget);
+    EXPECT_NE(s->plan().describe().find("slots"), std::string::npos);
+    const GreedyRun got = greedy(**m, prompt, 6);
+    EXPECT_EQ(got.tokens, ref.tokens) << "small ram " << small_ram;
+    EXPECT_EQ(got.first_logits, ref.first_logits);
+  }
+  std::filesystem::remove(path);
+}
+
+// ---- ordering: a backend whose copies run only when their mark is waited for ------------------
+
+// Wraps the CPU backend. copy_to_slot queues the copy; it runs (in order) only when compute_wait
+// or host_wait names its mark or a later one. So compute that does not wait for its copy sees the
+// slot's previous layer, and a staging buffer refilled before host_wait is copied with the new
+// bytes: both show as wrong weights.
+class LateCopyBackend final : public backend::Backend {
+ public:
+  LateCopyBackend() : cpu_(backend::make_cpu_backend({1})) {}
+  const char* name() const override { return "late-copy"; }
+  Result<backend::Tensor> alloc(backend::DType d, int64_t c, int64_t r) override { return cpu_->alloc(d, c, r); }
+  void upload(const backend::Tensor& t, const float* s) override { cpu_->upload(t, s); }
+  void download(const backend::Tensor& t, float* d) override { cpu_->download(t, d); }
+  void sync() override {}
+  Result<void*> alloc_slot(int64_t b) override { return cpu_->alloc_slot(b); }
+  Result<void*> alloc_staging(int64_t b) override { return cpu_->alloc_staging(b); }
+  Mark copy_to_slot(void* dst, const void* src, int64_t bytes, Mark) override {
+    queue_.push_back({dst, src, bytes, next_});
+    return next_++;
+  }
+  void compute_wait(Mark m) override { run_until(m); }
+  Mark compute_mark() override { return next_++; }  // compute is synchronous: passed at once
+  void host_wait(Mark m) override { run_until(m); }
+  void get_rows(const backend::WeightView& t, std::span<const int32_t> ids, const backend::Tensor& d) override {
+    cpu_->get_rows(t, ids, d);
+  }
+  void matmul(const backend::WeightView& w, const backend::Tensor& x, const backend::Tensor& y) override {
+    cpu_->matmul(w, x, y);
+  }
+  void rms_norm(const backend::Tensor& x, const backend::WeightView& w, float e, const backend::Tensor& d) override {
+    cpu_->rms_norm(x, w, e, d);
+  }
+  void add_bias(const backend::Tensor& y, const backend::WeightView& b) override { cpu_->add_bias(y, b); }
+  void add(const backend::Tensor& d, const backend::Tensor& s) override { cpu_->add(d, s); }
+  void swiglu(const backend::Tensor& g, const backend::Tensor& u, const backend::Tensor& d) override { cpu_->swiglu(g, u, d); }
+  void rope(const backend::Tensor& x, const backend::RopeParams& p, int pos0) override { cpu_->rope(x, p, pos0); }
+  void store_rows(const backend::Tensor& s, const backend::Tensor& c, int64_t p) override { cpu_->store_rows(s, c, p); }
+  void attention(const backend::Tensor& q, const backend::Tensor& k, const backend::Tensor& v, const backend::Tensor& o,
+                 const backend::AttentionParams& p) override {
+    cpu_->attention(q, k, v, o, p);
+  }
+  size_t pending() const { return queue_.size(); }
+
+ private:
+  struct Copy {
+    void* dst;
+    const void* src;
+    int64_t bytes;
+    Mark mark;
+  };
+  void run_until(Mark m) {
+    while (!queue_.empty() && queue_.front().mark <= m) {
+      std::memcpy(queue_.front().dst, queue_.front().src, size_t(queue_.front().bytes));
+      queue_.pop_front();
+    }
+  }
+  std::unique_ptr<backend::Backend> cpu_;
+  std::deque<Copy> queue_;
+  Mark next_ = 1;
+};
+
+TEST(StreamDevice, LateCopiesAreWaitedForBeforeComputeAndStagingReuse) {
+  const std::string path = write_synthetic("late");
+  auto file = gguf::File::open(path);
+  ASSERT_TRUE(file.is_ok());
+  auto name = file->get_string("general.architecture");
+  const model::ArchSpec* arch = model::find_arch(*name);
+  auto cfg = model::read_config(*file, *arch);
+  ASSERT_TRUE(cfg.is_ok());
+  auto w = model::load_weights(*file, *arch, *cfg);
+  ASSERT_TRUE(w.is_ok()) << w.status().message();
+  using Field = model::TensorRef model::LayerWeights::*;
+  const Field fields[] = {&model::LayerWeights::attn_norm, &model::LayerWeights::wq, &model::LayerWeights::wk,
+                          &model::LayerWeights::wv, &model::LayerWeights::wo, &model::LayerWeights::ffn_norm,
+                          &model::LayerWeights::w_gate, &model::LayerWeights::w_up, &model::LayerWeights::w_down};
+  for (const std::vector<Home>& homes : kSyntheticMixes) {
+    for (int slots : {2, 3}) {
+      LateCopyBackend be;
+      auto s = DeviceStreamer::create(path, *file, *w, be, host_options(homes, slots));
+      ASSERT_TRUE(s.is_ok()) << s.status().message();
+      int mismatched = 0;
+      for (int pass = 0; pass < 4; ++pass) {
+        ASSERT_TRUE((*s)->begin_pass(pass == 0 ? 7 : 1).is_ok());
+        for (int l = 0; l < int(w->layers.size()); ++l) {
+          auto lw = (*s)->acquire(l);
+          ASSERT_TRUE(lw.is_ok()) << lw.status().message();
+          for (Field f : fields) {
+            const model::TensorRef& want = w->layers[size_t(l)].*f;
+            const model::TensorRef& got = (*lw)->*f;
+            if (std::memcmp(got.data, want.data, want.nbytes) != 0) ++mismatched;
+            EXPECT_EQ(reinterpret_cast<uintptr_t>(got.data) % 16, reinterpret_cast<uintptr_t>(want.data) % 16);
+          }
+          (*s)->release(l);
+        }
+      }
+      EXPECT_EQ(mismatched, 0) << "slots " << slots;
+    }
+  }
+  std::filesystem::remove(path);
+}
+
+// ---- errors -----------------------------------------------------------------------------------
+
+TEST(StreamDevice, VramBudgetBelowMinimumStatesIt) {
+  const std::string path = write_synthetic("vram");
+  DeviceStreamOptions o = host_options({}, 2);
+  o.vram_budget = 1 << 20;
+  auto m = load_streamed(path, o, nullptr);
+  ASSERT_FALSE(m.is_ok());
+  EXPECT_EQ(m.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(m.status().message().find("VRAM budget 1.0 MiB is too small: at least"), std::string::npos)
+      << m.status().message();
+  EXPECT_NE(m.status().message().find("KV cache"), std::string::npos) << m.status().message();
+  std::filesystem::remove(path);
+}
+
+TEST(StreamDevice, RamBudgetTooSmallForDiskStagingStatesIt) {
+  const std::string path = write_synthetic("ram");
+  auto f = gguf::File::open(path);
+  auto layout = layout_of(*f);
+  DeviceStreamOptions o = host_options({}, 2);
+  o.workspace_bytes = 1 << 20;
+  o.vram_budget = 1ull << 40;
+  auto probe = plan_device(*f, *layout, o);
+  ASSERT_TRUE(probe.is_ok());
+  o.vram_budget = probe->reserved_bytes() + 2 * layout->layers[0].bytes;  // slots only
+  o.ram_budget = layout->layers[0].bytes;                                  // not even 2 staging buffers
+  auto m = load_streamed(path, o, nullptr);
+  ASSERT_FALSE(m.is_ok());
+  EXPECT_EQ(m.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(m.status().message().find("RAM budget"), std::string::npos) << m.status().message();
+  EXPECT_NE(m.status().message().find("at least"), std::string::npos) << m.status().message();
+  std::filesystem::remove(path);
+}
+
+TEST(StreamDevice, FewerThanTwoSlotsIsAnError) {
+  const std::string path = write_synthetic("slots");
+  auto m = load_streamed(path, host_options(std::vector<Home>(6, B), 1), nullptr);
+  ASSERT_FALSE(m.is_ok());
+  EXPECT_NE(m.status().message().find("--slots must be >= 2"), std::string::npos) << m.status().message();
+  std::filesystem::remove(path);
+}
+
+TEST(StreamDevice, HostBackendNeedsOptIn) {
+  const std::string path = write_synthetic("host");
+  DeviceStreamOptions o = host_options(std::vector<Home>(6, B), 2);
+  o.allow_host_backend = false;
+  auto m = load_streamed(path, o, nullptr);
+  ASSERT_FALSE(m.is_ok());
+  EXPECT_EQ(m.status().code(), ErrorCode::kUnsupported);
+  EXPECT_NE(m.status().message().find("CPU streaming"), std::string::npos) << m.status().message();
+  std::filesystem::remove(path);
+}
+
+TEST(StreamDevice, ModelFileChangedWhileRunningIsAnError) {
+  const std::string path = write_synthetic("changed");
+  auto m = load_streamed(path, host_options({A, C, B, C, C, A}, 2), nullptr);
+  ASSERT_TRUE(m.is_ok()) << m.status().message();
+  std::vector<float> logits(size_t((*m)->n_vocab()));
+  ASSERT_TRUE((*m)->eval(std::vector<int32_t>{1, 2}, logits).is_ok());
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) - 4096);
+  Status st = (*m)->eval(std::vector<int32_t>{3}, logits);
+  EXPECT_EQ(st.code(), ErrorCode::kIo);
+  EXPECT_NE(st.message().find("changed while running"), std::string::npos) << st.message();
+  // Sticky: no later pass computes on a mix of two files.
+  EXPECT_FALSE((*m)->eval(std::vector<int32_t>{4}, logits).is_ok());
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace sluice::stream
