@@ -11,12 +11,15 @@
 #                   llama-src.tar.xz (built here in the background by scripts/llama-cuda.sh), and
 #                   smollm2-trunc.gguf (a depth-truncated real model for the parity test).
 #                   Falls back to building the GPU tests here if they do not run on this machine.
-#   --package DIR   (on the build machine) build the GPU binaries into build-cuda and copy them
-#                   to DIR, then exit.
+#   --package DIR   (on the build machine) build the GPU binaries (static deps, sm_$ARCH) in
+#                   build-gpu-static and pack what a device call carries into DIR (< 64 MiB):
+#                   bins.tar.xz (stripped binaries), smollm2-trunc.gguf (the default model cut
+#                   to 3 layers) and llama-src.tar.xz (LLAMA_SRC, default /work/llama.cpp); exit.
+#   --carried DIR   (on the GPU machine) unpack a --package DIR and run as --prebuilt.
 #   --quick         benchmarks without the 128256-row output matrix.
 #   --bench-arg A   pass A to bench_gpu_gemv (e.g. --variants; repeatable).
 #   --out DIR       logs, CSV and the summary (default: $OUT if set, else out/gpu-check).
-#   --skip STEP     skip a step: build, test, memcheck, bench, model, cpu (repeatable).
+#   --skip STEP     skip a step: build, test, memcheck, bench, model, profile, cpu (repeatable).
 #
 # Building here needs CMake, Ninja, nvcc, and GoogleTest: from the system if installed, else from
 # a GoogleTest source tree in build-deps/googletest (copy of /usr/src/googletest; build-* is
@@ -31,6 +34,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 PREBUILT=""
 PACKAGE=""
+CARRIED=""
 QUICK=""
 BENCH_ARGS=()
 OUT_DIR="${OUT:-$ROOT/out/gpu-check}"
@@ -39,11 +43,12 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --prebuilt) PREBUILT=$2; shift 2 ;;
     --package) PACKAGE=$2; shift 2 ;;
+    --carried) CARRIED=$2; shift 2 ;;
     --quick) QUICK=--quick; shift ;;
     --bench-arg) BENCH_ARGS+=("$2"); shift 2 ;;
     --out) OUT_DIR=$2; shift 2 ;;
     --skip) SKIP+="$2 "; shift 2 ;;
-    *) echo "usage: $0 [--prebuilt DIR] [--package DIR] [--quick] [--bench-arg A]... [--out DIR] [--skip STEP]..." >&2; exit 2 ;;
+    *) echo "usage: $0 [--prebuilt DIR | --carried DIR] [--package DIR] [--quick] [--bench-arg A]... [--out DIR] [--skip STEP]..." >&2; exit 2 ;;
   esac
 done
 mkdir -p "$OUT_DIR"
@@ -55,6 +60,7 @@ BENCH_BIN=""
 SLUICE_BIN=""
 LLAMA_CUDA=""
 LLAMA_BUILD_PID=""
+EXTRA_CMAKE=()
 SUMMARY=()
 FAILED=0
 
@@ -78,7 +84,7 @@ build_here() {
   fi
   echo "== configuring and building (sm_$ARCH, -j$JOBS)"
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSLUICE_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES="$ARCH" "${gtest_args[@]}" >"$OUT_DIR/configure.log" 2>&1 || return 1
+    -DCMAKE_CUDA_ARCHITECTURES="$ARCH" "${gtest_args[@]}" "${EXTRA_CMAKE[@]}" >"$OUT_DIR/configure.log" 2>&1 || return 1
   local tests; tests=$(cd tests/gpu && ls *_test.cpp | sed 's/^/gpu_/; s/\.cpp$//')
   # shellcheck disable=SC2086
   ninja -C "$BUILD_DIR" -j "$JOBS" $tests bench_gpu_gemv sluice >"$OUT_DIR/build.log" 2>&1 || return 1
@@ -205,12 +211,33 @@ step_model() {
         { record model FAIL "bench $mix"; return; }
     fi
     if [[ $mix == q4_k_m ]]; then
-      echo "graphs off (A/B):" >>"$OUT_DIR/model_compare.txt"
-      "$SLUICE_BIN" bench -m "$dir/8b-$mix.gguf" -p 0 -n 128 -r 3 --backend cuda --no-graphs >>"$OUT_DIR/model_compare.txt" 2>&1
+      echo "graphs on (A/B):" >>"$OUT_DIR/model_compare.txt"
+      "$SLUICE_BIN" bench -m "$dir/8b-$mix.gguf" -p 0 -n 128 -r 3 --backend cuda --graphs >>"$OUT_DIR/model_compare.txt" 2>&1
     fi
     rm -f "$dir/8b-$mix.gguf"
   done
   record model ok "$OUT_DIR/model_compare.txt${LLAMA_CUDA:+ (with llama.cpp CUDA)}"
+}
+
+# Where decode time goes: Nsight Compute's per-kernel durations over a few decode steps of the 8B
+# Q4_K_M model (kernels launched one by one, so each is timed alone).
+step_profile() {
+  [[ -x "$SLUICE_BIN" ]] || { record profile skipped "no sluice binary"; return; }
+  local ncu; ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  [[ -n "$ncu" ]] || { record profile skipped "ncu not found"; return; }
+  local m=/dev/shm/sluice-gpu-models/8b-profile.gguf
+  "$SLUICE_BIN" synth llama-3-8b --type q4_k_m --seed 1 -o "$m" >/dev/null 2>&1 || { record profile FAIL "synth"; return; }
+  echo "== ncu: per-kernel time of decode steps"
+  # Skip the load and the 2-token prompt, then time about two decode steps' kernels.
+  timeout 240 "$ncu" --clock-control none --launch-skip 1400 --launch-count 1400 --print-summary per-kernel \
+    --metrics gpu__time_duration.sum "$SLUICE_BIN" run -m "$m" -p "Hello" -n 6 --temp 0 --backend cuda \
+    >"$OUT_DIR/profile_raw.txt" 2>&1
+  # name, calls, mean us, total us, sorted by total
+  awk '/Invocations/ {name=$0; sub(/^ +(void )?/, "", name); sub(/\(const .*|\(unnamed.*|\(attn.*/, "", name); n=$NF}
+       /gpu__time_duration.sum/ {printf "%s\t%d\t%.2f\t%.1f\n", name, n, $NF, n*$NF}' "$OUT_DIR/profile_raw.txt" |
+    sort -t$'\t' -k4,4nr | awk -F'\t' '{printf "%-90s %6d %9.2f %10.1f\n", substr($1,1,90), $2, $3, $4}' >"$OUT_DIR/profile.txt"
+  rm -f "$m"
+  if [[ -s "$OUT_DIR/profile.txt" ]]; then record profile ok "$OUT_DIR/profile.txt"; else record profile FAIL "no kernels"; fi
 }
 
 # CPU inference next to llama.cpp's CPU backend on this machine's idle cores (issue: CPU decode and
@@ -240,12 +267,25 @@ MODELS
 }
 
 if [[ -n "$PACKAGE" ]]; then
+  BUILD_DIR="$ROOT/build-gpu-static"
+  EXTRA_CMAKE=(-DSLUICE_STATIC_DEPS=ON -DSLUICE_TESTS=ON -DSLUICE_BENCH=ON)
   build_here || { tail -30 "$OUT_DIR"/*.log; exit 1; }
-  mkdir -p "$PACKAGE" && cp "$TEST_DIR"/gpu_*_test "$BENCH_BIN" "$SLUICE_BIN" "$PACKAGE"/ && strip "$PACKAGE"/* && ls -la "$PACKAGE"
+  stage=$(mktemp -d)
+  cp "$TEST_DIR"/gpu_*_test "$BENCH_BIN" "$SLUICE_BIN" "$stage"/ && strip "$stage"/*
+  [[ -x build-gpu-prebuilt/llama-bench ]] && cp build-gpu-prebuilt/llama-bench "$stage"/  # CPU rival (step cpu)
+  mkdir -p "$PACKAGE"
+  tar -C "$stage" -cf - . | xz -T0 -6 >"$PACKAGE/bins.tar.xz" && rm -rf "$stage"
+  python3 tools/gpu/truncate_model.py models/smollm2-135m-instruct-q4_1.gguf "$PACKAGE/smollm2-trunc.gguf" 3
+  bash scripts/llama-cuda.sh pack "${LLAMA_SRC:-/work/llama.cpp}" "$PACKAGE/llama-src.tar.xz"
+  du -sh "$PACKAGE"/*
   exit 0
 fi
+if [[ -n "$CARRIED" ]]; then
+  PREBUILT=/tmp/sluice-prebuilt
+  mkdir -p "$PREBUILT" && tar -C "$PREBUILT" -xJf "$CARRIED/bins.tar.xz" && cp "$CARRIED"/*.gguf "$CARRIED"/*.tar.xz "$PREBUILT"/ 2>/dev/null
+fi
 
-STEPS=(build test memcheck bench model cpu)
+STEPS=(build test memcheck bench model profile cpu)
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader 2>&1 |
   tee "$OUT_DIR/gpu.txt"
 # cuBLAS (prefill GEMMs) is a shared library: the toolkit's, else the one the Python stack ships.
@@ -269,6 +309,7 @@ echo "================ gpu-check summary ($(date -u +%F) $(head -1 "$OUT_DIR/gpu
 [[ -s "$OUT_DIR/model_parity.txt" ]] && { echo "whole-model parity, CUDA vs CPU backend:"; cat "$OUT_DIR/model_parity.txt"; }
 [[ -s "$OUT_DIR/gemv_bench.txt" ]] && cat "$OUT_DIR/gemv_bench.txt"
 [[ -s "$OUT_DIR/model_compare.txt" ]] && { echo "Resident models on the GPU, sluice vs llama.cpp CUDA:"; cat "$OUT_DIR/model_compare.txt"; }
+[[ -s "$OUT_DIR/profile.txt" ]] && { echo "decode kernels (ncu; name, calls, mean us, total us):"; head -16 "$OUT_DIR/profile.txt"; }
 [[ -s "$OUT_DIR/cpu_compare.txt" ]] && { echo "CPU inference, sluice vs llama.cpp (same machine, same threads):"; cat "$OUT_DIR/cpu_compare.txt"; }
 printf '%s\n' "${SUMMARY[@]}"
 exit $FAILED

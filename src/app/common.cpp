@@ -51,7 +51,7 @@ Result<std::unique_ptr<model::Model>> load_weights(const ModelFlags& f, double& 
   opts.n_ctx = f.n_ctx;
   opts.n_threads = f.n_threads;
   opts.backend = backend_kind(f);
-  opts.cuda_graphs = !f.no_graphs;
+  opts.cuda_graphs = f.graphs;
   auto m = model::Model::load(f.model_path, opts);
   seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return m;
@@ -127,7 +127,7 @@ Result<LoadedModel> load_model(const ModelFlags& mf, const StreamFlags& sf) {
   lo.n_ctx = mf.n_ctx;
   lo.n_threads = mf.n_threads;
   lo.backend = backend_kind(mf);
-  lo.cuda_graphs = !mf.no_graphs;
+  lo.cuda_graphs = mf.graphs;
   lo.layer_source = stream::cpu_streaming_source(mf.model_path, o, &lm.streamer);
   auto m = model::Model::load(mf.model_path, lo);
   lm.load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -23,7 +23,7 @@ void add_backend_flags(CLI::App& app, ModelFlags& f) {
                  "device: cuda, cpu, or auto (the GPU when the whole model fits in its free memory)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
-  app.add_flag("--no-graphs", f.no_graphs, "CUDA: launch decode kernels one by one instead of replaying a graph");
+  app.add_flag("--graphs", f.graphs, "CUDA: record each decode step as a graph and replay it (off: measured slower)");
 }
 
 model::BackendKind backend_kind(const ModelFlags& f) {

@@ -175,7 +175,7 @@ std::unique_ptr<Backend> make_cpu_backend(const CpuOptions& opts);
 
 struct CudaOptions {
   int device = 0;
-  bool graphs = true;  // record decode steps as CUDA graphs and replay them
+  bool graphs = false;  // record decode steps as CUDA graphs and replay them (see LoadOptions)
 };
 // The CUDA backend (backend/cuda), in builds with CUDA (SLUICE_HAVE_CUDA). Error: no device, or
 // the device cannot be used.

@@ -38,7 +38,9 @@ enum class BackendKind { kAuto, kCpu, kCuda };
 
 struct LoadOptions {
   BackendKind backend = BackendKind::kCpu;
-  bool cuda_graphs = true;  // kCuda: replay decode steps as CUDA graphs
+  // kCuda: record each decode step as a CUDA graph and replay it. Off by default: on an H100 the
+  // per-token re-recording (positions change) costs more than it saves (docs/CUDA.md).
+  bool cuda_graphs = false;
   int n_threads = 0;   // 0: all physical cores
   int n_ctx = 0;       // 0: the model's own context length, capped at 4096
   // Where the layer loop gets its weights (stream/ supplies streaming ones). Called once at load

@@ -141,6 +141,7 @@ void check_parity(const std::string& path, double tol, int n_gen) {
   // Greedy on the GPU (graphs on), teacher-forced on the CPU.
   model::LoadOptions lg;
   lg.backend = model::BackendKind::kCuda;
+  lg.cuda_graphs = true;  // the replayed-step path (off by default), so it stays tested
   lg.n_ctx = 512;
   auto g = model::Model::load(path, lg);
   ASSERT_TRUE(g.is_ok()) << g.status().message();

@@ -501,7 +501,7 @@ class CudaBackend final : public Backend {
   }
 
   DeviceInfo dev_;
-  bool graphs_ = true;
+  bool graphs_ = false;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   std::vector<void*> device_allocs_;  // every cudaMalloc, freed at destruction
