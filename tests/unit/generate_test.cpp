@@ -41,6 +41,7 @@ class FakeModel final : public model::Model {
  public:
   FakeModel(int n_ctx, std::vector<int32_t> script) : n_ctx_(n_ctx), script_(std::move(script)) {}
 
+  const char* backend_name() const override { return "fake"; }
   const model::Config& config() const override {
 #ifdef SLUICE_TEST_HAS_CONFIG
     return config_;
