@@ -19,7 +19,7 @@
 #   --quick         benchmarks without the 128256-row output matrix.
 #   --bench-arg A   pass A to bench_gpu_gemv (e.g. --variants; repeatable).
 #   --out DIR       logs, CSV and the summary (default: $OUT if set, else out/gpu-check).
-#   --skip STEP     skip a step: build, test, memcheck, bench, model, profile, cpu (repeatable).
+#   --skip STEP     skip a step: build, test, memcheck, bench, model, profile, cpu, stream (repeatable).
 #
 # Building here needs CMake, Ninja, nvcc, and GoogleTest: from the system if installed, else from
 # a GoogleTest source tree in build-deps/googletest (copy of /usr/src/googletest; build-* is
@@ -174,11 +174,8 @@ step_bench() {
   if [[ $rc -eq 0 ]]; then record bench ok "$OUT_DIR/gemv_bench.txt"; else record bench FAIL "exit $rc"; fi
 }
 
-# Whole models resident on the GPU, sluice vs llama.cpp CUDA (all layers offloaded), on synthetic
-# Llama-3-8B shapes in /dev/shm: tg128 and pp512 tok/s, weight GB/s and the ratio to this GPU's
-# copy bandwidth (issue: decode >= llama.cpp and >= 75% of the HBM roofline, prefill >= 0.7x).
-step_model() {
-  [[ -x "$SLUICE_BIN" ]] || { record model skipped "no sluice binary"; return; }
+# Waits for the background llama.cpp CUDA build (once); sets LLAMA_CUDA when it succeeded.
+wait_llama() {
   if [[ -n "$LLAMA_BUILD_PID" ]]; then
     # A device call has a time limit: wait for the rival's build until LLAMA_DEADLINE seconds into
     # this script (default 420), then go on without it.
@@ -191,9 +188,16 @@ step_model() {
       LLAMA_CUDA=/tmp/llama-cuda/llama-bench-cuda
     fi
     tail -3 "$OUT_DIR/llama-cuda-build.log"
-    # Kept for later calls (carried back as $PREBUILT/llama-bench-cuda after unxz).
-    [[ -x "$LLAMA_CUDA" ]] && xz -T0 -6 -c "$LLAMA_CUDA" >"$OUT_DIR/llama-bench-cuda.xz"
   fi
+  LLAMA_BUILD_PID=""
+}
+
+# Whole models resident on the GPU, sluice vs llama.cpp CUDA (all layers offloaded), on synthetic
+# Llama-3-8B shapes in /dev/shm: tg128 and pp512 tok/s, weight GB/s and the ratio to this GPU's
+# copy bandwidth (issue: decode >= llama.cpp and >= 75% of the HBM roofline, prefill >= 0.7x).
+step_model() {
+  [[ -x "$SLUICE_BIN" ]] || { record model skipped "no sluice binary"; return; }
+  wait_llama
   local dir=/dev/shm/sluice-gpu-models
   mkdir -p "$dir"
   : >"$OUT_DIR/model_compare.txt"
@@ -217,6 +221,46 @@ step_model() {
     rm -f "$dir/8b-$mix.gguf"
   done
   record model ok "$OUT_DIR/model_compare.txt${LLAMA_CUDA:+ (with llama.cpp CUDA)}"
+}
+
+# Models larger than the GPU budget (issue: streaming S2/S3). A Llama-3-70B-shape Q4_K_M (~42 GB)
+# with --vram-budget 16G: S2 keeps every streamed layer in pinned RAM (file in /dev/shm), S3 caps
+# pinned RAM so the rest is read from disk (file on the machine's disk; O_DIRECT bypasses the page
+# cache). Next to it, llama.cpp with the largest -ngl that fits 16 GB computing the rest on the CPU.
+# STREAM_TG (default 8) decoded tokens per run.
+step_stream() {
+  [[ -x "$SLUICE_BIN" ]] || { record stream skipped "no sluice binary"; return; }
+  local tg=${STREAM_TG:-8} shm=/dev/shm/sluice-70b.gguf disk=$ROOT/../sluice-70b-disk.gguf
+  wait_llama
+  : >"$OUT_DIR/stream.txt"
+  "$SLUICE_BIN" synth llama-3-70b --type q4_k_m --seed 1 -o "$shm" >>"$OUT_DIR/stream.log" 2>&1 ||
+    { record stream FAIL "synth 70b"; return; }
+  echo "== S2: 70B Q4_K_M, --vram-budget 16G, streamed layers in pinned RAM"
+  { echo "### S2: llama-3-70b q4_k_m (file in /dev/shm), --vram-budget 16G, tg$tg";
+    "$SLUICE_BIN" run -m "$shm" --backend cuda --vram-budget 16G --plan -p x -n 1 2>&1 | head -40
+    "$SLUICE_BIN" run -m "$shm" --backend cuda --vram-budget 16G -p "The" -n "$tg" --temp 0 2>&1 | tail -14
+  } >>"$OUT_DIR/stream.txt" 2>&1
+  if [[ -n "$LLAMA_CUDA" && -x "$LLAMA_CUDA" ]]; then
+    # 16 GiB minus the output head (~0.7 GB), KV cache and compute buffers: 26 of 80 layers
+    # (0.53 GB each) is the largest offload that fits.
+    { echo "### llama.cpp, same file, -ngl 26 (26 of 80 layers on the GPU, the rest on 16 CPU threads)";
+      timeout 300 "$LLAMA_CUDA" -m "$shm" -ngl 26 -p 0 -n "$tg" -r 1 -t "$(nproc)" 2>&1 | tail -4
+    } >>"$OUT_DIR/stream.txt" 2>&1
+  fi
+  if df --output=avail -B1 "$ROOT/.." | tail -1 | awk '{exit !($1 > 50e9)}'; then
+    echo "== S3: same model on disk, pinned RAM capped at 8G"
+    cp "$shm" "$disk" && rm -f "$shm" && sync
+    { echo "### S3: same file on disk, --vram-budget 16G --ram-budget 8G, tg$tg";
+      "$SLUICE_BIN" run -m "$disk" --backend cuda --vram-budget 16G --ram-budget 8G --plan -p x -n 1 2>&1 | head -40
+      "$SLUICE_BIN" run -m "$disk" --backend cuda --vram-budget 16G --ram-budget 8G -p "The" -n "$tg" --temp 0 \
+        --trace "$OUT_DIR/s3_trace.csv" 2>&1 | tail -14
+    } >>"$OUT_DIR/stream.txt" 2>&1
+    rm -f "$disk"
+  else
+    echo "S3 skipped: under 50 GB free on disk" >>"$OUT_DIR/stream.txt"
+  fi
+  rm -f "$shm"
+  record stream ok "$OUT_DIR/stream.txt"
 }
 
 # Where decode time goes: Nsight Compute's per-kernel durations over a few decode steps of the 8B
@@ -285,7 +329,7 @@ if [[ -n "$CARRIED" ]]; then
   mkdir -p "$PREBUILT" && tar -C "$PREBUILT" -xJf "$CARRIED/bins.tar.xz" && cp "$CARRIED"/*.gguf "$CARRIED"/*.tar.xz "$PREBUILT"/ 2>/dev/null
 fi
 
-STEPS=(build test memcheck bench model profile cpu)
+STEPS=(build test memcheck bench model profile cpu stream)
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader 2>&1 |
   tee "$OUT_DIR/gpu.txt"
 # cuBLAS (prefill GEMMs) is a shared library: the toolkit's, else the one the Python stack ships.
@@ -295,7 +339,7 @@ done
 # The rival's CUDA build runs in the background while the tests use the GPU.
 if [[ -x "$PREBUILT/llama-bench-cuda" ]]; then
   LLAMA_CUDA="$PREBUILT/llama-bench-cuda"
-elif [[ -f "$PREBUILT/llama-src.tar.xz" ]] && ! skipped model; then
+elif [[ -f "$PREBUILT/llama-src.tar.xz" ]] && { ! skipped model || ! skipped stream; }; then
   bash scripts/llama-cuda.sh build "$PREBUILT/llama-src.tar.xz" /tmp/llama-cuda >"$OUT_DIR/llama-cuda-build.log" 2>&1 &
   LLAMA_BUILD_PID=$!
 fi
@@ -309,6 +353,7 @@ echo "================ gpu-check summary ($(date -u +%F) $(head -1 "$OUT_DIR/gpu
 [[ -s "$OUT_DIR/model_parity.txt" ]] && { echo "whole-model parity, CUDA vs CPU backend:"; cat "$OUT_DIR/model_parity.txt"; }
 [[ -s "$OUT_DIR/gemv_bench.txt" ]] && cat "$OUT_DIR/gemv_bench.txt"
 [[ -s "$OUT_DIR/model_compare.txt" ]] && { echo "Resident models on the GPU, sluice vs llama.cpp CUDA:"; cat "$OUT_DIR/model_compare.txt"; }
+[[ -s "$OUT_DIR/stream.txt" ]] && { echo "Streaming (models larger than the GPU budget):"; cat "$OUT_DIR/stream.txt"; }
 [[ -s "$OUT_DIR/profile.txt" ]] && { echo "decode kernels (ncu; name, calls, mean us, total us):"; head -16 "$OUT_DIR/profile.txt"; }
 [[ -s "$OUT_DIR/cpu_compare.txt" ]] && { echo "CPU inference, sluice vs llama.cpp (same machine, same threads):"; cat "$OUT_DIR/cpu_compare.txt"; }
 printf '%s\n' "${SUMMARY[@]}"
