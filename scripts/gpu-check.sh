@@ -301,6 +301,14 @@ step_cpu() {
     echo "### $name ($args), pp$pp tg$tg, $reps reps" | tee -a "$OUT_DIR/cpu_compare.txt"
     SLUICE="$sl" LLAMA_BENCH="$lb" PP=$pp TG=$tg REPS=$reps bash bench/e2e/compare.sh "$dir/$name.gguf" "$threads" \
       >>"$OUT_DIR/cpu_compare.txt" 2>>"$OUT_DIR/cpu_compare.err" || { record cpu FAIL "compare $name"; return; }
+    if [[ $name == llama-1b-q4_k_m ]]; then
+      # Same-run A/B of the prefill tile kernels (SLUICE_CPU_TILE=0: the vec_dot_cols path), alternated.
+      echo "pp512 A/B, tile kernels on/off/on/off (tok/s):" >>"$OUT_DIR/cpu_compare.txt"
+      for tile in 1 0 1 0; do
+        SLUICE_CPU_TILE=$tile "$sl" bench -m "$dir/$name.gguf" -p 512 -n 0 -r 2 -t "$threads" --backend cpu --csv 2>/dev/null |
+          awk -F, -v t="$tile" 'NR > 1 {print "  tile=" t ": " $0}' >>"$OUT_DIR/cpu_compare.txt"
+      done
+    fi
     rm -f "$dir/$name.gguf"
   done <<'MODELS'
 smollm2-135m-shape 512 128 3 custom --layers 30 --dim 576 --ffn 1536 --heads 9 --kv-heads 3 --vocab 49152 --type q4_1 --tied-output

@@ -169,6 +169,9 @@ class Backend {
 struct CpuOptions {
   int n_threads = 0;  // 0: physical cores
   bool simd = true;   // false: the backend's own ops take their portable paths (tests compare both)
+  // Prefill matmuls use the register-blocked vec_dot_tile kernels where a format has one. The
+  // environment variable SLUICE_CPU_TILE=0 turns them off at backend creation (A/B benchmarks).
+  bool tile_kernels = true;
 };
 // The CPU backend (backend/cpu).
 std::unique_ptr<Backend> make_cpu_backend(const CpuOptions& opts);

@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "quant/half.h"
@@ -37,7 +39,9 @@ int physical_cores() {
 std::unique_ptr<Backend> make_cpu_backend(const CpuOptions& opts) {
   int n = opts.n_threads;
   if (n <= 0) n = physical_cores();
-  return std::make_unique<cpu::CpuBackend>(n, opts.simd);
+  const char* tile_env = std::getenv("SLUICE_CPU_TILE");
+  const bool tile = opts.tile_kernels && !(tile_env && std::string_view(tile_env) == "0");
+  return std::make_unique<cpu::CpuBackend>(n, opts.simd, tile);
 }
 
 namespace cpu {
@@ -55,8 +59,11 @@ void check_same_shape(const Tensor& a, const Tensor& b, const char* op) {
 
 }  // namespace
 
-CpuBackend::CpuBackend(int n_threads, bool simd)
-    : pool_(n_threads), simd_f16_(simd && cpu_has_f16c_fma()), scratch_(size_t(std::max(1, n_threads))) {}
+CpuBackend::CpuBackend(int n_threads, bool simd, bool tile_kernels)
+    : pool_(n_threads),
+      simd_f16_(simd && cpu_has_f16c_fma()),
+      tile_kernels_(tile_kernels),
+      scratch_(size_t(std::max(1, n_threads))) {}
 
 Result<Tensor> CpuBackend::alloc(DType dtype, int64_t cols, int64_t rows) {
   SLUICE_CHECK(cols > 0 && rows > 0, "alloc: empty tensor");

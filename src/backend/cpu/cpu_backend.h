@@ -43,7 +43,7 @@ bool cpu_has_f16c_fma();
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(int n_threads, bool simd);
+  CpuBackend(int n_threads, bool simd, bool tile_kernels = true);
   const char* name() const override { return "cpu"; }
   int n_threads() const { return pool_.size(); }
 
@@ -81,6 +81,7 @@ class CpuBackend final : public Backend {
 
   core::ThreadPool pool_;
   const bool simd_f16_;  // attention's AVX2/F16C path (else the portable one)
+  const bool tile_kernels_;  // matmul's vec_dot_tile path for batches (CpuOptions::tile_kernels)
   std::vector<AlignedBuffer> buffers_;  // every Tensor allocated, alive until destruction
   // Quantized activations for matmul, one per activation format in a matmul_multi (grow-only).
   static constexpr size_t kMaxMulti = 4;

@@ -105,7 +105,9 @@ void CpuBackend::matmul_multi(std::span<const WeightView> ws, const Tensor& x, s
     }
     // A lower-ISA fallback (e.g. the reference loop) would be slower than vec_dot itself.
     const bool cols = wk.vec_dot_cols != nullptr && wk.vec_dot_cols_isa == wk.vec_dot_isa;
-    const bool tile = wk.vec_dot_tile != nullptr && wk.vec_dot_tile_isa == wk.vec_dot_isa;
+    // Tiles only for batches: a single token (decode) gains nothing from a rows x tokens register
+    // block and would pay its setup per chunk.
+    const bool tile = tile_kernels_ && x.rows > 1 && wk.vec_dot_tile != nullptr && wk.vec_dot_tile_isa == wk.vec_dot_isa;
     parts[i] = {&wk, static_cast<const uint8_t*>(w.data), w.row_bytes(), done_act[d], done_stride[d],
                 static_cast<float*>(ys[i].data), ys[i].stride, n_chunks, w.ne1, cols, tile};
     n_chunks += (w.ne1 + grain - 1) / grain;
