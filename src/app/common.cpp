@@ -9,6 +9,7 @@
 #include <map>
 
 #include "app/commands.h"
+#include "backend/backend.h"
 #include "quant/quant.h"
 
 namespace sluice::app {
@@ -64,8 +65,12 @@ Result<std::optional<uint64_t>> resolve_stream_flags(const StreamFlags& sf) {
     if (!b.is_ok()) return invalid_argument("--ram-budget: " + b.status().message());
     budget = *b;
   }
+  if (!sf.vram_budget.empty()) {
+    auto v = stream::parse_byte_size(sf.vram_budget);
+    if (!v.is_ok()) return invalid_argument("--vram-budget: " + v.status().message());
+  }
   // The trace records the streaming pipeline; the mmapped path has no reads or slots to show.
-  if (!sf.trace_path.empty() && !budget) {
+  if (!sf.trace_path.empty() && !budget && sf.vram_budget.empty()) {
     return invalid_argument("--trace records the streaming pipeline and needs --ram-budget (a budget of the file's "
                             "size keeps every layer resident)");
   }
@@ -87,6 +92,58 @@ Result<stream::CpuStreamOptions> stream_options(const ModelFlags& mf, const Stre
   return o;
 }
 
+// The device pipeline's options from the flags: --vram-budget (0: the GPU's free memory),
+// --ram-budget bounds the pinned host copies and staging; the disk is probed unless --no-probe.
+Result<stream::DeviceStreamOptions> device_options(const ModelFlags& mf, const StreamFlags& sf,
+                                                   std::optional<stream::DiskProbe>& probe) {
+  stream::DeviceStreamOptions o;
+  o.n_slots = sf.n_slots;
+  o.n_ctx = mf.n_ctx;
+  if (!sf.vram_budget.empty()) {
+    SLUICE_ASSIGN_OR_RETURN(o.vram_budget, stream::parse_byte_size(sf.vram_budget));
+  }
+  if (!sf.ram_budget.empty()) {
+    SLUICE_ASSIGN_OR_RETURN(o.ram_budget, stream::parse_byte_size(sf.ram_budget));
+  }
+  if (!sf.no_probe) {
+    SLUICE_ASSIGN_OR_RETURN(stream::DiskProbe p, stream::probe_disk(mf.model_path, o.io));
+    if (p.measured) o.bw.disk = p.bytes_per_s;
+    probe = p;
+  }
+  return o;
+}
+
+// --vram-budget asks for the device pipeline, which needs the CUDA backend to compute.
+Result<bool> device_streaming_requested(const ModelFlags& mf, const StreamFlags& sf) {
+  if (sf.vram_budget.empty()) return false;
+  if (backend_kind(mf) == model::BackendKind::kCpu) {
+    return invalid_argument("--vram-budget streams layers into GPU memory; --backend cpu computes on host memory "
+                            "(use --ram-budget alone for CPU streaming)");
+  }
+  return true;
+}
+
+Result<LoadedModel> load_device_streamed(const ModelFlags& mf, const StreamFlags& sf) {
+  LoadedModel lm;
+  if (!sf.trace_path.empty()) {
+    SLUICE_ASSIGN_OR_RETURN(lm.trace, stream::TraceWriter::open(sf.trace_path));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  SLUICE_ASSIGN_OR_RETURN(stream::DeviceStreamOptions o, device_options(mf, sf, lm.probe));
+  o.trace = lm.trace.get();
+  model::LoadOptions lo;
+  lo.n_ctx = mf.n_ctx;
+  lo.n_threads = mf.n_threads;
+  lo.backend = model::BackendKind::kCuda;
+  lo.cuda_graphs = mf.graphs;
+  lo.layer_source = stream::device_streaming_source(mf.model_path, o, &lm.device_streamer);
+  auto m = model::Model::load(mf.model_path, lo);
+  lm.load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!m.is_ok()) return m.status();
+  lm.model = std::move(m).value();
+  return lm;
+}
+
 std::string disk_source(const std::optional<stream::DiskProbe>& probe) {
   if (!probe) return "default (--no-probe)";
   if (!probe->measured) return "default: " + probe->describe();
@@ -99,6 +156,24 @@ Status print_plan(const ModelFlags& mf, const StreamFlags& sf, const gguf::File&
   SLUICE_ASSIGN_OR_RETURN(std::optional<uint64_t> budget, resolve_stream_flags(sf));
   SLUICE_ASSIGN_OR_RETURN(stream::FileLayout layout, stream::layout_of(file));
   std::optional<stream::DiskProbe> probe;
+  SLUICE_ASSIGN_OR_RETURN(bool device, device_streaming_requested(mf, sf));
+  if (device) {
+    SLUICE_ASSIGN_OR_RETURN(stream::DeviceStreamOptions o, device_options(mf, sf, probe));
+    // The GPU terms measured where there is a GPU (the pipeline measures them again at load).
+    std::string gpu_source = "default (no GPU)";
+    if (backend::cuda_device_count() > 0) {
+      auto h2d = backend::cuda_h2d_bandwidth(0);
+      auto vram = backend::cuda_copy_bandwidth(0);
+      if (h2d.is_ok()) o.bw.h2d = *h2d;
+      if (vram.is_ok()) o.bw.vram = *vram;
+      gpu_source = h2d.is_ok() && vram.is_ok() ? "measured" : "default (measurement failed)";
+    }
+    SLUICE_ASSIGN_OR_RETURN(stream::DevicePlan plan, stream::plan_device(file, layout, o));
+    std::printf("plan (GPU device pipeline; H2D %.1f GB/s, VRAM %.0f GB/s %s; disk %.2f GB/s %s):\n%s",
+                o.bw.h2d / 1e9, o.bw.vram / 1e9, gpu_source.c_str(), o.bw.disk / 1e9, disk_source(probe).c_str(),
+                plan.describe().c_str());
+    return Status::ok();
+  }
   SLUICE_ASSIGN_OR_RETURN(stream::CpuStreamOptions o, stream_options(mf, sf, probe));
   uint64_t all = layout.globals.bytes;
   for (const auto& u : layout.layers) all += u.bytes;
@@ -111,9 +186,19 @@ Status print_plan(const ModelFlags& mf, const StreamFlags& sf, const gguf::File&
 
 Result<LoadedModel> load_model(const ModelFlags& mf, const StreamFlags& sf) {
   SLUICE_ASSIGN_OR_RETURN(std::optional<uint64_t> budget, resolve_stream_flags(sf));
+  SLUICE_ASSIGN_OR_RETURN(bool device, device_streaming_requested(mf, sf));
+  if (device) return load_device_streamed(mf, sf);
   LoadedModel lm;
   if (!budget) {
-    SLUICE_ASSIGN_OR_RETURN(lm.model, load_weights(mf, lm.load_s));
+    auto m = load_weights(mf, lm.load_s);
+    // --backend cuda and a model larger than the GPU's free memory: stream it through the device
+    // pipeline with the free memory as the VRAM budget.
+    if (!m.is_ok() && m.status().code() == ErrorCode::kOutOfMemory && backend_kind(mf) == model::BackendKind::kCuda) {
+      std::fprintf(stderr, "sluice: %s; streaming layers through the GPU instead\n", m.status().message().c_str());
+      return load_device_streamed(mf, sf);
+    }
+    if (!m.is_ok()) return m.status();
+    lm.model = std::move(m).value();
     return lm;
   }
   if (!sf.trace_path.empty()) {
@@ -137,6 +222,35 @@ Result<LoadedModel> load_model(const ModelFlags& mf, const StreamFlags& sf) {
 }
 
 Status finish_stream(FILE* out, LoadedModel& lm, const decode::Timings& t) {
+  if (lm.device_streamer) {
+    stream::DeviceStreamer& ds = *lm.device_streamer;
+    ds.collect();  // the run ended with a sync: every mark of the last pass has passed
+    const stream::DeviceStreamStats& s = ds.stats();
+    const stream::Plan& p = ds.plan().plan;
+    const bool decode = s.decode_passes > 0;
+    const double n = double(std::max<uint64_t>(decode ? s.decode_passes : s.passes, 1));
+    const char* per = decode ? "token" : "pass";
+    const double vram = double(decode ? s.decode_vram_bytes : s.vram_bytes) / n;
+    const double ram = double(decode ? s.decode_ram_bytes : s.ram_bytes) / n;
+    const double disk = double(decode ? s.decode_disk_bytes : s.disk_bytes) / n;
+    const double stall = (decode ? s.decode_compute_stall_seconds : s.compute_stall_seconds) / n;
+    const double disk_wait = (decode ? s.decode_disk_wait_seconds : s.disk_wait_seconds) / n;
+    std::fprintf(out,
+                 "stream:  device pipeline, %d slots of %.1f MB; per %s: VRAM-resident %.1f MB, pinned RAM %.1f MB, "
+                 "disk %.1f MB; pinned %.1f MB\n",
+                 p.n_slots, double(p.slot_bytes) / 1e6, per, vram / 1e6, ram / 1e6, disk / 1e6,
+                 double(ds.pinned_bytes()) / 1e6);
+    std::fprintf(out,
+                 "copies:  %.2f GB/s while copying (%.1f ms per %s), compute waiting for copies %.2f ms per %s%s; host "
+                 "waits: disk %.2f ms per %s, staging %.2f ms in all\n",
+                 s.copy_seconds > 0 ? double(s.copy_bytes_timed) / s.copy_seconds / 1e9 : 0.0,
+                 s.copy_seconds / double(std::max<uint64_t>(s.passes, 1)) * 1e3, "pass", stall * 1e3, per,
+                 s.device_timed ? "" : " (not timed)", disk_wait * 1e3, per, s.staging_wait_seconds * 1e3);
+    if (decode && t.n_decode > 0) {
+      std::fprintf(out, "plan:    predicted %.2f ms/token (bound by %s), measured %.2f ms/token\n", p.token_seconds * 1e3,
+                   p.bound.c_str(), t.n_decode > 0 ? t.decode_s / t.n_decode * 1e3 : 0.0);
+    }
+  }
   if (lm.streamer) {
     const stream::StreamStats& ss = lm.streamer->stats();
     const stream::CpuLayerStreamer& st = *lm.streamer;

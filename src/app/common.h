@@ -17,6 +17,7 @@
 #include "model/model.h"
 #include "model/tokenizer.h"
 #include "stream/cpu_streamer.h"
+#include "stream/device_streamer.h"
 #include "stream/probe.h"
 #include "stream/trace.h"
 
@@ -39,20 +40,22 @@ Result<ModelMeta> open_model_meta(const std::string& path);
 // Loads the weights; `seconds` receives the wall time taken.
 Result<std::unique_ptr<model::Model>> load_weights(const ModelFlags& f, double& seconds);
 
-// Checks the stream flags before anything is loaded: --ram-budget parses (error names the flag),
-// --trace comes with --ram-budget. Returns the budget, if any.
+// Checks the stream flags before anything is loaded: --ram-budget and --vram-budget parse (error
+// names the flag), --trace comes with one of them. Returns the RAM budget, if any.
 Result<std::optional<uint64_t>> resolve_stream_flags(const StreamFlags& sf);
 
 // --plan: probes the disk (unless --no-probe), plans with --ram-budget (default: everything
 // resident) and prints the plan to stdout.
 Status print_plan(const ModelFlags& mf, const StreamFlags& sf, const gguf::File& file);
 
-// A model loaded by the shared path: on the mmapped file, or with --ram-budget through the CPU
-// streamer (after the disk probe, writing --trace).
+// A model loaded by the shared path: on the mmapped file, with --ram-budget through the CPU
+// streamer (after the disk probe, writing --trace), or with --vram-budget (or --backend cuda and a
+// model larger than the GPU) through the device pipeline on the CUDA backend.
 struct LoadedModel {
   std::unique_ptr<stream::TraceWriter> trace;  // before model: the streamer appends until destroyed
   std::unique_ptr<model::Model> model;
   stream::CpuLayerStreamer* streamer = nullptr;  // owned by model; null without --ram-budget
+  stream::DeviceStreamer* device_streamer = nullptr;  // owned by model; the device pipeline (--vram-budget)
   std::optional<stream::DiskProbe> probe;        // when streaming without --no-probe
   double load_s = 0;                              // wall time of the load (probe included)
 };

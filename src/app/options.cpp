@@ -37,6 +37,9 @@ void add_stream_flags(CLI::App& app, StreamFlags& f) {
   // resident as the budget allows and reads the rest from disk each token.
   app.add_option("--ram-budget", f.ram_budget,
                  "RAM for weights (K/M/G suffixes); layers beyond it are streamed from disk each token");
+  app.add_option("--vram-budget", f.vram_budget,
+                 "GPU memory for the model (K/M/G suffixes); layers beyond it are copied in from pinned RAM "
+                 "(bounded by --ram-budget) or disk each token");
   app.add_option("--slots", f.n_slots, "RAM slots for streamed layers (prefetch depth = slots - 1)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();

@@ -24,6 +24,10 @@ struct ModelFlags {
 // Streaming and its observability (docs/STREAMING.md), for run, chat, perplexity and bench.
 struct StreamFlags {
   std::string ram_budget;  // --ram-budget SIZE (K/M/G suffixes); empty: weights on the mmapped file
+  // --vram-budget SIZE: the device pipeline (docs/STREAMING.md): the CUDA backend computes, layers
+  // beyond the budget are copied into VRAM slots each token from pinned RAM (--ram-budget bounds
+  // it) or from disk. Empty: whole-model upload, or the pipeline when the model does not fit.
+  std::string vram_budget;
   int n_slots = 2;         // --slots: RAM slots for streamed layers (prefetch depth = slots - 1)
   bool show_plan = false;  // --plan: print the placement and predicted token time, then exit
   std::string trace_path;  // --trace FILE: per-layer access trace (CSV), needs --ram-budget
@@ -42,7 +46,7 @@ void add_backend_flags(CLI::App& app, ModelFlags& f);
 // The --backend choice as model/ takes it.
 model::BackendKind backend_kind(const ModelFlags& f);
 
-// --ram-budget, --slots, --plan, --trace, --no-probe.
+// --ram-budget, --vram-budget, --slots, --plan, --trace, --no-probe.
 void add_stream_flags(CLI::App& app, StreamFlags& f);
 
 // --temp --top-k --top-p --min-p --repeat-penalty --repeat-last-n --seed. Ranges are checked by
