@@ -14,7 +14,7 @@
 #   --package DIR   (on the build machine) build the GPU binaries (static deps, sm_$ARCH) in
 #                   build-gpu-static and pack what a device call carries into DIR (< 64 MiB):
 #                   bins.tar.xz (stripped binaries), smollm2-trunc.gguf (the default model cut
-#                   to 3 layers) and llama-src.tar.xz (LLAMA_SRC, default /work/llama.cpp); exit.
+#                   to TRUNC_LAYERS layers, default 3; the streaming placement test needs >= 4) and llama-src.tar.xz (LLAMA_SRC, default /work/llama.cpp); exit.
 #   --carried DIR   (on the GPU machine) unpack a --package DIR and run as --prebuilt.
 #   --quick         benchmarks without the 128256-row output matrix.
 #   --bench-arg A   pass A to bench_gpu_gemv (e.g. --variants; repeatable).
@@ -327,7 +327,7 @@ if [[ -n "$PACKAGE" ]]; then
   [[ -x build-gpu-prebuilt/llama-bench ]] && cp build-gpu-prebuilt/llama-bench "$stage"/  # CPU rival (step cpu)
   mkdir -p "$PACKAGE"
   tar -C "$stage" -cf - . | xz -T0 -6 >"$PACKAGE/bins.tar.xz" && rm -rf "$stage"
-  python3 tools/gpu/truncate_model.py models/smollm2-135m-instruct-q4_1.gguf "$PACKAGE/smollm2-trunc.gguf" 3
+  python3 tools/gpu/truncate_model.py models/smollm2-135m-instruct-q4_1.gguf "$PACKAGE/smollm2-trunc.gguf" ${TRUNC_LAYERS:-3}
   bash scripts/llama-cuda.sh pack "${LLAMA_SRC:-/work/llama.cpp}" "$PACKAGE/llama-src.tar.xz"
   du -sh "$PACKAGE"/*
   exit 0

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,13 @@
 
 namespace sluice::stream {
 namespace {
+
+// SLUICE_GPU_REAL_MODEL (scripts/gpu-check.sh passes a depth-truncated SmolLM2 that fits a carried
+// build), else the default model in models/.
+std::string real_model_path() {
+  const char* env = std::getenv("SLUICE_GPU_REAL_MODEL");
+  return env && *env ? std::string(env) : test::model_path(test::kSmolLM2);
+}
 
 constexpr Home A = Home::kVram, B = Home::kRam, C = Home::kDisk;
 const std::vector<int32_t> kPrompt = {1, 504, 3458, 282, 4649, 314, 2725, 30, 378, 3458, 282};
@@ -72,7 +80,7 @@ void expect_same(const GreedyRun& got, const GreedyRun& ref) {
 
 TEST(ModelStreaming, EveryTierMixMatchesResidentCuda) {
   SLUICE_SKIP_WITHOUT_GPU();
-  const std::string path = test::model_path(test::kSmolLM2);
+  const std::string path = real_model_path();
   SLUICE_REQUIRE_MODEL(path);
   const GreedyRun ref = resident(path);
   ASSERT_EQ(ref.tokens.size(), size_t(kSteps));
@@ -118,12 +126,14 @@ TEST(ModelStreaming, EveryTierMixMatchesResidentCuda) {
 // layers resident and streams the rest from pinned RAM (and from disk with a small RAM budget).
 TEST(ModelStreaming, PlannedPlacementUnderVramBudgetMatchesResident) {
   SLUICE_SKIP_WITHOUT_GPU();
-  const std::string path = test::model_path(test::kSmolLM2);
+  const std::string path = real_model_path();
   SLUICE_REQUIRE_MODEL(path);
   const GreedyRun ref = resident(path);
   auto f = gguf::File::open(path);
   auto layout = layout_of(*f);
   ASSERT_TRUE(layout.is_ok());
+  // Two slots plus one resident layer must leave layers to stream: needs at least 4.
+  if (layout->layers.size() < 4) GTEST_SKIP() << "model has " << layout->layers.size() << " layers; needs >= 4";
   uint64_t layers = 0, largest = 0;
   for (const UnitLayout& u : layout->layers) {
     layers += u.bytes;
@@ -136,7 +146,7 @@ TEST(ModelStreaming, PlannedPlacementUnderVramBudgetMatchesResident) {
     auto probe = plan_device(*f, *layout, so);
     ASSERT_TRUE(probe.is_ok()) << probe.status().message();
     so.vram_budget = probe->reserved_bytes() + layers / 3 + 2 * largest;
-    so.ram_budget = small_ram ? 6 * largest : 0;
+    so.ram_budget = small_ram ? 3 * largest : 0;  // two staging buffers and one pinned layer
     DeviceStreamer* s = nullptr;
     model::LoadOptions o = cuda_options();
     o.layer_source = device_streaming_source(path, so, &s);
