@@ -155,7 +155,9 @@ TEST(ModelStreaming, PlannedPlacementUnderVramBudgetMatchesResident) {
     const Plan& p = s->plan().plan;
     EXPECT_GT(p.resident_bytes, 0u);
     EXPECT_GT(p.ram_bytes + p.disk_bytes, 0u);
-    if (small_ram) EXPECT_GT(p.disk_bytes, 0u);
+    if (small_ram) {
+      EXPECT_GT(p.disk_bytes, 0u);
+    }
     expect_same(greedy(**m), ref);
   }
 }
