@@ -236,12 +236,14 @@ Result<std::unique_ptr<backend::Backend>> make_backend(const LoadOptions& opts, 
     if (opts.backend == BackendKind::kAuto) return backend::make_cpu_backend({opts.n_threads});
     return gpu.status();
   }
+  if (streaming) return std::move(gpu).value();  // the source plans device memory itself
   const uint64_t need = device_bytes_needed(cfg, w, n_ctx);
   const int64_t free = (*gpu)->free_memory();
   if (free >= 0 && need > uint64_t(free)) {
     if (opts.backend == BackendKind::kAuto) return backend::make_cpu_backend({opts.n_threads});
     return out_of_memory("the model needs about " + std::to_string(need >> 20) + " MiB of GPU memory, " +
-                         std::to_string(uint64_t(free) >> 20) + " MiB are free (a smaller -c lowers the KV cache)");
+                         std::to_string(uint64_t(free) >> 20) +
+                         " MiB are free (stream it with --vram-budget, or a smaller -c lowers the KV cache)");
   }
   return std::move(gpu).value();
 }
