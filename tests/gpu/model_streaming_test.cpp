@@ -13,6 +13,7 @@
 #include "gpu_util.h"
 #include "model/model.h"
 #include "stream/device_streamer.h"
+#include "model_test_util.h"
 #include "test_util.h"
 
 namespace sluice::stream {
@@ -29,27 +30,9 @@ constexpr Home A = Home::kVram, B = Home::kRam, C = Home::kDisk;
 const std::vector<int32_t> kPrompt = {1, 504, 3458, 282, 4649, 314, 2725, 30, 378, 3458, 282};
 constexpr int kSteps = 16;
 
-struct GreedyRun {
-  std::vector<int32_t> tokens;
-  std::vector<float> first_logits;
-};
+using test::GreedyRun;
 
-GreedyRun greedy(model::Model& m) {
-  GreedyRun r;
-  std::vector<float> logits(size_t(m.n_vocab()));
-  std::vector<int32_t> in = kPrompt;
-  for (int i = 0; i < kSteps; ++i) {
-    Status st = m.eval(in, logits);
-    EXPECT_TRUE(st.is_ok()) << st.message();
-    if (!st.is_ok()) return r;
-    if (i == 0) r.first_logits = logits;
-    int32_t best = 0;
-    for (int32_t v = 1; v < m.n_vocab(); ++v) best = logits[size_t(v)] > logits[size_t(best)] ? v : best;
-    r.tokens.push_back(best);
-    in = {best};
-  }
-  return r;
-}
+GreedyRun greedy(model::Model& m) { return test::greedy_run(m, kPrompt, kSteps); }
 
 model::LoadOptions cuda_options() {
   model::LoadOptions o;

@@ -13,6 +13,7 @@
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "stream/cpu_streamer.h"
+#include "model_test_util.h"
 #include "test_util.h"
 
 namespace sluice::stream {
@@ -20,28 +21,9 @@ namespace {
 
 const std::vector<int32_t> kPrompt = {1, 504, 3458, 282, 4649, 314, 2725, 30, 378, 3458, 282};
 
-struct GreedyRun {
-  std::vector<int32_t> tokens;
-  std::vector<float> first_logits;
-};
+using test::GreedyRun;
 
-// Prefill of kPrompt, then n greedy steps.
-GreedyRun greedy(model::Model& m, int n) {
-  GreedyRun r;
-  std::vector<float> logits(size_t(m.n_vocab()));
-  std::vector<int32_t> in = kPrompt;
-  for (int i = 0; i < n; ++i) {
-    Status st = m.eval(in, logits);
-    EXPECT_TRUE(st.is_ok()) << st.message();
-    if (!st.is_ok()) return r;
-    if (i == 0) r.first_logits = logits;
-    int32_t best = 0;
-    for (int32_t v = 1; v < m.n_vocab(); ++v) best = logits[size_t(v)] > logits[size_t(best)] ? v : best;
-    r.tokens.push_back(best);
-    in = {best};
-  }
-  return r;
-}
+GreedyRun greedy(model::Model& m, int n) { return test::greedy_run(m, kPrompt, n); }
 
 uint64_t weight_bytes(const std::string& path) {
   auto f = gguf::File::open(path);

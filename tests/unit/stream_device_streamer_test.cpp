@@ -20,6 +20,7 @@
 #include "model/model.h"
 #include "model/weights.h"
 #include "stream/device_streamer.h"
+#include "model_test_util.h"
 #include "test_util.h"
 
 namespace sluice::stream {
@@ -78,26 +79,10 @@ std::string write_synthetic(const std::string& tag) {
   return path;
 }
 
-struct GreedyRun {
-  std::vector<int32_t> tokens;
-  std::vector<float> first_logits;
-};
+using test::GreedyRun;
 
-// Prefill of `prompt`, then n greedy steps.
 GreedyRun greedy(model::Model& m, std::vector<int32_t> prompt, int n) {
-  GreedyRun r;
-  std::vector<float> logits(size_t(m.n_vocab()));
-  for (int i = 0; i < n; ++i) {
-    Status st = m.eval(prompt, logits);
-    EXPECT_TRUE(st.is_ok()) << st.message();
-    if (!st.is_ok()) return r;
-    if (i == 0) r.first_logits = logits;
-    int32_t best = 0;
-    for (int32_t v = 1; v < m.n_vocab(); ++v) best = logits[size_t(v)] > logits[size_t(best)] ? v : best;
-    r.tokens.push_back(best);
-    prompt = {best};
-  }
-  return r;
+  return test::greedy_run(m, std::move(prompt), n);
 }
 
 DeviceStreamOptions host_options(std::vector<Home> homes, int slots) {
