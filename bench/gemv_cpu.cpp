@@ -7,6 +7,8 @@
 // once, untimed) over the Llama-1B projection shapes, with the multi-column kernel
 // (vec_dot_cols, one row per call: "old") and the register-blocked tile (vec_dot_tile: "new")
 // of the best ISA, alternated run by run so both see the same machine load; median GFLOP/s.
+// Where the format has a packed layout (quant::Kernels::vec_dot_packed) its kernel runs in the
+// same rotation ("packed": one 16-row group per chunk, as the backend's matmul hands it out).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -50,12 +52,13 @@ int tile_ab(int64_t n_tok, int runs) {
   std::normal_distribution<float> nd(0, 1);
   std::printf("isa %s, 1 thread, %lld tokens, median of %d alternated runs\n", quant::isa_name(quant::best_isa()),
               (long long)n_tok, runs);
-  std::printf("%-6s %-12s %-11s %6s %14s %14s %7s\n", "type", "shape", "rows x k", "tokens", "old GFLOP/s",
-              "new GFLOP/s", "new/old");
+  std::printf("%-6s %-12s %-11s %6s %14s %14s %7s %14s %10s\n", "type", "shape", "rows x k", "tokens", "old GFLOP/s",
+              "new GFLOP/s", "new/old", "packed GFLOP/s", "packed/old");
   for (quant::Type t : {quant::Type::kQ4_K, quant::Type::kQ6_K, quant::Type::kQ8_0, quant::Type::kQ4_0}) {
     const quant::Kernels& wk = quant::kernels(t);
     const bool has_cols = wk.vec_dot_cols != nullptr && wk.vec_dot_cols_isa == wk.vec_dot_isa;
     const bool has_tile = wk.vec_dot_tile != nullptr && wk.vec_dot_tile_isa == wk.vec_dot_isa;
+    const bool has_packed = wk.vec_dot_packed != nullptr && wk.vec_dot_packed_isa == wk.vec_dot_isa;
     for (const Shape& sh : shapes) {
       const auto w = make_weights(t, sh.rows, sh.k, rng);
       const int64_t w_row = quant::row_bytes(t, sh.k);
@@ -67,7 +70,16 @@ int tile_ab(int64_t n_tok, int runs) {
         for (auto& v : xf) v = nd(rng);
         quant::kernels(at).quantize_row(xf.data(), act.data() + i * a_row, sh.k);
       }
-      std::vector<float> y_old(size_t(sh.rows * n_tok)), y_new(y_old.size());
+      std::vector<float> y_old(size_t(sh.rows * n_tok)), y_new(y_old.size()), y_pk(y_old.size());
+      const int64_t gb = has_packed ? wk.packed_bytes(sh.k) : 0;
+      std::vector<uint8_t> wpk(has_packed ? size_t(sh.rows / wk.packed_rows * gb) : 0);
+      for (int64_t g = 0; has_packed && g < sh.rows / wk.packed_rows; ++g)
+        wk.pack_rows(w.data() + g * wk.packed_rows * w_row, w_row, wpk.data() + g * gb, sh.k);
+      auto run_packed = [&] {
+        for (int64_t g = 0; g < sh.rows / wk.packed_rows; ++g)
+          wk.vec_dot_packed(sh.k, wpk.data() + g * gb, 1, act.data(), a_row, int(n_tok),
+                            y_pk.data() + g * wk.packed_rows, sh.rows);
+      };
       auto run_old = [&] {
         float tile[kTokenTile];
         for (int64_t b = 0; b < sh.rows; b += kRowBlock)
@@ -94,9 +106,10 @@ int tile_ab(int64_t n_tok, int runs) {
           }
         }
       };
-      std::vector<double> t_old, t_new;
+      std::vector<double> t_old, t_new, t_pk;
       run_old();
       if (has_tile) run_new();
+      if (has_packed) run_packed();
       for (int r = 0; r < runs; ++r) {
         core::Timer tm;
         run_old();
@@ -105,6 +118,11 @@ int tile_ab(int64_t n_tok, int runs) {
           tm.reset();
           run_new();
           t_new.push_back(tm.seconds());
+        }
+        if (has_packed) {
+          tm.reset();
+          run_packed();
+          t_pk.push_back(tm.seconds());
         }
       }
       auto median = [](std::vector<double> v) {
@@ -120,15 +138,24 @@ int tile_ab(int64_t n_tok, int runs) {
                     g_old, "-", "-");
         continue;
       }
-      // The two paths must agree (f32 summation order only), or the comparison means nothing.
-      double num = 0, den = 0;
-      for (size_t i = 0; i < y_old.size(); ++i) {
-        num += (double(y_old[i]) - y_new[i]) * (double(y_old[i]) - y_new[i]);
-        den += double(y_old[i]) * y_old[i];
-      }
+      // The paths must agree (f32 summation order only), or the comparison means nothing.
+      auto agrees = [&](const std::vector<float>& y) {
+        double num = 0, den = 0;
+        for (size_t i = 0; i < y_old.size(); ++i) {
+          num += (double(y_old[i]) - y[i]) * (double(y_old[i]) - y[i]);
+          den += double(y_old[i]) * y_old[i];
+        }
+        return num <= 1e-10 * den;
+      };
       const double g_new = flop / median(t_new) / 1e9;
-      std::printf("%-6s %-12s %-11s %6lld %14.1f %14.1f %7.2f%s\n", quant::type_name(t), sh.name, dims,
-                  (long long)n_tok, g_old, g_new, g_new / g_old, num <= 1e-10 * den ? "" : "  MISMATCH");
+      char pk[48] = "             -          -";
+      if (has_packed) {
+        const double g_pk = flop / median(t_pk) / 1e9;
+        std::snprintf(pk, sizeof pk, "%14.1f %10.2f", g_pk, g_pk / g_old);
+      }
+      const bool ok = agrees(y_new) && (!has_packed || agrees(y_pk));
+      std::printf("%-6s %-12s %-11s %6lld %14.1f %14.1f %7.2f %s%s\n", quant::type_name(t), sh.name, dims,
+                  (long long)n_tok, g_old, g_new, g_new / g_old, pk, ok ? "" : "  MISMATCH");
     }
   }
   return 0;
@@ -161,6 +188,7 @@ int main(int argc, char** argv) {
       }
     }
     const backend::WeightView wv{t, k, n_out, w.data()};
+    const backend::WeightView wp = *be->upload_weight(wv);  // the backend's packed copy where it has one
     auto x = *be->alloc(backend::DType::kF32, k, 64);
     auto y = *be->alloc(backend::DType::kF32, n_out, 64);
     std::vector<float> xs(size_t(k * 64));
@@ -174,7 +202,21 @@ int main(int argc, char** argv) {
     tm.reset();
     be->matmul(wv, x, y);
     const double gemm = tm.seconds();
-    std::printf("%-6s %10.1f %10.2f %12.1f\n", quant::type_name(t), gemv * 1e6, double(w.size()) / gemv / 1e9,
+    double pgemv = 0, pgemm = 0;
+    if (wp.packed) {
+      be->matmul(wp, x.first_rows(1), y.first_rows(1));
+      tm.reset();
+      for (int i = 0; i < reps; ++i) be->matmul(wp, x.first_rows(1), y.first_rows(1));
+      pgemv = tm.seconds() / reps;
+      tm.reset();
+      be->matmul(wp, x, y);
+      pgemm = tm.seconds();
+    }
+    std::printf("%-6s %10.1f %10.2f %12.1f", quant::type_name(t), gemv * 1e6, double(w.size()) / gemv / 1e9,
                 2.0 * double(n_out) * double(k) * 64 / gemm / 1e9);
+    if (wp.packed)
+      std::printf("   packed: %10.1f %10.2f %12.1f", pgemv * 1e6, double(w.size()) / pgemv / 1e9,
+                  2.0 * double(n_out) * double(k) * 64 / pgemm / 1e9);
+    std::printf("\n");
   }
 }

@@ -27,6 +27,9 @@ struct WeightView {
   int64_t ne0 = 0;              // elements per row (the input dimension of a matmul)
   int64_t ne1 = 1;              // rows (the output dimension of a matmul)
   const void* data = nullptr;   // ne1 * row_bytes() bytes
+  // The backend's row-interleaved layout (quant::Kernels::pack_rows; ne1 / packed_rows groups of
+  // packed_bytes(ne0)), made by the CPU backend's upload_weight. Only matmul reads packed views.
+  bool packed = false;
   int64_t row_bytes() const { return quant::row_bytes(type, ne0); }
   bool empty() const { return data == nullptr; }
 };
@@ -172,6 +175,11 @@ struct CpuOptions {
   // Prefill matmuls use the register-blocked vec_dot_tile kernels where a format has one. The
   // environment variable SLUICE_CPU_TILE=0 turns them off at backend creation (A/B benchmarks).
   bool tile_kernels = true;
+  // upload_weight repacks matrices whose format has a packed layout on this CPU
+  // (quant::Kernels::vec_dot_packed) into that layout, in memory the backend owns. Streamed layers
+  // are not repacked (they use the row-by-row kernels), so turn this off where a resident run must
+  // match a streamed one bit for bit. SLUICE_CPU_PACK=0 turns it off at backend creation.
+  bool pack_weights = true;
 };
 // The CPU backend (backend/cpu).
 std::unique_ptr<Backend> make_cpu_backend(const CpuOptions& opts);

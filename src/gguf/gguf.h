@@ -131,6 +131,10 @@ class File {
   // Pointer to a tensor's bytes (nbytes long) inside the mapping or the parsed buffer.
   // Absolute file offset = data_offset() + info.offset. `info` must come from this File.
   const uint8_t* tensor_data(const TensorInfo& info) const;
+  // Drops this process's mapped pages of [p, p + n) (whole pages inside the range) once a copy
+  // is all that is read, so they leave the resident set; a later read faults them in again from
+  // the file. No-op for a File parsed from memory, or a range outside the mapping.
+  void release(const void* p, uint64_t n) const;
 
  private:
   friend class Parser;

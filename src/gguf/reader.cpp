@@ -460,6 +460,16 @@ const TensorInfo* File::find_tensor(std::string_view name) const {
   return it == tensor_index_.end() ? nullptr : &tensors_[it->second];
 }
 
+void File::release(const void* p, uint64_t n) const {
+  if (!map_ || n == 0) return;
+  const auto b = reinterpret_cast<uintptr_t>(p), base = reinterpret_cast<uintptr_t>(map_);
+  if (b < base || b + n > base + size_) return;
+  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t first = (b + page - 1) / page * page, last = (b + n) / page * page;
+  // Advice only: a failure leaves the pages mapped, which is still correct.
+  if (last > first) (void)::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
 const uint8_t* File::tensor_data(const TensorInfo& info) const {
   SLUICE_CHECK(info.offset <= size_ && data_offset_ + info.offset + info.nbytes <= size_,
                "tensor_data: TensorInfo '" + info.name + "' does not belong to " + path_);

@@ -225,22 +225,29 @@ uint64_t device_bytes_needed(const Config& cfg, const Weights& w, int n_ctx) {
   return bytes + (uint64_t(512) << 20);
 }
 
+backend::CpuOptions cpu_options(const LoadOptions& opts) {
+  backend::CpuOptions o;
+  o.n_threads = opts.n_threads;
+  o.pack_weights = opts.cpu_pack_weights;
+  return o;
+}
+
 Result<std::unique_ptr<backend::Backend>> make_backend(const LoadOptions& opts, const Config& cfg, const Weights& w,
                                                        int n_ctx, bool streaming) {
-  if (opts.backend == BackendKind::kCpu) return backend::make_cpu_backend({opts.n_threads});
+  if (opts.backend == BackendKind::kCpu) return backend::make_cpu_backend(cpu_options(opts));
   if (opts.backend == BackendKind::kAuto && (streaming || backend::cuda_device_count() == 0)) {
-    return backend::make_cpu_backend({opts.n_threads});
+    return backend::make_cpu_backend(cpu_options(opts));
   }
   auto gpu = backend::make_cuda_backend({0, opts.cuda_graphs});
   if (!gpu.is_ok()) {
-    if (opts.backend == BackendKind::kAuto) return backend::make_cpu_backend({opts.n_threads});
+    if (opts.backend == BackendKind::kAuto) return backend::make_cpu_backend(cpu_options(opts));
     return gpu.status();
   }
   if (streaming) return std::move(gpu).value();  // the source plans device memory itself
   const uint64_t need = device_bytes_needed(cfg, w, n_ctx);
   const int64_t free = (*gpu)->free_memory();
   if (free >= 0 && need > uint64_t(free)) {
-    if (opts.backend == BackendKind::kAuto) return backend::make_cpu_backend({opts.n_threads});
+    if (opts.backend == BackendKind::kAuto) return backend::make_cpu_backend(cpu_options(opts));
     return out_of_memory("the model needs about " + std::to_string(need >> 20) + " MiB of GPU memory, " +
                          std::to_string(uint64_t(free) >> 20) +
                          " MiB are free (stream it with --vram-budget, or a smaller -c lowers the KV cache)");
@@ -248,15 +255,19 @@ Result<std::unique_ptr<backend::Backend>> make_backend(const LoadOptions& opts, 
   return std::move(gpu).value();
 }
 
-// The weights as the backend reads them: every tensor but the embedding table copied into the
-// backend's memory (get_rows looks rows up in the host table).
-Result<Weights> upload_weights(backend::Backend& be, const Weights& host) {
+// The weights as the backend reads them: every tensor but the embedding table passed through the
+// backend's upload_weight (copied into its memory, or repacked into the CPU's packed layout;
+// get_rows looks rows up in the host table). The file's pages of a tensor that was copied leave
+// the resident set (they would otherwise count twice).
+Result<Weights> upload_weights(backend::Backend& be, const Weights& host, const gguf::File& file) {
   Weights dev = host;
   auto up = [&](TensorRef& t) -> Status {
     if (!t.present()) return Status::ok();
     auto v = be.upload_weight(t.view());
     if (!v.is_ok()) return Status(v.status().code(), "uploading " + t.name + ": " + v.status().message());
+    if (v->data != t.data) file.release(t.data, t.nbytes);
     t.data = v->data;
+    t.packed = v->packed;
     return Status::ok();
   };
   SLUICE_RETURN_IF_ERROR(up(dev.output_norm));
@@ -294,8 +305,8 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& path, const LoadOp
   std::unique_ptr<LayerSource> source;
   if (opts.layer_source) {
     SLUICE_ASSIGN_OR_RETURN(source, opts.layer_source(file, w, *be));
-  } else if (!be->reads_host_weights()) {
-    SLUICE_ASSIGN_OR_RETURN(w, upload_weights(*be, w));
+  } else {
+    SLUICE_ASSIGN_OR_RETURN(w, upload_weights(*be, w, file));
   }
   auto model = std::make_unique<LlamaFamilyModel>(std::move(file), std::move(cfg), std::move(w), std::move(be));
   if (source) model->set_layer_source(std::move(source));

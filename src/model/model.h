@@ -42,6 +42,9 @@ struct LoadOptions {
   // per-token re-recording (positions change) costs more than it saves (docs/CUDA.md).
   bool cuda_graphs = false;
   int n_threads = 0;   // 0: all physical cores
+  // CPU backend: repack resident weights into the packed layout of their format where this CPU
+  // has a kernel for it (backend::CpuOptions::pack_weights). Streamed layers are never repacked.
+  bool cpu_pack_weights = true;
   int n_ctx = 0;       // 0: the model's own context length, capped at 4096
   // Where the layer loop gets its weights (stream/ supplies streaming ones). Called once at load
   // with the opened file, the validated weight views (into the mapping) and the backend that will

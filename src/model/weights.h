@@ -25,9 +25,10 @@ struct TensorRef {
   int64_t ne1 = 1;
   const void* data = nullptr;     // into the file mapping; nullptr when absent (optional tensor)
   uint64_t nbytes = 0;
+  bool packed = false;            // data is in the backend's packed layout (backend::WeightView)
 
   bool present() const { return data != nullptr; }
-  backend::WeightView view() const { return {type, ne0, ne1, data}; }
+  backend::WeightView view() const { return {type, ne0, ne1, data, packed}; }
 };
 
 struct LayerWeights {

@@ -147,6 +147,24 @@ struct BlockQ8_K {
 };
 static_assert(sizeof(BlockQ8_K) == 292);
 
+// Q4_K packed 16 rows at a time (Kernels::pack_rows; not a file format): one super-block of 256
+// elements of rows r = 0..15, 2368 bytes (the 16 plain blocks take 2304: the 6-bit scales and
+// mins are stored unpacked as bytes). A packed matrix is its groups of 16 rows one after the
+// other, each group its super-blocks in order.
+//   d[r], dmin[r]: row r's f16 super-block scales
+//   sc[j][r], mn[j][r]: row r's 6-bit scale and min of sub-block j (unpack_k_scale)
+//   qs[j][c][4r + b] = q(r, 32j + 8c + b) | q(r, 32j + 8c + 4 + b) << 4   (c, b in [0,4))
+// so that the low nibbles of one 64-byte qs[j][c] are elements 32j+8c .. +3 of all 16 rows (one
+// u8x4 lane per row) and the high nibbles the next four.
+struct BlockQ4_Kx16 {
+  uint16_t d[16];
+  uint16_t dmin[16];
+  uint8_t sc[8][16];
+  uint8_t mn[8][16];
+  uint8_t qs[8][4][64];
+};
+static_assert(sizeof(BlockQ4_Kx16) == 2368);
+
 // 6-bit scale and min of sub-block j in [0,8) of Q4_K/Q5_K (layout in BlockQ4_K).
 inline void unpack_k_scale(const uint8_t* s, int j, uint8_t* sc, uint8_t* mn) {
   if (j < 4) {

@@ -102,12 +102,31 @@ struct Kernels {
   // vec_dot: the specification).
   void (*vec_dot_tile)(int64_t n, const void* w, int64_t w_stride, int n_rows, const void* a, int64_t a_stride,
                        int n_cols, float* out, int64_t out_stride) = nullptr;
+  // Row-interleaved ("packed") layout, for weights a backend keeps resident and multiplies
+  // many times: packed_rows rows of a matrix are stored together, block by block, so that one
+  // SIMD register holds the same few elements of every row (layout: BlockQ4_Kx16 in blocks.h).
+  // The kernel then loads each weight vector once per token tile and each token's activations as
+  // broadcasts shared by all rows, which halves the instructions per multiply-add of the
+  // row-by-row kernels. packed_rows = 0: no packed layout for this format (and ISA).
+  //   pack_rows: packs rows [0, packed_rows) of a plain matrix (rows at src_stride bytes, n
+  //     elements each) into packed_bytes(n) bytes at dst.
+  //   vec_dot_packed: n_groups consecutive packed groups (rows 0 .. n_groups * packed_rows)
+  //     against n_cols activation rows in vec_dot_type at a_stride bytes:
+  //       out[c * out_stride + r] = vec_dot(row r, activation column c)
+  //     equal to vec_dot up to f32 summation order (integer sums per sub-block are exact).
+  // The kRef table's entries are the specification (unpack, then the scalar vec_dot).
+  int packed_rows = 0;
+  int64_t (*packed_bytes)(int64_t n) = nullptr;
+  void (*pack_rows)(const void* src, int64_t src_stride, void* dst, int64_t n) = nullptr;
+  void (*vec_dot_packed)(int64_t n, const void* w, int n_groups, const void* a, int64_t a_stride, int n_cols,
+                         float* out, int64_t out_stride) = nullptr;
   // Instruction set of the code behind vec_dot, vec_dot_cols and vec_dot_tile in this table
   // entry. A table of a higher ISA keeps the lower ISA's kernel where it has no specialised one
   // (e.g. the AVX-512 table's Q3_K vec_dot is AVX2 code); benchmarks and docs label rows with these.
   Isa vec_dot_isa = Isa::kRef;
   Isa vec_dot_cols_isa = Isa::kRef;
   Isa vec_dot_tile_isa = Isa::kRef;
+  Isa vec_dot_packed_isa = Isa::kRef;
 };
 
 // Fastest kernels for this CPU.

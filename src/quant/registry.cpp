@@ -99,6 +99,7 @@ Table make_ref_table() {
   tile(Type::kQ4_K, ref::vec_dot_tile<ref::vec_dot_q4_k>);
   tile(Type::kQ5_K, ref::vec_dot_tile<ref::vec_dot_q5_k>);
   tile(Type::kQ6_K, ref::vec_dot_tile<ref::vec_dot_q6_k>);
+  detail::install_packed_ref(t.data());
   return t;
 }
 
@@ -137,6 +138,7 @@ void mark_isa(const Table& before, Table& after, Isa isa) {
     if (after[i].vec_dot != before[i].vec_dot) after[i].vec_dot_isa = isa;
     if (after[i].vec_dot_cols != before[i].vec_dot_cols) after[i].vec_dot_cols_isa = isa;
     if (after[i].vec_dot_tile != before[i].vec_dot_tile) after[i].vec_dot_tile_isa = isa;
+    if (after[i].vec_dot_packed != before[i].vec_dot_packed) after[i].vec_dot_packed_isa = isa;
   }
 }
 
@@ -158,6 +160,7 @@ const Tables& tables() {
     for (Kernels& k : t.avx2) {
       k.vec_dot_cols = nullptr;
       k.vec_dot_tile = nullptr;
+      k.vec_dot_packed = nullptr;  // the packing functions stay: they are portable
     }
     if (t.has_avx2) {
       const Table before = t.avx2;
@@ -170,6 +173,7 @@ const Tables& tables() {
       const Table before = t.avx512;
       detail::install_avx512(t.avx512.data());
       detail::install_avx512_tile(t.avx512.data());
+      detail::install_avx512_packed(t.avx512.data());
       mark_isa(before, t.avx512, Isa::kAvx512);
     }
     return t;

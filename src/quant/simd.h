@@ -14,5 +14,7 @@ void install_avx2(Kernels* table);
 void install_avx2_cols(Kernels* table);  // vec_dot_cols (cpu_avx2_cols.cpp)
 void install_avx512(Kernels* table);
 void install_avx512_tile(Kernels* table);  // vec_dot_tile (cpu_avx512_tile.cpp)
+void install_avx512_packed(Kernels* table);  // vec_dot_packed (cpu_avx512_packed.cpp)
+void install_packed_ref(Kernels* table);     // packing + the scalar vec_dot_packed (packed.cpp)
 
 }  // namespace sluice::quant::detail

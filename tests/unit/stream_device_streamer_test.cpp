@@ -94,18 +94,23 @@ DeviceStreamOptions host_options(std::vector<Home> homes, int slots) {
   return o;
 }
 
+// pack: the CPU backend's packed layout for resident matrices. Off for the tier mixes (streamed
+// layers use the row-by-row kernels, which sum in another order: bit-identical comparisons need
+// one kernel family for every tier).
 Result<std::unique_ptr<model::Model>> load_streamed(const std::string& path, const DeviceStreamOptions& so,
-                                                    DeviceStreamer** s) {
+                                                    DeviceStreamer** s, bool pack = false) {
   model::LoadOptions o;
   o.backend = model::BackendKind::kCpu;
+  o.cpu_pack_weights = pack;
   o.n_ctx = so.n_ctx;
   o.layer_source = device_streaming_source(path, so, s);
   return model::Model::load(path, o);
 }
 
-GreedyRun resident_run(const std::string& path, const std::vector<int32_t>& prompt, int n) {
+GreedyRun resident_run(const std::string& path, const std::vector<int32_t>& prompt, int n, bool pack = false) {
   model::LoadOptions o;
   o.backend = model::BackendKind::kCpu;
+  o.cpu_pack_weights = pack;
   o.n_ctx = 128;
   auto m = model::Model::load(path, o);
   EXPECT_TRUE(m.is_ok()) << m.status().message();
@@ -160,6 +165,21 @@ const std::vector<std::vector<Home>> kSyntheticMixes = {
 TEST(StreamDevice, SyntheticEveryTierMixMatchesResident) {
   const std::string path = write_synthetic("mix");
   check_mixes(path, kSyntheticMixes, {1, 5, 9, 17, 33, 2, 64, 80, 3});
+  std::filesystem::remove(path);
+}
+
+// With packing on, everything resident through the streamer (output head and tier-A layers
+// uploaded, i.e. repacked) equals the resident packed run: the streamer keeps the packed views.
+TEST(StreamDevice, PackedResidentThroughStreamerMatchesResident) {
+  const std::string path = write_synthetic("packed");
+  const std::vector<int32_t> prompt = {1, 5, 9, 17, 33, 2, 64, 80, 3};
+  const GreedyRun ref = resident_run(path, prompt, 8, /*pack=*/true);
+  DeviceStreamer* s = nullptr;
+  auto m = load_streamed(path, host_options({A, A, A, A, A, A}, 2), &s, /*pack=*/true);
+  ASSERT_TRUE(m.is_ok()) << m.status().message();
+  const GreedyRun got = greedy(**m, prompt, 8);
+  EXPECT_EQ(got.tokens, ref.tokens);
+  EXPECT_EQ(got.first_logits, ref.first_logits);
   std::filesystem::remove(path);
 }
 

@@ -41,7 +41,9 @@ std::unique_ptr<Backend> make_cpu_backend(const CpuOptions& opts) {
   if (n <= 0) n = physical_cores();
   const char* tile_env = std::getenv("SLUICE_CPU_TILE");
   const bool tile = opts.tile_kernels && !(tile_env && std::string_view(tile_env) == "0");
-  return std::make_unique<cpu::CpuBackend>(n, opts.simd, tile);
+  const char* pack_env = std::getenv("SLUICE_CPU_PACK");
+  const bool pack = opts.pack_weights && !(pack_env && std::string_view(pack_env) == "0");
+  return std::make_unique<cpu::CpuBackend>(n, opts.simd, tile, pack);
 }
 
 namespace cpu {
@@ -59,10 +61,11 @@ void check_same_shape(const Tensor& a, const Tensor& b, const char* op) {
 
 }  // namespace
 
-CpuBackend::CpuBackend(int n_threads, bool simd, bool tile_kernels)
+CpuBackend::CpuBackend(int n_threads, bool simd, bool tile_kernels, bool pack_weights)
     : pool_(n_threads),
       simd_f16_(simd && cpu_has_f16c_fma()),
       tile_kernels_(tile_kernels),
+      pack_weights_(pack_weights),
       scratch_(size_t(std::max(1, n_threads))) {}
 
 Result<Tensor> CpuBackend::alloc(DType dtype, int64_t cols, int64_t rows) {

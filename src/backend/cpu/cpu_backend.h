@@ -43,7 +43,7 @@ bool cpu_has_f16c_fma();
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(int n_threads, bool simd, bool tile_kernels = true);
+  CpuBackend(int n_threads, bool simd, bool tile_kernels = true, bool pack_weights = true);
   const char* name() const override { return "cpu"; }
   int n_threads() const { return pool_.size(); }
 
@@ -51,6 +51,9 @@ class CpuBackend final : public Backend {
   void upload(const Tensor& dst, const float* src) override;
   void download(const Tensor& src, float* dst) override;
   void sync() override {}  // every op completes before it returns
+  // Host memory is the backend's memory: a weight is returned as it is, or repacked into the
+  // packed layout of its format (CpuOptions::pack_weights) in a buffer the backend owns.
+  Result<WeightView> upload_weight(const WeightView& host) override;
 
   // Streaming: slots and staging are host memory (4 KiB aligned, for O_DIRECT reads); a copy is
   // a memcpy done before copy_to_slot returns, so every mark has passed when it is handed out.
@@ -82,6 +85,7 @@ class CpuBackend final : public Backend {
   core::ThreadPool pool_;
   const bool simd_f16_;  // attention's AVX2/F16C path (else the portable one)
   const bool tile_kernels_;  // matmul's vec_dot_tile path for batches (CpuOptions::tile_kernels)
+  const bool pack_weights_;  // upload_weight repacks (CpuOptions::pack_weights)
   std::vector<AlignedBuffer> buffers_;  // every Tensor allocated, alive until destruction
   // Quantized activations for matmul, one per activation format in a matmul_multi (grow-only).
   static constexpr size_t kMaxMulti = 4;

@@ -13,6 +13,9 @@
 // y in place.
 // matmul_multi runs several weights over one input (Q/K/V, gate/up) as one job: fewer
 // dispatches per layer, and small matrices (K, V) no longer leave threads idle on their own.
+// Weights repacked at upload (WeightView::packed, quant::Kernels::vec_dot_packed) go through the
+// format's packed kernel for both decode and prefill: chunks are whole groups of packed_rows rows,
+// and the kernel walks token tiles itself.
 #include <algorithm>
 #include <string>
 
@@ -44,7 +47,14 @@ struct Part {
   int64_t n_out;
   bool cols;  // use wk->vec_dot_cols for token tiles
   bool tile;  // use wk->vec_dot_tile for chunk x token tiles (preferred over cols)
+  bool packed;  // w is in the packed layout: wk->vec_dot_packed over whole groups
+  int64_t group_bytes;  // packed: bytes per group of wk->packed_rows rows
 };
+
+// The format's packed kernel runs on this CPU at the ISA of its vec_dot.
+bool packable(const quant::Kernels& wk) {
+  return wk.vec_dot_packed != nullptr && wk.vec_dot_packed_isa == wk.vec_dot_isa && wk.packed_rows > 0;
+}
 
 void check_shapes(const WeightView& w, const Tensor& x, const Tensor& y) {
   SLUICE_CHECK(x.dtype == DType::kF32 && y.dtype == DType::kF32, "matmul: f32 activations expected");
@@ -54,9 +64,36 @@ void check_shapes(const WeightView& w, const Tensor& x, const Tensor& y) {
                    std::to_string(y.cols) + "]");
   SLUICE_CHECK(quant::kernels(w.type).vec_dot != nullptr,
                std::string("matmul: no vec_dot for ") + quant::type_name(w.type));
+  SLUICE_CHECK(!w.packed || packable(quant::kernels(w.type)),
+               std::string("matmul: a packed ") + quant::type_name(w.type) + " weight without a packed kernel");
 }
 
 }  // namespace
+
+Result<WeightView> CpuBackend::upload_weight(const WeightView& host) {
+  if (!pack_weights_ || host.packed || host.empty()) return host;
+  const quant::Kernels& wk = quant::kernels(host.type);
+  if (!packable(wk) || host.ne1 % wk.packed_rows != 0 || host.ne0 % quant::traits(host.type).block_elems != 0)
+    return host;
+  const int64_t n_groups = host.ne1 / wk.packed_rows;
+  const int64_t gb = wk.packed_bytes(host.ne0);
+  AlignedBuffer buf;
+  if (!buf.reserve(size_t(n_groups * gb))) {
+    return out_of_memory("cpu backend: cannot allocate " + std::to_string(n_groups * gb) +
+                         " bytes to repack a weight (SLUICE_CPU_PACK=0 runs from the file mapping)");
+  }
+  const auto* src = static_cast<const uint8_t*>(host.data);
+  const int64_t rb = host.row_bytes();
+  uint8_t* dst = buf.data();
+  pool_.parallel_for(n_groups, 1, [&](int64_t b, int64_t e, int) {
+    for (int64_t g = b; g < e; ++g) wk.pack_rows(src + g * wk.packed_rows * rb, rb, dst + g * gb, host.ne0);
+  });
+  WeightView v = host;
+  v.data = dst;
+  v.packed = true;
+  buffers_.push_back(std::move(buf));
+  return v;
+}
 
 void CpuBackend::matmul(const WeightView& w, const Tensor& x, const Tensor& y) {
   matmul_multi(std::span(&w, 1), x, std::span(&y, 1));
@@ -77,7 +114,13 @@ void CpuBackend::matmul_multi(std::span<const WeightView> ws, const Tensor& x, s
   int64_t n_chunks = 0, total_out = 0;
   for (size_t i = 0; i < ws.size(); ++i) total_out += ws[i].ne1;
   // Decode: enough chunks (8 per thread) that a descheduled thread does not hold up the op.
-  const int64_t grain = gemv ? std::max<int64_t>(4, total_out / (8 * pool_.size())) : kRowBlock;
+  int64_t grain = gemv ? std::max<int64_t>(4, total_out / (8 * pool_.size())) : kRowBlock;
+  // Packed parts are split in whole groups (every packed format groups kRowBlock rows).
+  for (const WeightView& w : ws)
+    if (w.packed) {
+      SLUICE_CHECK(quant::kernels(w.type).packed_rows == kRowBlock, "matmul: packed group is not kRowBlock rows");
+      grain = (grain + kRowBlock - 1) / kRowBlock * kRowBlock;
+    }
   for (size_t i = 0; i < ws.size(); ++i) {
     const WeightView& w = ws[i];
     check_shapes(w, x, ys[i]);
@@ -108,8 +151,9 @@ void CpuBackend::matmul_multi(std::span<const WeightView> ws, const Tensor& x, s
     // Tiles only for batches: a single token (decode) gains nothing from a rows x tokens register
     // block and would pay its setup per chunk.
     const bool tile = tile_kernels_ && x.rows > 1 && wk.vec_dot_tile != nullptr && wk.vec_dot_tile_isa == wk.vec_dot_isa;
-    parts[i] = {&wk, static_cast<const uint8_t*>(w.data), w.row_bytes(), done_act[d], done_stride[d],
-                static_cast<float*>(ys[i].data), ys[i].stride, n_chunks, w.ne1, cols, tile};
+    parts[i] = {&wk,       static_cast<const uint8_t*>(w.data), w.row_bytes(), done_act[d], done_stride[d],
+                static_cast<float*>(ys[i].data), ys[i].stride, n_chunks, w.ne1, cols, tile, w.packed,
+                w.packed ? wk.packed_bytes(k) : 0};
     n_chunks += (w.ne1 + grain - 1) / grain;
   }
 
@@ -120,6 +164,12 @@ void CpuBackend::matmul_multi(std::span<const WeightView> ws, const Tensor& x, s
       while (pi + 1 < n_parts && parts[pi + 1].first_chunk <= c) ++pi;
       const Part& p = parts[pi];
       const int64_t b = (c - p.first_chunk) * grain, e = std::min(p.n_out, b + grain);
+      if (p.packed) {  // b and e are multiples of the group size (grain is, and so is n_out)
+        const int64_t g0 = b / kRowBlock;
+        p.wk->vec_dot_packed(k, p.w + g0 * p.group_bytes, int((e - b) / kRowBlock), p.act, p.a_stride, int(n_tok),
+                             p.y + b, p.y_stride);
+        continue;
+      }
       if (gemv) {
         for (int64_t o = b; o < e; ++o) p.wk->vec_dot(k, p.w + o * p.w_row, p.act, p.y + o);
         continue;

@@ -1,0 +1,89 @@
+// Row-interleaved (packed) layouts: the packing functions and the scalar specification of
+// vec_dot_packed (Kernels, quant.h; layout BlockQ4_Kx16 in blocks.h). Portable code: the packing
+// runs once per weight at load, and the reference is what the SIMD kernels are tested against.
+#include <cstring>
+
+#include "core/status.h"
+#include "quant/blocks.h"
+#include "quant/half.h"
+#include "quant/simd.h"
+
+namespace sluice::quant::detail {
+namespace {
+
+constexpr int kGroupRows = 16;
+
+int64_t packed_bytes_q4_k(int64_t n) { return n / kQK_K * int64_t(sizeof(BlockQ4_Kx16)); }
+
+// Element l in [0,32) of sub-block j of a plain Q4_K block.
+inline int q4k_elem(const BlockQ4_K& b, int j, int l) {
+  const uint8_t byte = b.qs[32 * (j / 2) + l];
+  return j % 2 == 0 ? byte & 0xF : byte >> 4;
+}
+
+void pack_rows_q4_k(const void* src, int64_t src_stride, void* dst, int64_t n) {
+  const int64_t nb = n / kQK_K;
+  auto* out = static_cast<BlockQ4_Kx16*>(dst);
+  for (int64_t i = 0; i < nb; ++i) {
+    BlockQ4_Kx16& p = out[i];
+    for (int r = 0; r < kGroupRows; ++r) {
+      const auto& b = reinterpret_cast<const BlockQ4_K*>(static_cast<const uint8_t*>(src) + r * src_stride)[i];
+      p.d[r] = b.d;
+      p.dmin[r] = b.dmin;
+      for (int j = 0; j < 8; ++j) {
+        unpack_k_scale(b.scales, j, &p.sc[j][r], &p.mn[j][r]);
+        for (int c = 0; c < 4; ++c)
+          for (int e = 0; e < 4; ++e) {
+            const int lo = q4k_elem(b, j, 8 * c + e), hi = q4k_elem(b, j, 8 * c + 4 + e);
+            p.qs[j][c][4 * r + e] = uint8_t(lo | hi << 4);
+          }
+      }
+    }
+  }
+}
+
+// The scalar reference vec_dot's arithmetic (ref_kquants.cpp, vec_dot_kmin) on packed rows: bit
+// for bit the plain reference, so the packing itself is tested exactly.
+void vec_dot_packed_q4_k_ref(int64_t n, const void* w, int n_groups, const void* a, int64_t a_stride, int n_cols,
+                             float* out, int64_t out_stride) {
+  SLUICE_CHECK(n_groups >= 0 && n_cols >= 0, "vec_dot_packed: negative group or column count");
+  const int64_t nb = n / kQK_K;
+  const auto* wp = static_cast<const BlockQ4_Kx16*>(w);
+  for (int g = 0; g < n_groups; ++g)
+    for (int c = 0; c < n_cols; ++c) {
+      const auto* y = reinterpret_cast<const BlockQ8_K*>(static_cast<const uint8_t*>(a) + c * a_stride);
+      for (int r = 0; r < kGroupRows; ++r) {
+        float sum = 0;
+        for (int64_t i = 0; i < nb; ++i) {
+          const BlockQ4_Kx16& p = wp[g * nb + i];
+          int isum = 0, msum = 0;
+          for (int j = 0; j < 8; ++j) {
+            int dot = 0;
+            for (int ch = 0; ch < 4; ++ch)
+              for (int e = 0; e < 4; ++e) {
+                const uint8_t byte = p.qs[j][ch][4 * r + e];
+                dot += (byte & 0xF) * y[i].qs[32 * j + 8 * ch + e] + (byte >> 4) * y[i].qs[32 * j + 8 * ch + 4 + e];
+              }
+            isum += p.sc[j][r] * dot;
+            msum += p.mn[j][r] * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
+          }
+          const float d = fp16_to_fp32(p.d[r]) * y[i].d;
+          const float dmin = fp16_to_fp32(p.dmin[r]) * y[i].d;
+          sum += d * float(isum) - dmin * float(msum);
+        }
+        out[c * out_stride + g * kGroupRows + r] = sum;
+      }
+    }
+}
+
+}  // namespace
+
+void install_packed_ref(Kernels* t) {
+  Kernels& k = t[int(Type::kQ4_K)];
+  k.packed_rows = kGroupRows;
+  k.packed_bytes = packed_bytes_q4_k;
+  k.pack_rows = pack_rows_q4_k;
+  k.vec_dot_packed = vec_dot_packed_q4_k_ref;
+}
+
+}  // namespace sluice::quant::detail
