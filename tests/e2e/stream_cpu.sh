@@ -46,8 +46,8 @@ case $case_name in
     done
     echo "ok: identical greedy output with 2 and 3 slots at budget $quarter";;
   rss_within_budget)
-    # The process's own floor: the binary and its shared libraries (a CUDA build maps cuBLAS, whose
-    # relocated pages alone are ~150 MiB) measured by a command that loads no weights.
+    # The process's own floor: the binary and its shared libraries, measured by a command that
+    # loads no weights (a CUDA build opens cuBLAS only for a CUDA backend, so the floor is small).
     base=$(run_rss "$tmp/base" inspect "$model")
     ref=$(run_rss "$tmp/ref" run "${common[@]}")
     got=$(run_rss "$tmp/s" run "${common[@]}" --ram-budget "$quarter")

@@ -17,11 +17,13 @@
 // validates before any op is issued.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "backend/backend.h"
@@ -35,11 +37,48 @@ namespace sluice::backend {
 namespace cuda {
 namespace {
 
-#define SLUICE_CUBLAS_CHECK(call)                                                                 \
+// cuBLAS is opened when a CUDA backend is created (dlopen), not linked: loading and relocating
+// it (with cuBLASLt) costs about 200 MiB of resident memory, which the CPU runs of a CUDA-enabled
+// build should not pay. Only the entry points used here are looked up; types and enums come from
+// the header. The library stays loaded for the rest of the process (no dlclose).
+class CublasApi {
+ public:
+  Status load() {
+    const std::string soname = "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR);
+    void* lib = ::dlopen(soname.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+      const char* why = ::dlerror();
+      return unsupported("cannot load " + soname + ", which the CUDA backend needs: " + (why ? why : "?"));
+    }
+    bool ok = true;
+    auto sym = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(::dlsym(lib, name));
+      ok = ok && fn != nullptr;
+    };
+    sym(create, "cublasCreate_v2");
+    sym(destroy, "cublasDestroy_v2");
+    sym(set_stream, "cublasSetStream_v2");
+    sym(gemm_ex, "cublasGemmEx");
+    sym(status_string, "cublasGetStatusString");
+    if (!ok) return unsupported(soname + " lacks an entry point the CUDA backend needs (cuBLAS too old?)");
+    return Status::ok();
+  }
+
+  decltype(&cublasCreate_v2) create = nullptr;
+  decltype(&cublasDestroy_v2) destroy = nullptr;
+  decltype(&cublasSetStream_v2) set_stream = nullptr;
+  // The exported cublasGemmEx (the header adds an inline overload taking cudaDataType compute).
+  cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
+                            const void*, cudaDataType, int, const void*, cudaDataType, int, const void*, void*,
+                            cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
+  decltype(&cublasGetStatusString) status_string = nullptr;
+};
+
+#define SLUICE_CUBLAS_CHECK(api, call)                                                            \
   do {                                                                                            \
     const cublasStatus_t _cb = (call);                                                            \
     if (_cb != CUBLAS_STATUS_SUCCESS)                                                             \
-      ::sluice::check_failed(__FILE__, __LINE__, #call, cublasGetStatusString(_cb));              \
+      ::sluice::check_failed(__FILE__, __LINE__, #call, (api).status_string(_cb));                \
   } while (0)
 
 // An op's Status that is not ok here is a bug in the caller's shapes (model/ validated the data).
@@ -66,8 +105,9 @@ class CudaBackend final : public Backend {
     SLUICE_CUDA_RETURN_IF_ERROR(cudaSetDevice(dev_.device));
     SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     SLUICE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&staging_free_, cudaEventDisableTiming));
-    if (cublasCreate(&cublas_) != CUBLAS_STATUS_SUCCESS) return internal_error("cuBLAS could not be initialized");
-    if (cublasSetStream(cublas_, stream_) != CUBLAS_STATUS_SUCCESS) return internal_error("cublasSetStream failed");
+    SLUICE_RETURN_IF_ERROR(blas_.load());
+    if (blas_.create(&cublas_) != CUBLAS_STATUS_SUCCESS) return internal_error("cuBLAS could not be initialized");
+    if (blas_.set_stream(cublas_, stream_) != CUBLAS_STATUS_SUCCESS) return internal_error("cublasSetStream failed");
     // Tensor-core math with f32 accumulation (CUBLAS_COMPUTE_32F below); default pointer mode.
     return Status::ok();
   }
@@ -81,7 +121,7 @@ class CudaBackend final : public Backend {
     if (copy_stream_) cudaStreamDestroy(copy_stream_);
     for (void* p : host_allocs_) cudaFreeHost(p);
     if (exec_) cudaGraphExecDestroy(exec_);
-    if (cublas_) cublasDestroy(cublas_);
+    if (cublas_) blas_.destroy(cublas_);
     for (void* p : device_allocs_) cudaFree(p);
     if (staging_) cudaFreeHost(staging_);
     if (staging_free_) cudaEventDestroy(staging_free_);
@@ -493,7 +533,7 @@ class CudaBackend final : public Backend {
         const int64_t rows = std::min(chunk, m - r0);
         must(dequantize_to_f16(w.type, static_cast<const uint8_t*>(w.data) + r0 * rb, rows, k, wh, stream_),
              "dequantize_to_f16");
-        SLUICE_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), int(n), int(k), &alpha, wh,
+        SLUICE_CUBLAS_CHECK(blas_, blas_.gemm_ex(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), int(n), int(k), &alpha, wh,
                                          CUDA_R_16F, int(k), xh, CUDA_R_16F, int(k), &beta, f32(ys[i]) + r0,
                                          CUDA_R_32F, int(ys[i].stride), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       }
@@ -503,6 +543,7 @@ class CudaBackend final : public Backend {
   DeviceInfo dev_;
   bool graphs_ = false;
   cudaStream_t stream_ = nullptr;
+  CublasApi blas_;
   cublasHandle_t cublas_ = nullptr;
   std::vector<void*> device_allocs_;  // every cudaMalloc, freed at destruction
   Scratch q8_, x_f16_, w_f16_, attn_ws_;
