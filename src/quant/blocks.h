@@ -165,6 +165,24 @@ struct BlockQ4_Kx16 {
 };
 static_assert(sizeof(BlockQ4_Kx16) == 2368);
 
+// Q6_K packed 16 rows at a time: one super-block of rows r = 0..15, 3360 bytes (as 16 plain
+// blocks). q(r, e) is the unsigned 6-bit value (the weight is d * sc * (q - 32)).
+//   d[r]: row r's f16 scale; sc[s][r]: row r's int8 scale of 16-element sub-block s
+//   sb[s].ql[c][4r + b] = lo4(q(r, 16s + 8c + b)) | lo4(q(r, 16s + 8c + 4 + b)) << 4   (c in [0,2))
+//   sb[s].qh[4r + b] = hi2(q(r, 16s + b)) | hi2(q(r, 16s + 4 + b)) << 2 | hi2(q(r, 16s + 8 + b)) << 4
+//                      | hi2(q(r, 16s + 12 + b)) << 6
+// A sub-block's 192 bytes are contiguous, so a kernel reads one ascending stream (with ql and qh
+// in separate regions, one-token decode stalled on memory at half the row kernel's speed).
+struct BlockQ6_Kx16 {
+  uint16_t d[16];
+  int8_t sc[16][16];
+  struct Sub {
+    uint8_t ql[2][64];
+    uint8_t qh[64];
+  } sb[16];
+};
+static_assert(sizeof(BlockQ6_Kx16) == 3360);
+
 // 6-bit scale and min of sub-block j in [0,8) of Q4_K/Q5_K (layout in BlockQ4_K).
 inline void unpack_k_scale(const uint8_t* s, int j, uint8_t* sc, uint8_t* mn) {
   if (j < 4) {

@@ -1,4 +1,5 @@
-// AVX-512 VNNI vec_dot_packed for Q4_K packed 16 rows at a time (BlockQ4_Kx16, blocks.h).
+// AVX-512 VNNI vec_dot_packed for Q4_K and Q6_K packed 16 rows at a time (BlockQ4_Kx16,
+// BlockQ6_Kx16, blocks.h).
 //
 // Lanes are rows. One 64-byte load of qs[j][c] gives, after the nibble split, two zmm whose i32
 // lane r holds four consecutive elements of row r; vpdpbusd multiplies them with four activation
@@ -91,21 +92,94 @@ void tile_q4_k(int64_t nb, const BlockQ4_Kx16* w, const uint8_t* a, int64_t a_st
   for (int t = 0; t < T; ++t) _mm512_storeu_ps(out + t * out_stride, acc[t]);
 }
 
-using TileFn = void (*)(int64_t, const BlockQ4_Kx16*, const uint8_t*, int64_t, float*, int64_t);
-
-template <int... I>
-constexpr std::array<TileFn, kMaxCols> tile_table(std::integer_sequence<int, I...>) {
-  return {&tile_q4_k<I + 1>...};
+// Q6_K (BlockQ6_Kx16): per 16-element sub-block s, two 64-byte ql loads and one qh load give four
+// vectors of 4 elements x 16 rows (6-bit, unsigned); 4 vpdpbusd per token, then one convert and
+// one FMA with d * sc_s (per row) * d_t. The -32 offset is 32 * sum_s sc_s * bsum_s(t): one
+// vpdpwssd per two sub-blocks (i16 pair sc_s | sc_s+1 against the token's two bsums), applied once
+// per super-block.
+template <int T>
+void tile_q6_k(int64_t nb, const BlockQ6_Kx16* w, const uint8_t* a, int64_t a_stride, float* out,
+               int64_t out_stride) {
+  constexpr int kChains = T >= 4 ? 1 : (T == 1 ? 4 : 2);
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+  __m512 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const BlockQ6_Kx16& p = w[i];
+    const BlockQ8_K* y[T];
+    for (int t = 0; t < T; ++t) y[t] = reinterpret_cast<const BlockQ8_K*>(a + t * a_stride) + i;
+    const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.d)));
+    __m512i ioff[T];
+    for (int t = 0; t < T; ++t) ioff[t] = _mm512_setzero_si512();
+    for (int s = 0; s < 16; ++s) {
+      const __m512i sc32 = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p.sc[s])));
+      const __m512 scd = _mm512_mul_ps(_mm512_cvtepi32_ps(sc32), dv);
+      // The same sub-block of the next super-block (or group: groups are contiguous), 3 lines.
+      const char* ahead = reinterpret_cast<const char*>(&(&p)[1].sb[s]);
+      for (int l = 0; l < 3; ++l) _mm_prefetch(ahead + 64 * l, _MM_HINT_T0);
+      const __m512i l0 = _mm512_loadu_si512(p.sb[s].ql[0]), l1 = _mm512_loadu_si512(p.sb[s].ql[1]);
+      const __m512i h = _mm512_loadu_si512(p.sb[s].qh);
+      __m512i v[4];
+      v[0] = _mm512_or_si512(_mm512_and_si512(l0, m4), _mm512_and_si512(_mm512_slli_epi16(h, 4), m30));
+      v[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), m4), _mm512_and_si512(_mm512_slli_epi16(h, 2), m30));
+      v[2] = _mm512_or_si512(_mm512_and_si512(l1, m4), _mm512_and_si512(h, m30));
+      v[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), m4), _mm512_and_si512(_mm512_srli_epi16(h, 2), m30));
+      __m512i isum[kChains][T];
+      for (int k = 0; k < kChains; ++k)
+        for (int t = 0; t < T; ++t) isum[k][t] = _mm512_setzero_si512();
+      for (int c = 0; c < 4; ++c)
+        for (int t = 0; t < T; ++t) {
+          __m512i& q = isum[c % kChains][t];
+          q = _mm512_dpbusd_epi32(q, v[c], bcast32(y[t]->qs + 16 * s + 4 * c));
+        }
+      for (int t = 0; t < T; ++t) {
+        __m512i q = isum[0][t];
+        for (int k = 1; k < kChains; ++k) q = _mm512_add_epi32(q, isum[k][t]);
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), _mm512_mul_ps(scd, _mm512_set1_ps(y[t]->d)), acc[t]);
+      }
+      if (s % 2 == 1) {  // offset term of sub-blocks s - 1 and s
+        const __m512i prev = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p.sc[s - 1])));
+        const __m512i scp = _mm512_or_si512(_mm512_and_si512(prev, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(sc32, 16));
+        for (int t = 0; t < T; ++t) ioff[t] = _mm512_dpwssd_epi32(ioff[t], scp, bcast32(y[t]->bsums + s - 1));
+      }
+    }
+    for (int t = 0; t < T; ++t)
+      acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ioff[t]), _mm512_mul_ps(dv, _mm512_set1_ps(32.0f * y[t]->d)), acc[t]);
+  }
+  for (int t = 0; t < T; ++t) _mm512_storeu_ps(out + t * out_stride, acc[t]);
 }
+
+template <class Block>
+using TileFn = void (*)(int64_t, const Block*, const uint8_t*, int64_t, float*, int64_t);
+
+template <class Block, template <int> class Tile, int... I>
+constexpr std::array<TileFn<Block>, kMaxCols> tile_table(std::integer_sequence<int, I...>) {
+  return {&Tile<I + 1>::run...};
+}
+
+template <int T>
+struct Q4Tile {
+  static void run(int64_t nb, const BlockQ4_Kx16* w, const uint8_t* a, int64_t as, float* o, int64_t os) {
+    tile_q4_k<T>(nb, w, a, as, o, os);
+  }
+};
+template <int T>
+struct Q6Tile {
+  static void run(int64_t nb, const BlockQ6_Kx16* w, const uint8_t* a, int64_t as, float* o, int64_t os) {
+    tile_q6_k<T>(nb, w, a, as, o, os);
+  }
+};
 
 // Token tiles outside, groups inside: a tile's activations stay in L1 while the groups (a chunk
 // of the matrix, in L2) pass over them.
-void vec_dot_packed_q4_k(int64_t n, const void* w, int n_groups, const void* a, int64_t a_stride, int n_cols,
-                         float* out, int64_t out_stride) {
+template <class Block, template <int> class Tile>
+void vec_dot_packed(int64_t n, const void* w, int n_groups, const void* a, int64_t a_stride, int n_cols, float* out,
+                    int64_t out_stride) {
   SLUICE_CHECK(n_groups >= 0 && n_cols >= 0, "vec_dot_packed: negative group or column count");
-  static constexpr std::array<TileFn, kMaxCols> kTable = tile_table(std::make_integer_sequence<int, kMaxCols>{});
+  static constexpr std::array<TileFn<Block>, kMaxCols> kTable =
+      tile_table<Block, Tile>(std::make_integer_sequence<int, kMaxCols>{});
   const int64_t nb = n / kQK_K;
-  const auto* wp = static_cast<const BlockQ4_Kx16*>(w);
+  const auto* wp = static_cast<const Block*>(w);
   const auto* ab = static_cast<const uint8_t*>(a);
   for (int c = 0; c < n_cols; c += kMaxCols) {
     const int nc = std::min(kMaxCols, n_cols - c);
@@ -117,7 +191,10 @@ void vec_dot_packed_q4_k(int64_t n, const void* w, int n_groups, const void* a, 
 
 }  // namespace
 
-void install_avx512_packed(Kernels* t) { t[int(Type::kQ4_K)].vec_dot_packed = vec_dot_packed_q4_k; }
+void install_avx512_packed(Kernels* t) {
+  t[int(Type::kQ4_K)].vec_dot_packed = vec_dot_packed<BlockQ4_Kx16, Q4Tile>;
+  t[int(Type::kQ6_K)].vec_dot_packed = vec_dot_packed<BlockQ6_Kx16, Q6Tile>;
+}
 
 }  // namespace sluice::quant::detail
 

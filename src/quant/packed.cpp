@@ -76,6 +76,72 @@ void vec_dot_packed_q4_k_ref(int64_t n, const void* w, int n_groups, const void*
     }
 }
 
+int64_t packed_bytes_q6_k(int64_t n) { return n / kQK_K * int64_t(sizeof(BlockQ6_Kx16)); }
+
+// Unsigned 6-bit value of element e in [0,256) of a plain Q6_K block (layout in blocks.h).
+inline int q6k_elem(const BlockQ6_K& b, int e) {
+  const int half = e / 128, k = (e % 128) / 32, l = e % 32;
+  const int lo = (b.ql[64 * half + 32 * (k & 1) + l] >> (4 * (k >> 1))) & 0xF;
+  return lo | ((b.qh[32 * half + l] >> (2 * k)) & 3) << 4;
+}
+
+void pack_rows_q6_k(const void* src, int64_t src_stride, void* dst, int64_t n) {
+  const int64_t nb = n / kQK_K;
+  auto* out = static_cast<BlockQ6_Kx16*>(dst);
+  for (int64_t i = 0; i < nb; ++i) {
+    BlockQ6_Kx16& p = out[i];
+    for (int r = 0; r < kGroupRows; ++r) {
+      const auto& b = reinterpret_cast<const BlockQ6_K*>(static_cast<const uint8_t*>(src) + r * src_stride)[i];
+      p.d[r] = b.d;
+      for (int s = 0; s < 16; ++s) {
+        p.sc[s][r] = b.scales[s];
+        int h = 0;
+        for (int c = 0; c < 2; ++c)
+          for (int e = 0; e < 4; ++e) {
+            const int a = q6k_elem(b, 16 * s + 8 * c + e), z = q6k_elem(b, 16 * s + 8 * c + 4 + e);
+            p.sb[s].ql[c][4 * r + e] = uint8_t((a & 0xF) | (z & 0xF) << 4);
+          }
+        for (int e = 0; e < 4; ++e) {
+          h = 0;
+          for (int k = 0; k < 4; ++k) h |= (q6k_elem(b, 16 * s + 4 * k + e) >> 4) << (2 * k);
+          p.sb[s].qh[4 * r + e] = uint8_t(h);
+        }
+      }
+    }
+  }
+}
+
+// The scalar reference vec_dot_q6_k's arithmetic (ref_kquants.cpp) on packed rows.
+void vec_dot_packed_q6_k_ref(int64_t n, const void* w, int n_groups, const void* a, int64_t a_stride, int n_cols,
+                             float* out, int64_t out_stride) {
+  SLUICE_CHECK(n_groups >= 0 && n_cols >= 0, "vec_dot_packed: negative group or column count");
+  const int64_t nb = n / kQK_K;
+  const auto* wp = static_cast<const BlockQ6_Kx16*>(w);
+  for (int g = 0; g < n_groups; ++g)
+    for (int c = 0; c < n_cols; ++c) {
+      const auto* y = reinterpret_cast<const BlockQ8_K*>(static_cast<const uint8_t*>(a) + c * a_stride);
+      for (int r = 0; r < kGroupRows; ++r) {
+        float sum = 0;
+        for (int64_t i = 0; i < nb; ++i) {
+          const BlockQ6_Kx16& p = wp[g * nb + i];
+          int isum = 0;
+          for (int s = 0; s < 16; ++s) {
+            int dot = 0;
+            for (int e = 0; e < 16; ++e) {
+              const int ch = (e % 8) / 4 == 0 ? 0 : 1, b = e % 4, c8 = e / 8;  // chunk c8, nibble ch
+              const uint8_t lo = p.sb[s].ql[c8][4 * r + b];
+              const int q = ((ch == 0 ? lo & 0xF : lo >> 4) | ((p.sb[s].qh[4 * r + b] >> (2 * (e / 4))) & 3) << 4) - 32;
+              dot += q * y[i].qs[16 * s + e];
+            }
+            isum += p.sc[s][r] * dot;
+          }
+          sum += fp16_to_fp32(p.d[r]) * y[i].d * float(isum);
+        }
+        out[c * out_stride + g * kGroupRows + r] = sum;
+      }
+    }
+}
+
 }  // namespace
 
 void install_packed_ref(Kernels* t) {
@@ -84,6 +150,11 @@ void install_packed_ref(Kernels* t) {
   k.packed_bytes = packed_bytes_q4_k;
   k.pack_rows = pack_rows_q4_k;
   k.vec_dot_packed = vec_dot_packed_q4_k_ref;
+  Kernels& k6 = t[int(Type::kQ6_K)];
+  k6.packed_rows = kGroupRows;
+  k6.packed_bytes = packed_bytes_q6_k;
+  k6.pack_rows = pack_rows_q6_k;
+  k6.vec_dot_packed = vec_dot_packed_q6_k_ref;
 }
 
 }  // namespace sluice::quant::detail

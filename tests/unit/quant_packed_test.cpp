@@ -112,17 +112,19 @@ TEST_P(QuantPacked, VecDotPackedMatchesReference) {
       EXPECT_FALSE(o.wrote_outside) << what << ": wrote outside the rows x tokens block";
     }
   }
-  // The reference specifies Q4_K's packed layout; AVX-512 has its kernel, AVX2 none (yet).
-  EXPECT_GE(tested, isa == Isa::kAvx2 ? 0 : 1) << isa_name(isa);
-  if (isa != Isa::kAvx2) EXPECT_EQ(kernels_for(Type::kQ4_K, isa)->vec_dot_packed_isa, isa);
+  // The reference specifies the packed layouts of Q4_K and Q6_K (the formats of Q4_K_M files);
+  // AVX-512 has kernels for both, AVX2 none (yet).
+  EXPECT_EQ(tested, isa == Isa::kAvx2 ? 0 : 2) << isa_name(isa);
+  if (isa != Isa::kAvx2)
+    for (Type t : {Type::kQ4_K, Type::kQ6_K}) EXPECT_EQ(kernels_for(t, isa)->vec_dot_packed_isa, isa) << type_name(t);
 }
 
 // The ISA's kernel with a planted bug: the last row's output for the last token is that row's
 // output for the token before it.
-template <Isa kIsa>
+template <Isa kIsa, Type kType>
 void planted_bug(int64_t n, const void* w, int n_groups, const void* a, int64_t a_stride, int n_cols, float* out,
                  int64_t out_stride) {
-  const Kernels* k = kernels_for(Type::kQ4_K, kIsa);
+  const Kernels* k = kernels_for(kType, kIsa);
   k->vec_dot_packed(n, w, n_groups, a, a_stride, n_cols, out, out_stride);
   const int64_t r = int64_t(n_groups) * k->packed_rows - 1;
   if (r >= 0 && n_cols > 1) out[(n_cols - 1) * out_stride + r] = out[(n_cols - 2) * out_stride + r];
@@ -130,13 +132,17 @@ void planted_bug(int64_t n, const void* w, int n_groups, const void* a, int64_t 
 
 TEST_P(QuantPacked, PlantedBugIsCaught) {
   const Isa isa = GetParam();
-  const Kernels* k = kernels_for(Type::kQ4_K, isa);
-  if (k->vec_dot_packed == nullptr) GTEST_SKIP() << "no packed Q4_K kernel for " << isa_name(isa);
-  const PackedFn bugged = isa == Isa::kRef ? planted_bug<Isa::kRef> : planted_bug<Isa::kAvx512>;
-  const Case tc{2048, 5, 13};  // the largest case of the main test: the wrong output is diluted most
-  const Outcome o = run_case(*k, Type::kQ4_K, isa, tc, 99, bugged);
-  EXPECT_GT(o.err, 1e-5) << isa_name(isa);
-  EXPECT_FALSE(o.bit_equal) << isa_name(isa);
+  if (kernels_for(Type::kQ4_K, isa)->vec_dot_packed == nullptr) GTEST_SKIP() << "no packed kernels for " << isa_name(isa);
+  for (Type t : {Type::kQ4_K, Type::kQ6_K}) {
+    const Kernels* k = kernels_for(t, isa);
+    PackedFn bugged = nullptr;
+    if (isa == Isa::kRef) bugged = t == Type::kQ4_K ? planted_bug<Isa::kRef, Type::kQ4_K> : planted_bug<Isa::kRef, Type::kQ6_K>;
+    else bugged = t == Type::kQ4_K ? planted_bug<Isa::kAvx512, Type::kQ4_K> : planted_bug<Isa::kAvx512, Type::kQ6_K>;
+    const Case tc{2048, 5, 13};  // the largest case of the main test: the wrong output is diluted most
+    const Outcome o = run_case(*k, t, isa, tc, 99, bugged);
+    EXPECT_GT(o.err, 1e-5) << isa_name(isa) << " " << type_name(t);
+    EXPECT_FALSE(o.bit_equal) << isa_name(isa) << " " << type_name(t);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllIsas, QuantPacked, ::testing::Values(Isa::kRef, Isa::kAvx2, Isa::kAvx512),
