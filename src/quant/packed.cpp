@@ -42,38 +42,47 @@ void pack_rows_q4_k(const void* src, int64_t src_stride, void* dst, int64_t n) {
   }
 }
 
-// The scalar reference vec_dot's arithmetic (ref_kquants.cpp, vec_dot_kmin) on packed rows: bit
-// for bit the plain reference, so the packing itself is tested exactly.
-void vec_dot_packed_q4_k_ref(int64_t n, const void* w, int n_groups, const void* a, int64_t a_stride, int n_cols,
-                             float* out, int64_t out_stride) {
+// The loops of a scalar reference over packed rows: out[c][g * 16 + r] = the sum over super-blocks
+// of term(block, r, activation block), added in order as the plain reference adds its terms.
+template <class Block, class Term>
+void packed_ref(int64_t n, const void* w, int n_groups, const void* a, int64_t a_stride, int n_cols, float* out,
+                int64_t out_stride, Term term) {
   SLUICE_CHECK(n_groups >= 0 && n_cols >= 0, "vec_dot_packed: negative group or column count");
   const int64_t nb = n / kQK_K;
-  const auto* wp = static_cast<const BlockQ4_Kx16*>(w);
+  const auto* wp = static_cast<const Block*>(w);
   for (int g = 0; g < n_groups; ++g)
     for (int c = 0; c < n_cols; ++c) {
       const auto* y = reinterpret_cast<const BlockQ8_K*>(static_cast<const uint8_t*>(a) + c * a_stride);
       for (int r = 0; r < kGroupRows; ++r) {
         float sum = 0;
-        for (int64_t i = 0; i < nb; ++i) {
-          const BlockQ4_Kx16& p = wp[g * nb + i];
-          int isum = 0, msum = 0;
-          for (int j = 0; j < 8; ++j) {
-            int dot = 0;
-            for (int ch = 0; ch < 4; ++ch)
-              for (int e = 0; e < 4; ++e) {
-                const uint8_t byte = p.qs[j][ch][4 * r + e];
-                dot += (byte & 0xF) * y[i].qs[32 * j + 8 * ch + e] + (byte >> 4) * y[i].qs[32 * j + 8 * ch + 4 + e];
-              }
-            isum += p.sc[j][r] * dot;
-            msum += p.mn[j][r] * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
-          }
-          const float d = fp16_to_fp32(p.d[r]) * y[i].d;
-          const float dmin = fp16_to_fp32(p.dmin[r]) * y[i].d;
-          sum += d * float(isum) - dmin * float(msum);
-        }
+        for (int64_t i = 0; i < nb; ++i) sum += term(wp[g * nb + i], r, y[i]);
         out[c * out_stride + g * kGroupRows + r] = sum;
       }
     }
+}
+
+// The scalar reference vec_dot's arithmetic (ref_kquants.cpp, vec_dot_kmin) on packed rows: bit
+// for bit the plain reference, so the packing itself is tested exactly.
+void vec_dot_packed_q4_k_ref(int64_t n, const void* w, int n_groups, const void* a, int64_t a_stride, int n_cols,
+                             float* out, int64_t out_stride) {
+  packed_ref<BlockQ4_Kx16>(n, w, n_groups, a, a_stride, n_cols, out, out_stride,
+                           [](const BlockQ4_Kx16& p, int r, const BlockQ8_K& y) {
+                             int isum = 0, msum = 0;
+                             for (int j = 0; j < 8; ++j) {
+                               int dot = 0;
+                               for (int ch = 0; ch < 4; ++ch)
+                                 for (int e = 0; e < 4; ++e) {
+                                   const uint8_t byte = p.qs[j][ch][4 * r + e];
+                                   dot += (byte & 0xF) * y.qs[32 * j + 8 * ch + e] +
+                                          (byte >> 4) * y.qs[32 * j + 8 * ch + 4 + e];
+                                 }
+                               isum += p.sc[j][r] * dot;
+                               msum += p.mn[j][r] * (y.bsums[2 * j] + y.bsums[2 * j + 1]);
+                             }
+                             const float d = fp16_to_fp32(p.d[r]) * y.d;
+                             const float dmin = fp16_to_fp32(p.dmin[r]) * y.d;
+                             return d * float(isum) - dmin * float(msum);
+                           });
 }
 
 int64_t packed_bytes_q6_k(int64_t n) { return n / kQK_K * int64_t(sizeof(BlockQ6_Kx16)); }
@@ -114,32 +123,21 @@ void pack_rows_q6_k(const void* src, int64_t src_stride, void* dst, int64_t n) {
 // The scalar reference vec_dot_q6_k's arithmetic (ref_kquants.cpp) on packed rows.
 void vec_dot_packed_q6_k_ref(int64_t n, const void* w, int n_groups, const void* a, int64_t a_stride, int n_cols,
                              float* out, int64_t out_stride) {
-  SLUICE_CHECK(n_groups >= 0 && n_cols >= 0, "vec_dot_packed: negative group or column count");
-  const int64_t nb = n / kQK_K;
-  const auto* wp = static_cast<const BlockQ6_Kx16*>(w);
-  for (int g = 0; g < n_groups; ++g)
-    for (int c = 0; c < n_cols; ++c) {
-      const auto* y = reinterpret_cast<const BlockQ8_K*>(static_cast<const uint8_t*>(a) + c * a_stride);
-      for (int r = 0; r < kGroupRows; ++r) {
-        float sum = 0;
-        for (int64_t i = 0; i < nb; ++i) {
-          const BlockQ6_Kx16& p = wp[g * nb + i];
-          int isum = 0;
-          for (int s = 0; s < 16; ++s) {
-            int dot = 0;
-            for (int e = 0; e < 16; ++e) {
-              const int ch = (e % 8) / 4 == 0 ? 0 : 1, b = e % 4, c8 = e / 8;  // chunk c8, nibble ch
-              const uint8_t lo = p.sb[s].ql[c8][4 * r + b];
-              const int q = ((ch == 0 ? lo & 0xF : lo >> 4) | ((p.sb[s].qh[4 * r + b] >> (2 * (e / 4))) & 3) << 4) - 32;
-              dot += q * y[i].qs[16 * s + e];
-            }
-            isum += p.sc[s][r] * dot;
-          }
-          sum += fp16_to_fp32(p.d[r]) * y[i].d * float(isum);
-        }
-        out[c * out_stride + g * kGroupRows + r] = sum;
-      }
-    }
+  packed_ref<BlockQ6_Kx16>(n, w, n_groups, a, a_stride, n_cols, out, out_stride,
+                           [](const BlockQ6_Kx16& p, int r, const BlockQ8_K& y) {
+                             int isum = 0;
+                             for (int s = 0; s < 16; ++s) {
+                               int dot = 0;
+                               for (int e = 0; e < 16; ++e) {  // chunk e / 8, high nibble when e % 8 >= 4
+                                 const uint8_t lo = p.sb[s].ql[e / 8][4 * r + e % 4];
+                                 const int lo4 = e % 8 < 4 ? lo & 0xF : lo >> 4;
+                                 const int hi2 = (p.sb[s].qh[4 * r + e % 4] >> (2 * (e / 4))) & 3;
+                                 dot += ((lo4 | hi2 << 4) - 32) * y.qs[16 * s + e];
+                               }
+                               isum += p.sc[s][r] * dot;
+                             }
+                             return fp16_to_fp32(p.d[r]) * y.d * float(isum);
+                           });
 }
 
 }  // namespace
