@@ -133,7 +133,7 @@ int tile_ab(int64_t n_tok, int runs) {
       const double g_old = flop / median(t_old) / 1e9;
       char dims[32];
       std::snprintf(dims, sizeof dims, "%lldx%lld", (long long)sh.rows, (long long)sh.k);
-      if (!has_tile) {
+      if (!has_tile && !has_packed) {
         std::printf("%-6s %-12s %-11s %6lld %14.1f %14s %7s\n", quant::type_name(t), sh.name, dims, (long long)n_tok,
                     g_old, "-", "-");
         continue;
@@ -147,13 +147,13 @@ int tile_ab(int64_t n_tok, int runs) {
         }
         return num <= 1e-10 * den;
       };
-      const double g_new = flop / median(t_new) / 1e9;
+      const double g_new = has_tile ? flop / median(t_new) / 1e9 : 0.0;
       char pk[48] = "             -          -";
       if (has_packed) {
         const double g_pk = flop / median(t_pk) / 1e9;
         std::snprintf(pk, sizeof pk, "%14.1f %10.2f", g_pk, g_pk / g_old);
       }
-      const bool ok = agrees(y_new) && (!has_packed || agrees(y_pk));
+      const bool ok = (!has_tile || agrees(y_new)) && (!has_packed || agrees(y_pk));
       std::printf("%-6s %-12s %-11s %6lld %14.1f %14.1f %7.2f %s%s\n", quant::type_name(t), sh.name, dims,
                   (long long)n_tok, g_old, g_new, g_new / g_old, pk, ok ? "" : "  MISMATCH");
     }

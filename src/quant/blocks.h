@@ -183,6 +183,18 @@ struct BlockQ6_Kx16 {
 };
 static_assert(sizeof(BlockQ6_Kx16) == 3360);
 
+// Q8_0 packed 16 rows at a time: one 32-element block of rows r = 0..15, 576 bytes (plain: 544).
+//   d[r]: row r's f16 scale; wsum[r]: the sum of row r's 32 quants (|sum| <= 4096)
+//   qs[c][4r + b] = q(r, 4c + b)   (c in [0,8))
+// The kernel feeds activations + 128 (unsigned) and these signed quants to vpdpbusd, then takes
+// 128 * wsum back out of each integer sum.
+struct BlockQ8_0x16 {
+  uint16_t d[16];
+  int16_t wsum[16];
+  int8_t qs[8][64];
+};
+static_assert(sizeof(BlockQ8_0x16) == 576);
+
 // 6-bit scale and min of sub-block j in [0,8) of Q4_K/Q5_K (layout in BlockQ4_K).
 inline void unpack_k_scale(const uint8_t* s, int j, uint8_t* sc, uint8_t* mn) {
   if (j < 4) {

@@ -1,5 +1,5 @@
-// AVX-512 VNNI vec_dot_packed for Q4_K and Q6_K packed 16 rows at a time (BlockQ4_Kx16,
-// BlockQ6_Kx16, blocks.h).
+// AVX-512 VNNI vec_dot_packed for Q4_K, Q6_K and Q8_0 packed 16 rows at a time (BlockQ4_Kx16,
+// BlockQ6_Kx16, BlockQ8_0x16, blocks.h).
 //
 // Lanes are rows. One 64-byte load of qs[j][c] gives, after the nibble split, two zmm whose i32
 // lane r holds four consecutive elements of row r; vpdpbusd multiplies them with four activation
@@ -149,6 +149,50 @@ void tile_q6_k(int64_t nb, const BlockQ6_Kx16* w, const uint8_t* a, int64_t a_st
   for (int t = 0; t < T; ++t) _mm512_storeu_ps(out + t * out_stride, acc[t]);
 }
 
+// Q8_0 (BlockQ8_0x16): vpdpbusd wants one unsigned operand, so the activations enter as a + 128
+// (a byte xor with 0x80 of the broadcast) against the signed quants, and 128 * wsum[r] is
+// subtracted from each block's exact integer sum; then one convert and one FMA with
+// d_r * d_t per block and token.
+template <int T>
+void tile_q8_0(int64_t nb, const BlockQ8_0x16* w, const uint8_t* a, int64_t a_stride, float* out,
+               int64_t out_stride) {
+  constexpr int kChains = T >= 4 ? 1 : (T == 1 ? 4 : 2);
+  const __m512i flip = _mm512_set1_epi8(char(0x80));
+  __m512 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const BlockQ8_0x16& p = w[i];
+    // The block after next (9 lines; groups are contiguous): one-token decode is otherwise
+    // latency-bound on the stream.
+    const char* ahead = reinterpret_cast<const char*>(&p + 2);
+    _mm_prefetch(ahead, _MM_HINT_T0);
+    const BlockQ8_0* y[T];
+    for (int t = 0; t < T; ++t) y[t] = reinterpret_cast<const BlockQ8_0*>(a + t * a_stride) + i;
+    const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.d)));
+    const __m512i corr =
+        _mm512_slli_epi32(_mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.wsum))), 7);
+    __m512i isum[kChains][T];
+    for (int k = 0; k < kChains; ++k)
+      for (int t = 0; t < T; ++t) isum[k][t] = _mm512_setzero_si512();
+    for (int c = 0; c < 8; ++c) {
+      _mm_prefetch(ahead + 64 * (c + 1), _MM_HINT_T0);
+      const __m512i q = _mm512_loadu_si512(p.qs[c]);
+      for (int t = 0; t < T; ++t) {
+        __m512i& s = isum[c % kChains][t];
+        s = _mm512_dpbusd_epi32(s, _mm512_xor_si512(bcast32(y[t]->qs + 4 * c), flip), q);
+      }
+    }
+    for (int t = 0; t < T; ++t) {
+      __m512i s = isum[0][t];
+      for (int k = 1; k < kChains; ++k) s = _mm512_add_epi32(s, isum[k][t]);
+      const float dt = _cvtsh_ss(y[t]->d);
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(s, corr)), _mm512_mul_ps(dv, _mm512_set1_ps(dt)),
+                               acc[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) _mm512_storeu_ps(out + t * out_stride, acc[t]);
+}
+
 template <class Block>
 using TileFn = void (*)(int64_t, const Block*, const uint8_t*, int64_t, float*, int64_t);
 
@@ -170,15 +214,22 @@ struct Q6Tile {
   }
 };
 
+template <int T>
+struct Q8Tile {
+  static void run(int64_t nb, const BlockQ8_0x16* w, const uint8_t* a, int64_t as, float* o, int64_t os) {
+    tile_q8_0<T>(nb, w, a, as, o, os);
+  }
+};
+
 // Token tiles outside, groups inside: a tile's activations stay in L1 while the groups (a chunk
 // of the matrix, in L2) pass over them.
-template <class Block, template <int> class Tile>
+template <class Block, template <int> class Tile, int64_t kBlockElems = kQK_K>
 void vec_dot_packed(int64_t n, const void* w, int n_groups, const void* a, int64_t a_stride, int n_cols, float* out,
                     int64_t out_stride) {
   SLUICE_CHECK(n_groups >= 0 && n_cols >= 0, "vec_dot_packed: negative group or column count");
   static constexpr std::array<TileFn<Block>, kMaxCols> kTable =
       tile_table<Block, Tile>(std::make_integer_sequence<int, kMaxCols>{});
-  const int64_t nb = n / kQK_K;
+  const int64_t nb = n / kBlockElems;
   const auto* wp = static_cast<const Block*>(w);
   const auto* ab = static_cast<const uint8_t*>(a);
   for (int c = 0; c < n_cols; c += kMaxCols) {
@@ -194,6 +245,7 @@ void vec_dot_packed(int64_t n, const void* w, int n_groups, const void* a, int64
 void install_avx512_packed(Kernels* t) {
   t[int(Type::kQ4_K)].vec_dot_packed = vec_dot_packed<BlockQ4_Kx16, Q4Tile>;
   t[int(Type::kQ6_K)].vec_dot_packed = vec_dot_packed<BlockQ6_Kx16, Q6Tile>;
+  t[int(Type::kQ8_0)].vec_dot_packed = vec_dot_packed<BlockQ8_0x16, Q8Tile, kQK>;
 }
 
 }  // namespace sluice::quant::detail

@@ -42,17 +42,17 @@ void pack_rows_q4_k(const void* src, int64_t src_stride, void* dst, int64_t n) {
   }
 }
 
-// The loops of a scalar reference over packed rows: out[c][g * 16 + r] = the sum over super-blocks
-// of term(block, r, activation block), added in order as the plain reference adds its terms.
-template <class Block, class Term>
+// The loops of a scalar reference over packed rows: out[c][g * 16 + r] = the sum over blocks of
+// term(block, r, activation block), added in order as the plain reference adds its terms.
+template <class Block, class ActBlock = BlockQ8_K, int64_t kBlockElems = kQK_K, class Term>
 void packed_ref(int64_t n, const void* w, int n_groups, const void* a, int64_t a_stride, int n_cols, float* out,
                 int64_t out_stride, Term term) {
   SLUICE_CHECK(n_groups >= 0 && n_cols >= 0, "vec_dot_packed: negative group or column count");
-  const int64_t nb = n / kQK_K;
+  const int64_t nb = n / kBlockElems;
   const auto* wp = static_cast<const Block*>(w);
   for (int g = 0; g < n_groups; ++g)
     for (int c = 0; c < n_cols; ++c) {
-      const auto* y = reinterpret_cast<const BlockQ8_K*>(static_cast<const uint8_t*>(a) + c * a_stride);
+      const auto* y = reinterpret_cast<const ActBlock*>(static_cast<const uint8_t*>(a) + c * a_stride);
       for (int r = 0; r < kGroupRows; ++r) {
         float sum = 0;
         for (int64_t i = 0; i < nb; ++i) sum += term(wp[g * nb + i], r, y[i]);
@@ -140,9 +140,45 @@ void vec_dot_packed_q6_k_ref(int64_t n, const void* w, int n_groups, const void*
                            });
 }
 
+int64_t packed_bytes_q8_0(int64_t n) { return n / kQK * int64_t(sizeof(BlockQ8_0x16)); }
+
+void pack_rows_q8_0(const void* src, int64_t src_stride, void* dst, int64_t n) {
+  const int64_t nb = n / kQK;
+  auto* out = static_cast<BlockQ8_0x16*>(dst);
+  for (int64_t i = 0; i < nb; ++i) {
+    BlockQ8_0x16& p = out[i];
+    for (int r = 0; r < kGroupRows; ++r) {
+      const auto& b = reinterpret_cast<const BlockQ8_0*>(static_cast<const uint8_t*>(src) + r * src_stride)[i];
+      p.d[r] = b.d;
+      int sum = 0;
+      for (int e = 0; e < kQK; ++e) {
+        p.qs[e / 4][4 * r + e % 4] = b.qs[e];
+        sum += b.qs[e];
+      }
+      p.wsum[r] = int16_t(sum);
+    }
+  }
+}
+
+// The scalar reference vec_dot_q8_0's arithmetic (ref_legacy.cpp) on packed rows.
+void vec_dot_packed_q8_0_ref(int64_t n, const void* w, int n_groups, const void* a, int64_t a_stride, int n_cols,
+                             float* out, int64_t out_stride) {
+  packed_ref<BlockQ8_0x16, BlockQ8_0, kQK>(n, w, n_groups, a, a_stride, n_cols, out, out_stride,
+                                           [](const BlockQ8_0x16& p, int r, const BlockQ8_0& y) {
+                                             int isum = 0;
+                                             for (int e = 0; e < kQK; ++e) isum += p.qs[e / 4][4 * r + e % 4] * y.qs[e];
+                                             return float(isum) * fp16_to_fp32(p.d[r]) * fp16_to_fp32(y.d);
+                                           });
+}
+
 }  // namespace
 
 void install_packed_ref(Kernels* t) {
+  Kernels& k8 = t[int(Type::kQ8_0)];
+  k8.packed_rows = kGroupRows;
+  k8.packed_bytes = packed_bytes_q8_0;
+  k8.pack_rows = pack_rows_q8_0;
+  k8.vec_dot_packed = vec_dot_packed_q8_0_ref;
   Kernels& k = t[int(Type::kQ4_K)];
   k.packed_rows = kGroupRows;
   k.packed_bytes = packed_bytes_q4_k;

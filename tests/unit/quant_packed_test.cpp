@@ -112,11 +112,12 @@ TEST_P(QuantPacked, VecDotPackedMatchesReference) {
       EXPECT_FALSE(o.wrote_outside) << what << ": wrote outside the rows x tokens block";
     }
   }
-  // The reference specifies the packed layouts of Q4_K and Q6_K (the formats of Q4_K_M files);
-  // AVX-512 has kernels for both, AVX2 none (yet).
-  EXPECT_EQ(tested, isa == Isa::kAvx2 ? 0 : 2) << isa_name(isa);
+  // The reference specifies the packed layouts of Q4_K, Q6_K (the formats of Q4_K_M files) and
+  // Q8_0; AVX-512 has kernels for all three, AVX2 none (yet).
+  EXPECT_EQ(tested, isa == Isa::kAvx2 ? 0 : 3) << isa_name(isa);
   if (isa != Isa::kAvx2)
-    for (Type t : {Type::kQ4_K, Type::kQ6_K}) EXPECT_EQ(kernels_for(t, isa)->vec_dot_packed_isa, isa) << type_name(t);
+    for (Type t : {Type::kQ4_K, Type::kQ6_K, Type::kQ8_0})
+      EXPECT_EQ(kernels_for(t, isa)->vec_dot_packed_isa, isa) << type_name(t);
 }
 
 // The ISA's kernel with a planted bug: the last row's output for the last token is that row's
@@ -133,11 +134,14 @@ void planted_bug(int64_t n, const void* w, int n_groups, const void* a, int64_t 
 TEST_P(QuantPacked, PlantedBugIsCaught) {
   const Isa isa = GetParam();
   if (kernels_for(Type::kQ4_K, isa)->vec_dot_packed == nullptr) GTEST_SKIP() << "no packed kernels for " << isa_name(isa);
-  for (Type t : {Type::kQ4_K, Type::kQ6_K}) {
+  for (Type t : {Type::kQ4_K, Type::kQ6_K, Type::kQ8_0}) {
     const Kernels* k = kernels_for(t, isa);
-    PackedFn bugged = nullptr;
-    if (isa == Isa::kRef) bugged = t == Type::kQ4_K ? planted_bug<Isa::kRef, Type::kQ4_K> : planted_bug<Isa::kRef, Type::kQ6_K>;
-    else bugged = t == Type::kQ4_K ? planted_bug<Isa::kAvx512, Type::kQ4_K> : planted_bug<Isa::kAvx512, Type::kQ6_K>;
+    auto pick = [t](PackedFn q4, PackedFn q6, PackedFn q8) { return t == Type::kQ4_K ? q4 : t == Type::kQ6_K ? q6 : q8; };
+    const PackedFn bugged =
+        isa == Isa::kRef
+            ? pick(planted_bug<Isa::kRef, Type::kQ4_K>, planted_bug<Isa::kRef, Type::kQ6_K>, planted_bug<Isa::kRef, Type::kQ8_0>)
+            : pick(planted_bug<Isa::kAvx512, Type::kQ4_K>, planted_bug<Isa::kAvx512, Type::kQ6_K>,
+                   planted_bug<Isa::kAvx512, Type::kQ8_0>);
     const Case tc{2048, 5, 13};  // the largest case of the main test: the wrong output is diluted most
     const Outcome o = run_case(*k, t, isa, tc, 99, bugged);
     EXPECT_GT(o.err, 1e-5) << isa_name(isa) << " " << type_name(t);

@@ -60,6 +60,7 @@ TEST(StreamCpu, GreedyMatchesResidentWithQuarterBudget) {
   SLUICE_REQUIRE_MODEL(path);
   model::LoadOptions o;
   o.n_ctx = 256;
+  o.cpu_pack_weights = false;  // as the streamer, which keeps every tensor in the file's layout
   auto ref_model = model::Model::load(path, o);
   ASSERT_TRUE(ref_model.is_ok()) << ref_model.status().message();
   const GreedyRun ref = greedy(**ref_model, 12);
@@ -95,6 +96,7 @@ TEST(StreamCpu, SmallRequestsAndTraceGiveTheSameTokens) {
   SLUICE_REQUIRE_MODEL(path);
   model::LoadOptions o;
   o.n_ctx = 256;
+  o.cpu_pack_weights = false;  // as the streamer, which keeps every tensor in the file's layout
   auto ref_model = model::Model::load(path, o);
   ASSERT_TRUE(ref_model.is_ok()) << ref_model.status().message();
   const GreedyRun ref = greedy(**ref_model, 6);
