@@ -162,9 +162,9 @@ void tile_q8_0(int64_t nb, const BlockQ8_0x16* w, const uint8_t* a, int64_t a_st
   for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     const BlockQ8_0x16& p = w[i];
-    // The block after next (9 lines; groups are contiguous): one-token decode is otherwise
+    // Eight blocks ahead (9 lines each; groups are contiguous): one-token decode is otherwise
     // latency-bound on the stream.
-    const char* ahead = reinterpret_cast<const char*>(&p + 2);
+    const char* ahead = reinterpret_cast<const char*>(&p + 8);
     _mm_prefetch(ahead, _MM_HINT_T0);
     const BlockQ8_0* y[T];
     for (int t = 0; t < T; ++t) y[t] = reinterpret_cast<const BlockQ8_0*>(a + t * a_stride) + i;
