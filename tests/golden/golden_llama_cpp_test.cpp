@@ -118,7 +118,7 @@ void check_model_against_golden(const std::string& path, const Golden& g, bool c
 
   const int nv = g.n_vocab;
   std::vector<float> logits(static_cast<size_t>(nv));
-  float worst_rms = 0, worst_top8 = 0, worst_ratio = 0;
+  float worst_rms = 0, worst_top8 = 0, worst_ratio = 0, worst_first_max = 0;
   int top1_first = 0, positions = 0, agree = 0, near_tie_flips = 0, identical_runs = 0;
   int diverged = 0, literal_ties = 0;  // free-running divergences; those at a gap below kNearTie
   float worst_first_gap = 0, noise_at_worst = 0;
@@ -139,6 +139,7 @@ void check_model_against_golden(const std::string& path, const Golden& g, bool c
     for (int i = 0; i < nv; ++i) {
       ASSERT_TRUE(std::isfinite(logits[i])) << "logit " << i;
       sq += double(logits[i] - ref[i]) * double(logits[i] - ref[i]);
+      worst_first_max = std::max(worst_first_max, std::fabs(logits[i] - ref[i]));
     }
     const float tol = 2.0f * *std::max_element(c.noise.begin(), c.noise.end());
     const float rms = float(std::sqrt(sq / nv));
@@ -196,11 +197,12 @@ void check_model_against_golden(const std::string& path, const Golden& g, bool c
   }
   EXPECT_GE(agree, kMinAgreement * positions) << "greedy agreement with llama.cpp";
   std::printf("[golden] %s: teacher-forced greedy agreement %d/%d positions (%d flips at near-ties); "
-              "top-8 logits max|d| %.3g (worst %.2gx llama.cpp's own noise at that position); first-position RMS max %.3g, top-1 %d/%zu; "
+              "top-8 logits max|d| %.3g (worst %.2gx llama.cpp's own noise at that position); first-position RMS max %.3g, "
+              "max|d| over the vocabulary %.3g, top-1 %d/%zu; "
               "free-running: %d/%zu continuations identical for %zu tokens, shortest identical prefix %zu; "
               "first divergences: %d, %d of them at llama.cpp top-2 gap < %.0e, largest gap %.3g (llama.cpp's own "
               "noise there %.3g)\n",
-              path.c_str(), agree, positions, near_tie_flips, worst_top8, worst_ratio, worst_rms, top1_first,
+              path.c_str(), agree, positions, near_tie_flips, worst_top8, worst_ratio, worst_rms, worst_first_max, top1_first,
               g.cases.size(), identical_runs, g.cases.size(), g.cases.empty() ? 0 : g.cases[0].tokens.size(),
               shortest_prefix, diverged, literal_ties, double(kNearTie), worst_first_gap, noise_at_worst);
   EXPECT_EQ(top1_first, int(g.cases.size()));
