@@ -111,27 +111,23 @@ void vec_dot_q4_0(int64_t n, const void* w, const void* a, float* out) {
   *out = hsum(_mm256_add_ps(acc0, acc1));
 }
 
+// One accumulator chain in llama.cpp's x86 order (ggml-cpu's AVX2 kernel, which its AVX-512
+// builds run too), so that a Q4_1 model's logits equal llama.cpp's bit for bit on x86: per block
+// in turn, lane j += (d_x * d_y) * (i32 sum over elements 4j..4j+3) as one FMA, the min terms
+// m_x * s_y in a scalar FMA chain, then hsum (lanes (0+4, 1+5, 2+6, 3+7), then (0+2, 1+3), then
+// 0+1) plus the min chain. The AVX2 and AVX-512 vec_dot_cols kernels follow the same order.
 void vec_dot_q4_1(int64_t n, const void* w, const void* a, float* out) {
   const auto* x = static_cast<const BlockQ4_1*>(w);
   const auto* y = static_cast<const BlockQ8_1*>(a);
   const int64_t nb = nblocks(n, kQK);
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  __m256 acc = _mm256_setzero_ps();
   float mins = 0;
-  int64_t i = 0;
-  for (; i + 2 <= nb; i += 2) {
-    const __m256i s0 = dot_u8_s8(nibbles_32(x[i].qs), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs)));
-    const __m256i s1 =
-        dot_u8_s8(nibbles_32(x[i + 1].qs), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i + 1].qs)));
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16(x[i].d) * f16(y[i].d)), _mm256_cvtepi32_ps(s0), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(f16(x[i + 1].d) * f16(y[i + 1].d)), _mm256_cvtepi32_ps(s1), acc1);
-    mins += f16(x[i].m) * f16(y[i].s) + f16(x[i + 1].m) * f16(y[i + 1].s);
-  }
-  for (; i < nb; ++i) {
+  for (int64_t i = 0; i < nb; ++i) {
     const __m256i s = dot_u8_s8(nibbles_32(x[i].qs), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs)));
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16(x[i].d) * f16(y[i].d)), _mm256_cvtepi32_ps(s), acc0);
-    mins += f16(x[i].m) * f16(y[i].s);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(x[i].d) * f16(y[i].d)), _mm256_cvtepi32_ps(s), acc);
+    mins = std::fma(f16(x[i].m), f16(y[i].s), mins);
   }
-  *out = hsum(_mm256_add_ps(acc0, acc1)) + mins;
+  *out = hsum(acc) + mins;
 }
 
 void vec_dot_q5_0(int64_t n, const void* w, const void* a, float* out) {

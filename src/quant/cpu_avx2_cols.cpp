@@ -2,11 +2,17 @@
 // each weight block decoded once and dotted with every column. Same integer sums per block as
 // the reference; only the order of f32 additions differs. Formats: Q4_0, Q4_1, Q8_0, Q4_K, Q6_K.
 //
+// The legacy kernels keep one accumulator per column and add block after block, the order of
+// llama.cpp's x86 vec_dot (the min terms of Q4_1 as a scalar FMA chain): their results equal
+// llama.cpp's bit for bit (tools/golden/op_parity.cpp checks it), as do Q6_K's here.
+//
 // Column groups: 8 for the legacy formats (8 f32 accumulators + decoded block + temporaries fit
 // the 16 ymm registers), 4 for the K-quants, which also keep one i32 accumulator per column.
 #include "quant/simd.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+
+#include <cmath>
 
 #include "quant/blocks.h"
 #include "quant/half.h"
@@ -63,7 +69,7 @@ struct Legacy {
         if constexpr (F::kSigned) yv = _mm256_sign_epi8(yv, q);
         const __m256i s = dot_u8_s8(u, yv);
         acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dx * f16(y.d)), _mm256_cvtepi32_ps(s), acc[c]);
-        if constexpr (!F::kSigned) mins[c] += f16(x[i].m) * f16(y.s);
+        if constexpr (!F::kSigned) mins[c] = std::fma(f16(x[i].m), f16(y.s), mins[c]);
       }
     }
     for (int c = 0; c < NC; ++c) out[c] = hsum(acc[c]) + mins[c];

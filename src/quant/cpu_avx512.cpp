@@ -4,7 +4,8 @@
 //
 // What is here, per format (everything else keeps the AVX2 kernel; Kernels::vec_dot_isa says which):
 //   F32, F16 (vcvtph2ps zmm), BF16 (vdpbf16ps)                     vec_dot
-//   Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (vpdpbusd, two blocks per zmm)      vec_dot, vec_dot_cols
+//   Q4_0, Q5_0, Q5_1, Q8_0 (vpdpbusd, two blocks per zmm)            vec_dot, vec_dot_cols
+//   Q4_1 (vpdpbusd on ymm, in llama.cpp's x86 order: ExactQ4_1)      vec_dot, vec_dot_cols
 //   Q4_K, Q5_K, Q6_K (vpmaddubsw + vpdpwssd, 64 elements per zmm)    vec_dot, vec_dot_cols
 //   Q2_K, Q3_K: AVX2 (their 16-element sub-blocks gain little from wider vectors; not done yet).
 // Activation quantizers (Q8_0/Q8_1/Q8_K) stay the AVX2 ones, so every table above AVX2 produces
@@ -14,6 +15,7 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && \
     defined(__AVX512VNNI__) && defined(__AVX512BF16__)
 
+#include <cmath>
 #include <type_traits>
 
 #include "quant/blocks.h"
@@ -137,12 +139,6 @@ struct LegacyQ4_0 {
     return signed_pair(_mm512_sub_epi8(nibbles_64(x0.qs, x1.qs), _mm512_set1_epi8(8)));
   }
 };
-struct LegacyQ4_1 {
-  using W = BlockQ4_1;
-  using A = BlockQ8_1;
-  static constexpr bool kMin = true;
-  static Pair decode(const W& x0, const W& x1) { return {nibbles_64(x0.qs, x1.qs), 0}; }
-};
 struct LegacyQ5_0 {
   using W = BlockQ5_0;
   using A = BlockQ8_0;
@@ -207,6 +203,37 @@ struct Legacy {
     for (; i + 2 <= nb; i += 2) step(i, std::true_type{});
     if (i < nb) step(i, std::false_type{});
     for (int c = 0; c < NC; ++c) out[c] = _mm512_reduce_add_ps(acc[c]) + mins[c];
+  }
+};
+
+// Q4_1 x Q8_1 in llama.cpp's x86 order instead (the AVX2 file's vec_dot_q4_1 says which), so
+// that Q4_1 models reproduce llama.cpp bit for bit: one 8-lane accumulator per column, one block
+// per ymm (vpdpbusd forms the same i32 sums of four products per lane as ggml-cpu's kernel), the
+// min terms as a scalar FMA chain per column. The columns are independent chains, so prefill
+// keeps the FMA units busy; decode (one column) waits on one FMA per block.
+struct ExactQ4_1 {
+  template <int NC>
+  static void run(int64_t n, const void* w, const uint8_t* a, int64_t a_stride, float* out) {
+    const auto* x = static_cast<const BlockQ4_1*>(w);
+    const int64_t nb = blocks_of(n, kQK);
+    __m256 acc[NC];
+    float mins[NC];
+    for (int c = 0; c < NC; ++c) {
+      acc[c] = _mm256_setzero_ps();
+      mins[c] = 0;
+    }
+    const __m256i zero = _mm256_setzero_si256();
+    for (int64_t i = 0; i < nb; ++i) {
+      const __m256i q = nibbles_32(x[i].qs);
+      const float dx = f16(x[i].d), mx = f16(x[i].m);
+      for (int c = 0; c < NC; ++c) {
+        const BlockQ8_1& y = reinterpret_cast<const BlockQ8_1*>(a + c * a_stride)[i];
+        const __m256i s = _mm256_dpbusd_epi32(zero, q, ld256(y.qs));
+        acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dx * f16(y.d)), _mm256_cvtepi32_ps(s), acc[c]);
+        mins[c] = std::fma(mx, f16(y.s), mins[c]);
+      }
+    }
+    for (int c = 0; c < NC; ++c) out[c] = hsum(acc[c]) + mins[c];
   }
 };
 
@@ -343,7 +370,7 @@ void install_avx512(Kernels* t) {
     t[int(ty)].vec_dot_cols = vec_dot_cols_of<K, 8>;
   };
   both(Type::kQ4_0, Legacy<LegacyQ4_0>{});
-  both(Type::kQ4_1, Legacy<LegacyQ4_1>{});
+  both(Type::kQ4_1, ExactQ4_1{});
   both(Type::kQ5_0, Legacy<LegacyQ5_0>{});
   both(Type::kQ5_1, Legacy<LegacyQ5_1>{});
   both(Type::kQ8_0, Legacy<LegacyQ8_0>{});

@@ -22,10 +22,15 @@
 // near-tie threshold (1e-2) and llama.cpp's own noise there. The first divergence must be a
 // near-tie by the rule above (a gap below max(1e-2, 2 x noise)).
 //
-// Why not a fixed 1e-2 near-tie: on SmolLM2-135M, llama.cpp with flash attention on diverges
-// from itself with flash attention off in 6 of 8 prompts, at top-2 gaps up to 0.18, and its
-// first-position logits differ by up to 0.77: this small model amplifies last-bit rounding
-// differences (where an F16 or Q8 rounding flips) to tenths of a logit.
+// The literal rule (every diverging free-running continuation first differs where
+// llama.cpp's top-2 gap is below 1e-2) is enforced for every model except those named in
+// literal_exemption() below, with the measured reason. SmolLM2-135M Q4_1 on an x86 CPU with
+// AVX-512 follows llama.cpp's f32 operation order op for op (Q4_1 x Q8_1 dot, SwiGLU's and
+// softmax's exp, attention's f16 dot orders, RoPE's FMAs; tools/golden/op_parity.cpp checks the
+// kernels bit for bit), so its 8 continuations are identical. The noise-calibrated rule above
+// stays for all: on SmolLM2, llama.cpp with flash attention on diverges from itself with it off
+// in 6 of 8 prompts, at top-2 gaps up to 0.18, because this small model amplifies last-bit
+// rounding differences to tenths of a logit.
 #include <nlohmann/json.hpp>
 
 #include <unistd.h>
@@ -104,7 +109,11 @@ Golden load_golden(const std::string& name) {
 int argmax(const float* v, int n) { return int(std::max_element(v, v + n) - v); }
 
 // Runs every case of a fixture against the model at `path` and reports the agreement figures.
-void check_model_against_golden(const std::string& path, const Golden& g, bool check_tokenizer) {
+// literal_exemption: empty to enforce the literal rule on free-running continuations
+// (identical, or the first differing position is a llama.cpp top-2 gap below kNearTie = 1e-2);
+// otherwise the reason it cannot hold, and only the noise-calibrated rule is enforced.
+void check_model_against_golden(const std::string& path, const Golden& g, bool check_tokenizer,
+                                const std::string& literal_exemption) {
   auto file = gguf::File::open(path);
   ASSERT_TRUE(file.is_ok()) << file.status().message();
   auto tok = model::Tokenizer::from_gguf(*file);
@@ -123,6 +132,7 @@ void check_model_against_golden(const std::string& path, const Golden& g, bool c
   int diverged = 0, literal_ties = 0;  // free-running divergences; those at a gap below kNearTie
   float worst_first_gap = 0, noise_at_worst = 0;
   size_t shortest_prefix = SIZE_MAX;
+  std::string gap_list;  // "prompt:position gap", one per diverging continuation
   for (size_t ci = 0; ci < g.cases.size(); ++ci) {
     const GoldenCase& c = g.cases[ci];
     SCOPED_TRACE("prompt: " + c.prompt);
@@ -188,9 +198,17 @@ void check_model_against_golden(const std::string& path, const Golden& g, bool c
         worst_first_gap = gap;
         noise_at_worst = noise;
       }
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%s#%zu@%zu %.3g", gap_list.empty() ? "" : ", ", ci, same, double(gap));
+      gap_list += buf;
       EXPECT_LT(gap, std::max(kNearTie, 2 * noise))
           << "free-running continuation diverges at position " << same << " where llama.cpp's top-2 gap " << gap
           << " is not a near-tie (its own noise there " << noise << ")";
+      if (literal_exemption.empty()) {
+        EXPECT_LT(gap, kNearTie) << "free-running continuation diverges at position " << same
+                                 << " where llama.cpp's top-2 gap " << gap
+                                 << " is not below the literal near-tie threshold 1e-2: a bug";
+      }
     }
     shortest_prefix = std::min(shortest_prefix, same);
     if (same == c.tokens.size()) ++identical_runs;
@@ -205,7 +223,29 @@ void check_model_against_golden(const std::string& path, const Golden& g, bool c
               path.c_str(), agree, positions, near_tie_flips, worst_top8, worst_ratio, worst_rms, worst_first_max, top1_first,
               g.cases.size(), identical_runs, g.cases.size(), g.cases.empty() ? 0 : g.cases[0].tokens.size(),
               shortest_prefix, diverged, literal_ties, double(kNearTie), worst_first_gap, noise_at_worst);
+  std::printf("[golden]   first divergences (prompt#position gap): %s; literal rule (gap < 1e-2): %s\n",
+              gap_list.empty() ? "none" : gap_list.c_str(),
+              literal_exemption.empty() ? "enforced" : ("not enforced: " + literal_exemption).c_str());
   EXPECT_EQ(top1_first, int(g.cases.size()));
+}
+
+// Where the literal rule cannot hold, and why: each format's dot products on the default CPU path
+// sum in an order other than llama.cpp's, so logits differ in the last bits, which these random
+// 2-layer models amplify to ~0.01-0.07, and a few of llama.cpp's greedy choices at top-2 gaps of
+// 0.01-0.03 (above 1e-2) then flip. Measured with fixtures made on an AVX-512 x86 machine.
+// (SmolLM2 Q4_1 and the F16 models are not exempt: SmolLM2's forward is llama.cpp's order op
+// for op, its continuations identical; the F16 models' continuations are identical too.)
+std::string literal_exemption(const std::string& name) {
+  if (name == "llama-rope-q4_k")
+    return "Q4_K: llama.cpp runs x86 Q4_K through its repacked 8-row kernels (repack.cpp gemv/gemm "
+           "q4_K_8x8), whose f32 order our kernels do not follow; first divergence at gap 0.0305";
+  if (name == "llama-rope-q8_0")
+    return "Q8_0: our packed 16-row Q8_0 kernel sums in another order than llama.cpp's vec_dot (decode) "
+           "and tinyBLAS (prefill); first divergence at gap 0.0134";
+  if (name == "qwen2-q6_k" || name == "qwen3-q6_k")
+    return "Q6_K: our packed 16-row Q6_K kernel sums each super-block's integers in one lane, llama.cpp's "
+           "vec_dot in eight f32 lanes; first divergence at gap 0.0299 (qwen2) / 0.0254 (qwen3)";
+  return "";
 }
 
 TEST(GoldenLlamaCpp, SmolLM2Q4_1) {
@@ -213,7 +253,7 @@ TEST(GoldenLlamaCpp, SmolLM2Q4_1) {
   SLUICE_REQUIRE_MODEL(path);
   Golden g = load_golden("smollm2");
   ASSERT_FALSE(g.cases.empty());
-  check_model_against_golden(path, g, /*check_tokenizer=*/true);
+  check_model_against_golden(path, g, /*check_tokenizer=*/true, /*literal_exemption=*/"");
 }
 
 // Synthetic random-weight models of the other architectures and formats: regenerated here with
@@ -249,7 +289,7 @@ TEST_P(GoldenSynth, MatchesLlamaCpp) {
   ASSERT_EQ(sha256_of(path), g.model_sha256) << "sluice synth " << g.synth_args
                                              << " no longer writes the file the fixture was made from; regenerate "
                                                 "fixtures with tools/golden/make_fixtures.sh";
-  check_model_against_golden(path, g, /*check_tokenizer=*/true);
+  check_model_against_golden(path, g, /*check_tokenizer=*/true, literal_exemption(GetParam()));
   std::filesystem::remove_all(dir);
 }
 

@@ -7,11 +7,17 @@
 #include <limits>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/exp_avx512.h"
 #include "quant/half.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
+
+// GCC 12's AVX-512 headers give some intrinsics a don't-care operand made from a
+// self-initialised variable, and -Wuninitialized then flags every caller; it is never read.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 namespace sluice::backend::cpu {
 namespace {
@@ -68,6 +74,84 @@ __attribute__((target("avx2,fma,f16c"))) void attend_f16_avx2(const float* q, co
     }
   }
 }
+
+// One (query row, head) over an F16 cache in the f32 operation order of llama.cpp's CPU
+// attention without flash attention, built for AVX-512 (F, no FP16), so the result is equal to
+// its bit for bit. Its graph is q.k = mul_mat(K, q in f16), softmax, out = mul_mat(V^T, p in
+// f16). f16 x f16 products are exact in f32, so only the order of additions matters, and that
+// depends on the batch:
+// - one token (decode): every dot product is ggml's f16 vec_dot: four 16-lane accumulators over
+//   64-element steps, then (a0 + a2) + (a1 + a3) and a tree sum of the 16 lanes
+//   (_mm512_reduce_add_ps), the remainder (n % 64) added in double;
+// - several tokens (prefill): both products go through its tinyBLAS f16 GEMM: one 16-lane
+//   accumulator per output over 16-element steps, then the same tree sum of the lanes.
+// Its key count is padded to a multiple of 256 with masked positions, whose probabilities are
+// exactly 0: they add nothing, so we skip them, and the V-side dot has no remainder (position j
+// goes to lane j % 64, or j % 16 batched). The softmax: scores * scale, e^(s - max) with
+// exp_avx512 16 positions at a time, each group's tree sum added in double.
+// Preconditions: hd % 16 == 0. Scratch: qf hd floats, scores n_kv rounded up to 16, part 64 * hd.
+__attribute__((target("avx512f"))) inline __m512 ld16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+__attribute__((target("avx512f,avx512dq,f16c,fma"))) void attend_f16_avx512(
+    const float* q, const uint16_t* k, int64_t k_stride, const uint16_t* v, int64_t v_stride, int64_t n_kv, int64_t hd,
+    float scale, bool batched, float* qf, float* scores, float* part, float* out) {
+  const int64_t main = batched ? hd : hd & ~int64_t(63);
+  for (int64_t i = 0; i < hd; ++i) qf[i] = _cvtsh_ss(_cvtss_sh(q[i], _MM_FROUND_TO_NEAREST_INT));
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < n_kv; ++j) {
+    const uint16_t* kr = k + j * k_stride;
+    double sum;
+    if (batched) {
+      __m512 a = _mm512_setzero_ps();
+      for (int64_t i = 0; i < hd; i += 16) a = _mm512_fmadd_ps(ld16(kr + i), _mm512_loadu_ps(qf + i), a);
+      sum = _mm512_reduce_add_ps(a);
+    } else {
+      __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+      for (int64_t i = 0; i < main; i += 64)
+        for (int c = 0; c < 4; ++c) a[c] = _mm512_fmadd_ps(ld16(kr + i + 16 * c), _mm512_loadu_ps(qf + i + 16 * c), a[c]);
+      sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3])));
+    }
+    for (int64_t i = main; i < hd; ++i) sum += double(_cvtsh_ss(kr[i]) * qf[i]);
+    const float s = float(sum) * scale;
+    scores[j] = s;
+    mx = std::max(mx, s);
+  }
+  // Softmax over groups of 16 positions; lanes past n_kv are masked (exp = 0) as in llama.cpp.
+  const int64_t n16 = (n_kv + 15) & ~int64_t(15);
+  for (int64_t j = n_kv; j < n16; ++j) scores[j] = -std::numeric_limits<float>::infinity();
+  double total = 0;
+  for (int64_t j = 0; j < n16; j += 16) {
+    const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(scores + j), _mm512_set1_ps(mx)));
+    _mm512_storeu_ps(scores + j, e);
+    total += double(_mm512_reduce_add_ps(e));
+  }
+  const float inv = float(1.0 / total);
+  // V side: part[o][d] accumulates the positions j with j % lanes == o in order, vectorised
+  // over d; then the lanes are reduced in the order of llama.cpp's kernel.
+  const int64_t lanes = batched ? 16 : 64;
+  std::fill(part, part + lanes * hd, 0.0f);
+  for (int64_t j = 0; j < n_kv; ++j) {
+    const float pj = _cvtsh_ss(_cvtss_sh(scores[j] * inv, _MM_FROUND_TO_NEAREST_INT));
+    if (pj == 0.0f) continue;
+    const __m512 p = _mm512_set1_ps(pj);
+    const uint16_t* vr = v + j * v_stride;
+    float* acc = part + (j & (lanes - 1)) * hd;
+    for (int64_t d = 0; d < hd; d += 16)
+      _mm512_storeu_ps(acc + d, _mm512_fmadd_ps(ld16(vr + d), p, _mm512_loadu_ps(acc + d)));
+  }
+  for (int64_t d = 0; d < hd; d += 16) {
+    const float* pd = part + d;
+    __m512 c[16];
+    for (int l = 0; l < 16; ++l)
+      c[l] = batched ? _mm512_loadu_ps(pd + l * hd)
+                     : _mm512_add_ps(_mm512_add_ps(_mm512_loadu_ps(pd + l * hd), _mm512_loadu_ps(pd + (32 + l) * hd)),
+                                     _mm512_add_ps(_mm512_loadu_ps(pd + (16 + l) * hd), _mm512_loadu_ps(pd + (48 + l) * hd)));
+    for (int l = 0; l < 8; ++l) c[l] = _mm512_add_ps(c[l + 8], c[l]);
+    for (int l = 0; l < 4; ++l) c[l] = _mm512_add_ps(c[l + 4], c[l]);
+    _mm512_storeu_ps(out + d, _mm512_add_ps(_mm512_add_ps(c[0], c[2]), _mm512_add_ps(c[1], c[3])));
+  }
+}
 #endif
 
 }  // namespace
@@ -95,17 +179,21 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor&
   const quant::Kernels& h = quant::kernels(quant::Type::kF16);
   const quant::Kernels& f = quant::kernels(quant::Type::kF32);
 
-  // Per-thread scratch: scores[n_ctx] | v row[hd] | acc[hd] | q in f16[hd] (as floats' space).
-  const size_t need = size_t(n_ctx + 3 * hd) * sizeof(float);
+  // Per-thread scratch: scores[n_ctx + 16] | v row[hd] | acc[64 * hd] | q in f16[hd] (as floats'
+  // space); acc is 64 rows for the AVX-512 path's per-lane partial sums.
+#if defined(__x86_64__)
+  const bool avx512 = cpu_has_avx512_exp();
+#endif
+  const size_t need = size_t(n_ctx + 16 + 66 * hd) * sizeof(float);
   for (auto& s : scratch_) SLUICE_CHECK(s.reserve(need), "attention: out of memory for scratch");
 
   const int64_t n_items = q.rows * p.n_head;
   const int64_t work = n_items * n_ctx * hd;
   for_rows(n_items, 1, work, [&](int64_t b, int64_t e, int ith) {
     float* scores = reinterpret_cast<float*>(scratch_[size_t(ith)].data());
-    float* vrow = scores + n_ctx;
+    float* vrow = scores + n_ctx + 16;
     float* acc = vrow + hd;
-    void* qv = acc + hd;
+    void* qv = acc + 64 * hd;
     for (int64_t item = b; item < e; ++item) {
       const int64_t t = item / p.n_head;
       const int64_t head = item % p.n_head;
@@ -119,6 +207,12 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor&
 
       float* orow = static_cast<float*>(out.data) + t * out.stride + head * hd;
 #if defined(__x86_64__)
+      if (f16 && simd_f16_ && avx512 && hd % 16 == 0) {
+        attend_f16_avx512(qr, reinterpret_cast<const uint16_t*>(kb), k_cache.stride,
+                          reinterpret_cast<const uint16_t*>(vb), v_cache.stride, n_kv, hd, p.scale, q.rows > 1, vrow,
+                          scores, acc, orow);
+        continue;
+      }
       if (f16 && simd_f16_ && hd % 8 == 0) {
         attend_f16_avx2(qr, reinterpret_cast<const uint16_t*>(kb), k_cache.stride, reinterpret_cast<const uint16_t*>(vb),
                         v_cache.stride, n_kv, hd, p.scale, vrow, scores, orow);
