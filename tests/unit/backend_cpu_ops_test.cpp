@@ -260,11 +260,18 @@ TEST(CpuOps, RopeNormalNeoxFactorsScale) {
 // Attention against a double-precision softmax over the same f16 cache contents. Tolerance 3e-3:
 // the backend rounds q and the probabilities to f16 (as llama.cpp does), ~5e-4 relative each.
 TEST(CpuOps, AttentionCausalGqa) {
-  // Both the SIMD path (head dim multiple of 8) and the portable one (simd off, or hd = 12).
-  for (auto [simd, hd] : {std::pair{true, 64}, std::pair{false, 64}, std::pair{true, 12}}) {
-  SCOPED_TRACE(testing::Message() << "simd " << simd << " hd " << hd);
+  // Both the SIMD paths (head dim multiple of 16 or 8) and the portable one (simd off, or hd = 12);
+  // several query rows (the batched orders of the AVX-512 path) and one (its decode order, with
+  // hd = 80 leaving a 16-element remainder after the 64-element steps).
+  struct Case {
+    bool simd;
+    int hd, rows;
+  };
+  for (auto [simd, hd, rows] : {Case{true, 64, 9}, Case{false, 64, 9}, Case{true, 12, 9}, Case{true, 64, 1},
+                                Case{true, 80, 1}, Case{true, 80, 9}, Case{true, 24, 1}}) {
+  SCOPED_TRACE(testing::Message() << "simd " << simd << " hd " << hd << " rows " << rows);
   Fixture f(3, simd);
-  const int n_head = 8, n_kv = 2, pos0 = 37, rows = 9, n_ctx = 64;
+  const int n_head = 8, n_kv = 2, pos0 = 37, n_ctx = 64;
   const float scale = 1.0f / std::sqrt(float(hd));
   const auto kv_k = test::random_floats(size_t(n_ctx * n_kv * hd), 1, 12);
   const auto kv_v = test::random_floats(size_t(n_ctx * n_kv * hd), 1, 13);
