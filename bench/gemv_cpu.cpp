@@ -147,15 +147,19 @@ int tile_ab(int64_t n_tok, int runs) {
         }
         return num <= 1e-10 * den;
       };
-      const double g_new = has_tile ? flop / median(t_new) / 1e9 : 0.0;
+      char tl[32] = "             -       -";
+      if (has_tile) {
+        const double g_new = flop / median(t_new) / 1e9;
+        std::snprintf(tl, sizeof tl, "%14.1f %7.2f", g_new, g_new / g_old);
+      }
       char pk[48] = "             -          -";
       if (has_packed) {
         const double g_pk = flop / median(t_pk) / 1e9;
         std::snprintf(pk, sizeof pk, "%14.1f %10.2f", g_pk, g_pk / g_old);
       }
       const bool ok = (!has_tile || agrees(y_new)) && (!has_packed || agrees(y_pk));
-      std::printf("%-6s %-12s %-11s %6lld %14.1f %14.1f %7.2f %s%s\n", quant::type_name(t), sh.name, dims,
-                  (long long)n_tok, g_old, g_new, g_new / g_old, pk, ok ? "" : "  MISMATCH");
+      std::printf("%-6s %-12s %-11s %6lld %14.1f %s %s%s\n", quant::type_name(t), sh.name, dims, (long long)n_tok,
+                  g_old, tl, pk, ok ? "" : "  MISMATCH");
     }
   }
   return 0;

@@ -266,8 +266,7 @@ Result<Weights> upload_weights(backend::Backend& be, const Weights& host, const 
     auto v = be.upload_weight(t.view());
     if (!v.is_ok()) return Status(v.status().code(), "uploading " + t.name + ": " + v.status().message());
     if (v->data != t.data) file.release(t.data, t.nbytes);
-    t.data = v->data;
-    t.packed = v->packed;
+    t.adopt(*v);
     return Status::ok();
   };
   SLUICE_RETURN_IF_ERROR(up(dev.output_norm));

@@ -29,6 +29,12 @@ struct TensorRef {
 
   bool present() const { return data != nullptr; }
   backend::WeightView view() const { return {type, ne0, ne1, data, packed}; }
+  // Points this tensor at the backend's copy returned by Backend::upload_weight (its memory, and
+  // possibly its packed layout).
+  void adopt(const backend::WeightView& uploaded) {
+    data = uploaded.data;
+    packed = uploaded.packed;
+  }
 };
 
 struct LayerWeights {

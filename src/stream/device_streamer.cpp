@@ -243,8 +243,7 @@ Result<std::unique_ptr<DeviceStreamer>> DeviceStreamer::create(const std::string
     if (!t.present()) return Status::ok();
     auto v = be.upload_weight(t.view());
     if (!v.is_ok()) return Status(v.status().code(), "uploading " + t.name + ": " + v.status().message());
-    t.data = v->data;
-    t.packed = v->packed;  // the CPU backend repacks resident matrices (CpuOptions::pack_weights)
+    t.adopt(*v);  // the CPU backend repacks resident matrices (CpuOptions::pack_weights)
     return Status::ok();
   };
   s->globals_ = w;
