@@ -98,6 +98,8 @@ Result<stream::DeviceStreamOptions> device_options(const ModelFlags& mf, const S
                                                    std::optional<stream::DiskProbe>& probe) {
   stream::DeviceStreamOptions o;
   o.n_slots = sf.n_slots;
+  o.hybrid = !sf.no_hybrid;
+  o.host_cpu.n_threads = mf.n_threads;
   o.n_ctx = mf.n_ctx;
   if (!sf.vram_budget.empty()) {
     SLUICE_ASSIGN_OR_RETURN(o.vram_budget, stream::parse_byte_size(sf.vram_budget));
@@ -168,10 +170,12 @@ Status print_plan(const ModelFlags& mf, const StreamFlags& sf, const gguf::File&
       if (vram.is_ok()) o.bw.vram = *vram;
       gpu_source = h2d.is_ok() && vram.is_ok() ? "measured" : "default (measurement failed)";
     }
+    const std::string cpu_note = o.hybrid ? stream::measure_hybrid_bandwidths(file, o) : "hybrid off (--no-hybrid)";
     SLUICE_ASSIGN_OR_RETURN(stream::DevicePlan plan, stream::plan_device(file, layout, o));
-    std::printf("plan (GPU device pipeline; H2D %.1f GB/s, VRAM %.0f GB/s %s; disk %.2f GB/s %s):\n%s",
+    std::printf("plan (GPU device pipeline; H2D %.1f GB/s, VRAM %.0f GB/s %s; disk %.2f GB/s %s;\n"
+                "      CPU %.1f GB/s, DRAM %.1f GB/s shared: %s):\n%s",
                 o.bw.h2d / 1e9, o.bw.vram / 1e9, gpu_source.c_str(), o.bw.disk / 1e9, disk_source(probe).c_str(),
-                plan.describe().c_str());
+                o.bw.cpu / 1e9, o.bw.dram / 1e9, cpu_note.c_str(), plan.describe().c_str());
     return Status::ok();
   }
   SLUICE_ASSIGN_OR_RETURN(stream::CpuStreamOptions o, stream_options(mf, sf, probe));
@@ -247,8 +251,23 @@ Status finish_stream(FILE* out, LoadedModel& lm, const decode::Timings& t) {
                  s.copy_seconds / double(std::max<uint64_t>(s.passes, 1)) * 1e3, "pass", stall * 1e3, per,
                  s.device_timed ? "" : " (not timed)", disk_wait * 1e3, per, s.staging_wait_seconds * 1e3);
     if (decode && t.n_decode > 0) {
+      const double tok_ms = t.decode_s / t.n_decode * 1e3;
       std::fprintf(out, "plan:    predicted %.2f ms/token (bound by %s), measured %.2f ms/token\n", p.token_seconds * 1e3,
-                   p.bound.c_str(), t.n_decode > 0 ? t.decode_s / t.n_decode * 1e3 : 0.0);
+                   p.bound.c_str(), tok_ms);
+      if (s.decode_cpu_bytes > 0) {
+        // Predicted vs measured per executor: the CPU's layers (host time), the rest of the token
+        // (GPU layers, waiting for copies, hand-offs) and the copy engine.
+        const double cpu_ms = s.decode_cpu_seconds / n * 1e3;
+        const double pred_cpu_ms = double(p.cpu_exec_bytes) / ds.plan().input.bw.cpu * 1e3;
+        std::fprintf(out,
+                     "hybrid:  CPU computes %.1f MB/token: %.2f ms/token = %.1f GB/s (predicted %.2f ms at %.1f GB/s); "
+                     "GPU, copies and hand-offs %.2f ms/token (predicted %.2f ms: h2d %.2f, exec on GPU %.2f); "
+                     "%s\n",
+                     double(s.decode_cpu_bytes) / n / 1e6, cpu_ms,
+                     cpu_ms > 0 ? double(s.decode_cpu_bytes) / n / (cpu_ms * 1e-3) / 1e9 : 0.0, pred_cpu_ms,
+                     ds.plan().input.bw.cpu / 1e9, tok_ms - cpu_ms, p.token_seconds * 1e3 - pred_cpu_ms, p.t_h2d * 1e3,
+                     p.t_exec * 1e3 - pred_cpu_ms, ds.cpu_probe().c_str());
+      }
     }
   }
   if (lm.streamer) {

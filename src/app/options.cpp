@@ -46,6 +46,9 @@ void add_stream_flags(CLI::App& app, StreamFlags& f) {
   app.add_flag("--plan", f.show_plan, "print the placement plan and predicted token time, then exit");
   app.add_option("--trace", f.trace_path, "write a per-layer access trace (CSV) of the streamed run to FILE");
   app.add_flag("--no-probe", f.no_probe, "skip the start-up disk probe (the planner uses its default disk bandwidth)");
+  app.add_flag("--no-hybrid", f.no_hybrid,
+               "with --vram-budget: copy every streamed layer to the GPU (pure streaming) instead of letting the CPU "
+               "compute some pinned-RAM layers where they lie");
 }
 
 void add_sampling_flags(CLI::App& app, SamplingFlags& f) {

@@ -32,6 +32,7 @@ struct StreamFlags {
   bool show_plan = false;  // --plan: print the placement and predicted token time, then exit
   std::string trace_path;  // --trace FILE: per-layer access trace (CSV), needs --ram-budget
   bool no_probe = false;   // --no-probe: planner uses the default disk bandwidth (tests, scripts)
+  bool no_hybrid = false;  // --no-hybrid: the device pipeline copies every streamed layer (no CPU executor)
 };
 
 struct SamplingFlags {
@@ -46,7 +47,7 @@ void add_backend_flags(CLI::App& app, ModelFlags& f);
 // The --backend choice as model/ takes it.
 model::BackendKind backend_kind(const ModelFlags& f);
 
-// --ram-budget, --vram-budget, --slots, --plan, --trace, --no-probe.
+// --ram-budget, --vram-budget, --slots, --plan, --trace, --no-probe, --no-hybrid.
 void add_stream_flags(CLI::App& app, StreamFlags& f);
 
 // --temp --top-k --top-p --min-p --repeat-penalty --repeat-last-n --seed. Ranges are checked by

@@ -12,5 +12,8 @@ int cuda_device_count() { return 0; }
 
 Result<double> cuda_copy_bandwidth(int) { return unsupported("this sluice was built without CUDA"); }
 Result<double> cuda_h2d_bandwidth(int) { return unsupported("this sluice was built without CUDA"); }
+Result<double> cuda_h2d_bandwidth_during(int, uint64_t, const std::function<void()>&) {
+  return unsupported("this sluice was built without CUDA");
+}
 
 }  // namespace sluice::backend

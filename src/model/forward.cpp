@@ -11,6 +11,7 @@
 #include "gguf/gguf.h"
 #include "model/arch.h"
 #include "model/config.h"
+#include "model/executor.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
 #include "model/weights.h"
@@ -53,26 +54,30 @@ class LlamaFamilyModel final : public Model {
   void set_layer_source(std::unique_ptr<LayerSource> src) { src_ = std::move(src); }
 
   Status init(int n_ctx) {
-    SLUICE_RETURN_IF_ERROR(kv_.init(*be_, cfg_.n_layer, n_ctx, cfg_.n_embd_k(), cfg_.n_embd_v()));
-    auto f32 = [&](int64_t cols, int64_t rows) { return be_->alloc(backend::DType::kF32, cols, rows); };
-    SLUICE_ASSIGN_OR_RETURN(x_, f32(cfg_.n_embd, kMaxBatch));
-    SLUICE_ASSIGN_OR_RETURN(xn_, f32(cfg_.n_embd, kMaxBatch));
-    SLUICE_ASSIGN_OR_RETURN(q_, f32(cfg_.n_embd_q(), kMaxBatch));
-    SLUICE_ASSIGN_OR_RETURN(k_, f32(cfg_.n_embd_k(), kMaxBatch));
-    SLUICE_ASSIGN_OR_RETURN(v_, f32(cfg_.n_embd_v(), kMaxBatch));
-    SLUICE_ASSIGN_OR_RETURN(attn_, f32(cfg_.n_head * cfg_.head_dim_v, kMaxBatch));
-    SLUICE_ASSIGN_OR_RETURN(gate_, f32(cfg_.n_ff, kMaxBatch));
-    SLUICE_ASSIGN_OR_RETURN(up_, f32(cfg_.n_ff, kMaxBatch));
-    SLUICE_ASSIGN_OR_RETURN(logits_, f32(cfg_.n_vocab, kLogitRows));
+    // The main executor keeps every layer's KV cache; a host executor (hybrid execution) only the
+    // layers it may compute, and activations for a whole batch (a forced placement may run
+    // prefill there too).
+    SLUICE_RETURN_IF_ERROR(main_.init(*be_, cfg_, n_ctx, kMaxBatch, {}, src_->globals().rope_freqs.view()));
+    const LayerSource::HostExecutor host = src_->host_executor();
+    if (host.backend) {
+      std::vector<bool> layers(size_t(cfg_.n_layer));
+      bool any = false;
+      for (int l = 0; l < cfg_.n_layer; ++l) any |= layers[size_t(l)] = src_->host_capable(l);
+      if (any) {
+        host_ = std::make_unique<Executor>();
+        SLUICE_RETURN_IF_ERROR(host_->init(*host.backend, cfg_, n_ctx, kMaxBatch, layers, host.rope_freqs));
+      }
+    }
+    SLUICE_ASSIGN_OR_RETURN(logits_, be_->alloc(backend::DType::kF32, cfg_.n_vocab, kLogitRows));
     return Status::ok();
   }
 
   const Config& config() const override { return cfg_; }
   const char* backend_name() const override { return be_->name(); }
   int n_vocab() const override { return cfg_.n_vocab; }
-  int n_ctx() const override { return kv_.n_ctx(); }
-  int n_past() const override { return kv_.n_past(); }
-  void truncate(int n) override { kv_.set_n_past(std::clamp(n, 0, kv_.n_past())); }
+  int n_ctx() const override { return main_.kv().n_ctx(); }
+  int n_past() const override { return main_.kv().n_past(); }
+  void truncate(int n) override { main_.kv().set_n_past(std::clamp(n, 0, main_.kv().n_past())); }
   uint64_t weight_bytes_per_token() const override { return w_.bytes_per_token(); }
   Timings timings() const override { return timings_; }
   void reset_timings() override { timings_ = {}; }
@@ -86,9 +91,10 @@ class LlamaFamilyModel final : public Model {
       return invalid_argument("eval: logits span has " + std::to_string(logits.size()) + " floats, expected " +
                               std::to_string(nv) + " (last token) or " + std::to_string(n * nv) + " (every token)");
     }
-    if (int64_t(kv_.n_past()) + int64_t(n) > kv_.n_ctx()) {
-      return invalid_argument("context too long: " + std::to_string(kv_.n_past()) + " positions used + " +
-                              std::to_string(n) + " new tokens exceed the context size " + std::to_string(kv_.n_ctx()));
+    KvCache& kv = main_.kv();
+    if (int64_t(kv.n_past()) + int64_t(n) > kv.n_ctx()) {
+      return invalid_argument("context too long: " + std::to_string(kv.n_past()) + " positions used + " +
+                              std::to_string(n) + " new tokens exceed the context size " + std::to_string(kv.n_ctx()));
     }
     for (size_t i = 0; i < n; ++i) {
       if (tokens[i] < 0 || tokens[i] >= cfg_.n_vocab) {
@@ -101,8 +107,8 @@ class LlamaFamilyModel final : public Model {
       const size_t m = std::min<size_t>(kMaxBatch, n - b);
       const bool last_chunk = b + m == n;
       float* out = all ? logits.data() + b * nv : (last_chunk ? logits.data() : nullptr);
-      SLUICE_RETURN_IF_ERROR(forward(tokens.subspan(b, m), kv_.n_past(), out, all));
-      kv_.set_n_past(kv_.n_past() + int(m));
+      SLUICE_RETURN_IF_ERROR(forward(tokens.subspan(b, m), kv.n_past(), out, all));
+      kv.set_n_past(kv.n_past() + int(m));
     }
     be_->sync();
     const double s = timer.seconds();
@@ -120,72 +126,53 @@ class LlamaFamilyModel final : public Model {
   // Runs tokens at positions [pos0, pos0 + n). Writes logits of every token (all) or the last
   // one to `out` (nullptr: none, for a non-final prefill chunk). Errors come only from the weight
   // source (I/O, file changed); the pass stops before computing on the layer it could not get.
+  // Each layer runs on the executor the source names for this pass (the main backend, or the
+  // host CPU in hybrid execution); the residual stream moves where consecutive layers differ.
   Status forward(std::span<const int32_t> ids, int pos0, float* out, bool all) {
     backend::Backend& be = *be_;
     LayerSource& src = *src_;
     const Weights& g = src.globals();
     const int64_t n = int64_t(ids.size());
-    const Tensor x = x_.first_rows(n), xn = xn_.first_rows(n), q = q_.first_rows(n), k = k_.first_rows(n),
-                 v = v_.first_rows(n), attn = attn_.first_rows(n), gate = gate_.first_rows(n), up = up_.first_rows(n);
     const float eps = cfg_.rms_eps;
-
-    backend::RopeParams rq{cfg_.rope_mode, cfg_.n_head, cfg_.head_dim, cfg_.n_rot, cfg_.rope_freq_base,
-                           cfg_.rope_freq_scale, g.rope_freqs.view()};
-    backend::RopeParams rk = rq;
-    rk.n_head = cfg_.n_head_kv;
-    const backend::AttentionParams ap{cfg_.n_head, cfg_.n_head_kv, cfg_.head_dim,
-                                      1.0f / std::sqrt(float(cfg_.head_dim)), pos0};
 
     SLUICE_RETURN_IF_ERROR(src.begin_pass(int(n)));
     // A decode pass over resident weights repeats the same ops every token: one replayable step.
-    const bool step = n == 1 && src.weights_fixed() && !on_layer_;
+    const bool step = n == 1 && src.weights_fixed() && !on_layer_ && !host_;
     if (step) be.begin_step();
-    be.get_rows(g.token_embd.view(), ids, x);
+    be.get_rows(g.token_embd.view(), ids, main_.x(n));
+    Executor* cur = &main_;
     for (int l = 0; l < cfg_.n_layer; ++l) {
+      Executor* e = host_ && src.on_host(l) ? host_.get() : &main_;
+      if (e != cur) {
+        cur->move_x(*e, n, handoff_);
+        cur = e;
+      }
       SLUICE_ASSIGN_OR_RETURN(const LayerWeights* lw, src.acquire(l));
-      const LayerWeights& L = *lw;
-      // Attention block: x += Wo . attention(rope(norm(Wq xn)), rope(norm(Wk xn)), Wv xn).
-      be.rms_norm(x, L.attn_norm.view(), eps, xn);
-      const backend::WeightView qkv_w[] = {L.wq.view(), L.wk.view(), L.wv.view()};
-      const Tensor qkv_y[] = {q, k, v};
-      be.matmul_multi(qkv_w, xn, qkv_y);
-      if (L.bq.present()) be.add_bias(q, L.bq.view());
-      if (L.bk.present()) be.add_bias(k, L.bk.view());
-      if (L.bv.present()) be.add_bias(v, L.bv.view());
-      if (L.q_norm.present()) be.rms_norm(q, L.q_norm.view(), eps, q);  // per head: group = head_dim
-      if (L.k_norm.present()) be.rms_norm(k, L.k_norm.view(), eps, k);
-      be.rope(q, rq, pos0);
-      be.rope(k, rk, pos0);
-      be.store_rows(k, kv_.k(l), pos0);
-      be.store_rows(v, kv_.v(l), pos0);
-      be.attention(q, kv_.k(l), kv_.v(l), attn, ap);
-      be.matmul(L.wo.view(), attn, xn);
-      be.add(x, xn);
-      // Feed-forward block: x += W_down . (silu(W_gate xn) * (W_up xn)).
-      be.rms_norm(x, L.ffn_norm.view(), eps, xn);
-      const backend::WeightView gate_up_w[] = {L.w_gate.view(), L.w_up.view()};
-      const Tensor gate_up_y[] = {gate, up};
-      be.matmul_multi(gate_up_w, xn, gate_up_y);
-      be.swiglu(gate, up, gate);
-      be.matmul(L.w_down.view(), gate, xn);
-      be.add(x, xn);
+      e->layer(*lw, l, n, pos0);
+      if (host_ && host_->has_kv(l)) {
+        // Both executors keep this layer's cache: the other one gets the new rows too.
+        e->mirror_kv(e == &main_ ? *host_ : main_, l, n, pos0, handoff_);
+      }
       if (on_layer_) {
         hidden_.resize(size_t(n * cfg_.n_embd));
-        be.download(x, hidden_.data());
+        e->backend().download(e->x(n), hidden_.data());
         on_layer_(l, hidden_);
       }
-      if (src.release_needs_sync()) be.sync();  // the source may overwrite this layer's memory once released
+      // The source may overwrite this layer's memory once released.
+      if (src.release_needs_sync()) e->backend().sync();
       src.release(l);
     }
+    if (cur != &main_) cur->move_x(main_, n, handoff_);
     if (!out) {
       if (step) be.end_step();
       return Status::ok();
     }
     // Output head only for the rows whose logits are wanted (the last one in generation).
+    const backend::Tensor x = main_.x(n), xn = main_.xn(n);
     const int64_t first = all ? 0 : n - 1;
     for (int64_t r = first; r < n; r += kLogitRows) {
       const int64_t m = std::min<int64_t>(kLogitRows, n - r);
-      const Tensor xr = x.row_range(r, m), xo = xn.first_rows(m), lg = logits_.first_rows(m);
+      const backend::Tensor xr = x.row_range(r, m), xo = xn.first_rows(m), lg = logits_.first_rows(m);
       be.rms_norm(xr, g.output_norm.view(), eps, xo);
       be.matmul(g.output.view(), xo, lg);
       if (step) be.end_step();
@@ -199,17 +186,10 @@ class LlamaFamilyModel final : public Model {
   Weights w_;
   std::unique_ptr<backend::Backend> be_;
   std::unique_ptr<LayerSource> src_ = std::make_unique<MappedLayerSource>(w_);
-  KvCache kv_;
-  // Activations, [kMaxBatch rows, width] each, allocated once at load.
-  Tensor x_;      // residual stream       [n_embd]
-  Tensor xn_;     // normed / projected    [n_embd]
-  Tensor q_;      // queries               [n_head * head_dim]
-  Tensor k_;      // keys                  [n_head_kv * head_dim]
-  Tensor v_;      // values                [n_head_kv * head_dim]
-  Tensor attn_;   // attention output      [n_head * head_dim]
-  Tensor gate_;   // ffn gate, then swiglu [n_ff]
-  Tensor up_;     // ffn up                [n_ff]
-  Tensor logits_; // [kLogitRows, n_vocab]
+  Executor main_;                  // the model's backend: every layer's KV cache
+  std::unique_ptr<Executor> host_; // hybrid execution: the host CPU (LayerSource::host_executor)
+  Tensor logits_;                  // [kLogitRows, n_vocab]
+  std::vector<float> handoff_;     // host buffer for activations moving between executors
   Timings timings_;
   std::function<void(int, std::span<const float>)> on_layer_;
   std::vector<float> hidden_;  // on_layer_'s download buffer

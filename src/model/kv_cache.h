@@ -3,6 +3,7 @@
 // are computed with). Rows [0, n_past) are valid.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "backend/backend.h"
@@ -12,8 +13,12 @@ namespace sluice::model {
 
 class KvCache {
  public:
-  // Allocates n_layer x {K, V} tensors of [n_ctx rows, n_embd_k/v cols] on `be`.
-  Status init(backend::Backend& be, int n_layer, int n_ctx, int n_embd_k, int n_embd_v);
+  // Allocates {K, V} tensors of [n_ctx rows, n_embd_k/v cols] on `be` for every layer l < n_layer
+  // where layers[l] (empty: all of them); the others have none (has(l) is false).
+  Status init(backend::Backend& be, int n_layer, int n_ctx, int n_embd_k, int n_embd_v,
+              const std::vector<bool>& layers = {});
+
+  bool has(int layer) const { return layer >= 0 && size_t(layer) < k_.size() && k_[size_t(layer)].data != nullptr; }
 
   const backend::Tensor& k(int layer) const { return k_[size_t(layer)]; }  // [n_ctx, n_head_kv*head_dim] f16
   const backend::Tensor& v(int layer) const { return v_[size_t(layer)]; }  // [n_ctx, n_head_kv*head_dim] f16

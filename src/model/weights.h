@@ -90,6 +90,19 @@ class LayerSource {
   // True where acquire() returns the same pointers every pass (resident weights): a decode pass is
   // then a replayable step (Backend::begin_step).
   virtual bool weights_fixed() const { return false; }
+
+  // Hybrid execution: a second executor, the host CPU, computing some layers where their weights
+  // lie in host memory while the main backend's copy queue streams others (model/executor.h).
+  struct HostExecutor {
+    backend::Backend* backend = nullptr;  // nullptr: every layer runs on the model's backend
+    backend::WeightView rope_freqs;       // the rope factors in host memory (optional tensor)
+  };
+  virtual HostExecutor host_executor() { return {}; }
+  // Layers the host executor may compute in some pass (the model keeps their KV cache on both).
+  virtual bool host_capable(int layer) const { return false; }
+  // Whether `layer` runs on the host executor in the current pass (decided by begin_pass); its
+  // acquire() then returns views the host executor can read.
+  virtual bool on_host(int layer) const { return false; }
 };
 
 // Resolves and validates every tensor of `arch` in `file` against `cfg`. Errors name the tensor

@@ -6,10 +6,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <map>
 
 #include "gguf/gguf.h"
 #include "model/arch.h"
 #include "model/config.h"
+#include "stream/cpu_probe.h"
 
 namespace sluice::stream {
 namespace {
@@ -124,8 +126,17 @@ Result<DevicePlan> plan_device(const gguf::File& file, const FileLayout& layout,
     p.units.assign(n, UnitPlan{});
     size_t streamed = 0;
     uint64_t largest = 0, largest_disk = 0;
+    if (!opts.force_exec.empty() && opts.force_exec.size() != n) {
+      return invalid_argument("force_exec has " + std::to_string(opts.force_exec.size()) + " entries, the model has " +
+                              std::to_string(n) + " layers");
+    }
     for (size_t i = 0; i < n; ++i) {
-      p.units[i] = {opts.force_homes[i], Executor::kGpu};
+      const Executor e = opts.force_exec.empty() ? Executor::kGpu : opts.force_exec[i];
+      if (e == Executor::kCpu && opts.force_homes[i] != Home::kRam) {
+        return invalid_argument("force_exec: layer " + std::to_string(i) +
+                                " is not in pinned RAM (home B); the CPU computes only B layers");
+      }
+      p.units[i] = {opts.force_homes[i], e};
       if (opts.force_homes[i] == Home::kVram) continue;
       ++streamed;
       largest = std::max(largest, in.units[i].bytes);
@@ -165,6 +176,7 @@ Result<DevicePlan> plan_device(const gguf::File& file, const FileLayout& layout,
   in.vram_budget = dp.vram_budget;
   in.vram_reserved = dp.reserved_bytes();
   in.ram_budget = dp.ram_budget;
+  in.allow_cpu_executor = opts.hybrid;
   auto p = make_plan(in);
   if (!p.is_ok()) {
     if (p.status().message().find("staging") == std::string::npos) return p.status();
@@ -217,7 +229,11 @@ Result<std::unique_ptr<DeviceStreamer>> DeviceStreamer::create(const std::string
     opts.vram_budget = uint64_t(free);
   }
   std::unique_ptr<DeviceStreamer> s(new DeviceStreamer(be));
+  if (opts.prefill_batch < 1) {
+    return invalid_argument("prefill_batch must be >= 1, got " + std::to_string(opts.prefill_batch));
+  }
   s->host_backend_ = host;
+  s->prefill_batch_ = opts.prefill_batch;
   s->timed_ = !host && opts.time_marks;
   s->trace_ = opts.trace;
   s->stats_.device_timed = s->timed_;
@@ -313,6 +329,30 @@ Result<std::unique_ptr<DeviceStreamer>> DeviceStreamer::create(const std::string
     }
   }
 
+  // Hybrid: the host executor computes its B layers from their pinned copies (the file's bytes,
+  // row layout: the CPU's row kernels read them as they lie).
+  s->host_capable_.assign(n_layer, false);
+  s->host_views_.resize(n_layer);
+  for (size_t j = 0; j < s->streamed_.size(); ++j) {
+    const size_t l = size_t(s->streamed_[j]);
+    if (plan.units[l].exec != Executor::kCpu) {
+      s->list_hybrid_.push_back(int(j));
+    } else {
+      SLUICE_CHECK(s->host_copy_[j] != nullptr, "stream: a CPU-executed layer has no pinned copy");
+      s->host_capable_[l] = true;
+      s->host_views_[l] = w.layers[l];
+      SLUICE_RETURN_IF_ERROR(relocate_layer(s->host_views_[l], file, s->layout_.layers[l],
+                                            const_cast<uint8_t*>(s->host_copy_[j]), 1));
+    }
+    s->list_all_.push_back(int(j));
+  }
+  if (s->list_hybrid_.size() != s->list_all_.size()) {
+    s->host_be_ = backend::make_cpu_backend(opts.host_cpu);
+    s->host_rope_freqs_ = w.rope_freqs.view();  // the file mapping: host memory
+  }
+  // Most passes decode; a long prompt restarts the ring on the other sequence.
+  s->list_ = s->host_be_ ? &s->list_hybrid_ : &s->list_all_;
+
   // Slots: the ring every streamed layer passes through, and each (layer, slot) view prepared
   // now so the hot path allocates nothing.
   const int n_slots = plan.n_slots;
@@ -369,8 +409,9 @@ Status DeviceStreamer::fail(Status st) {
 }
 
 uint64_t DeviceStreamer::cseq_of(uint64_t seq) const {
-  const uint64_t m = streamed_.size(), mc = c_pos_.size();
-  return seq / m * mc + uint64_t(c_index_[seq % m]);
+  // Both sequences hold every C layer, in layer order: C layers run on the GPU in every pass.
+  const uint64_t m = list_->size(), mc = c_pos_.size();
+  return seq / m * mc + uint64_t(c_index_[size_t((*list_)[seq % m])]);
 }
 
 void DeviceStreamer::note_host_wait(const char* what, int layer, Clock::time_point t0, double* counter) {
@@ -390,7 +431,7 @@ void DeviceStreamer::note_host_wait(const char* what, int layer, Clock::time_poi
 Status DeviceStreamer::submit_reads(int64_t force_upto) {
   const uint64_t n_st = staging_.size();
   if (n_st == 0) return Status::ok();
-  const uint64_t m = streamed_.size(), mc = c_pos_.size();
+  const uint64_t mc = c_pos_.size();
   while (c_read_ < c_copied_ + n_st) {
     Staging& st = staging_[c_read_ % n_st];
     if (st.copy_mark != 0) {
@@ -405,7 +446,6 @@ Status DeviceStreamer::submit_reads(int64_t force_upto) {
       st.copy_mark = 0;
     }
     const uint64_t j = uint64_t(c_pos_[c_read_ % mc]);
-    (void)m;
     const UnitLayout& u = layout_.layers[size_t(streamed_[j])];
     st.tickets.clear();  // keeps its capacity: no allocation
     st.cseq = c_read_;
@@ -425,8 +465,7 @@ Status DeviceStreamer::submit_reads(int64_t force_upto) {
 // later pump instead; with it the host waits for the disk (a stall the disk causes).
 Status DeviceStreamer::issue_copy(uint64_t seq, bool may_block, bool* issued) {
   *issued = false;
-  const size_t m = streamed_.size();
-  const size_t j = size_t(seq % m);
+  const size_t j = size_t((*list_)[seq % list_->size()]);
   const int layer = streamed_[j];
   const UnitLayout& u = layout_.layers[size_t(layer)];
   const bool disk = is_disk(j);
@@ -513,7 +552,7 @@ Status DeviceStreamer::issue_copy(uint64_t seq, bool may_block, bool* issued) {
 }
 
 Status DeviceStreamer::pump(int64_t need) {
-  if (streamed_.empty()) return Status::ok();
+  if (list_ == nullptr || list_->empty()) return Status::ok();
   if (!failed_.is_ok()) return failed_;
   ++pump_id_;
   SLUICE_RETURN_IF_ERROR(submit_reads(-1));
@@ -526,6 +565,29 @@ Status DeviceStreamer::pump(int64_t need) {
   return submit_reads(-1);
 }
 
+Status DeviceStreamer::restart_ring(const std::vector<int>* list) {
+  // Reads in flight land in staging buffers the new sequence will reuse, and copies issued for
+  // the old sequence may still read pinned memory: let both finish. The compute queue is idle
+  // (the last eval ended with a sync), so every slot is free.
+  Status st;
+  for (Staging& sg : staging_) {
+    for (FileReader::Ticket t : sg.tickets) {
+      Status ws = reader_->wait(t);
+      if (st.is_ok()) st = std::move(ws);
+    }
+    sg.tickets.clear();
+    sg.copy_mark = 0;
+  }
+  if (!st.is_ok()) return fail(std::move(st));
+  if (last_copy_ != 0) be_.host_wait(last_copy_);
+  for (Slot& sl : slots_) sl.seq = UINT64_MAX;
+  acquired_ = released_ = copied_ = 0;
+  c_copied_ = c_read_ = 0;
+  list_ = list;
+  ++stats_.phase_changes;
+  return Status::ok();
+}
+
 Status DeviceStreamer::begin_pass(int n_tokens) {
   if (!failed_.is_ok()) return failed_;
   // Once per pass: a file replaced or truncated under us must stop generation, not feed the
@@ -533,6 +595,11 @@ Status DeviceStreamer::begin_pass(int n_tokens) {
   if (Status st = reader_->check_unchanged(); !st.is_ok()) return fail(std::move(st));
   collect();
   decode_pass_ = n_tokens == 1;
+  // Hybrid passes (decode, short prompts) leave the host layers to the CPU; long passes stream
+  // every layer to the GPU, where one copy serves the whole batch.
+  hybrid_pass_ = host_be_ != nullptr && n_tokens < prefill_batch_;
+  const std::vector<int>* list = hybrid_pass_ ? &list_hybrid_ : &list_all_;
+  if (list != list_ && !streamed_.empty()) SLUICE_RETURN_IF_ERROR(restart_ring(list));
   ++stats_.passes;
   if (decode_pass_) ++stats_.decode_passes;
   if (trace_ && timed_ && !streamed_.empty()) {
@@ -551,13 +618,19 @@ Result<const model::LayerWeights*> DeviceStreamer::acquire(int layer) {
   SLUICE_CHECK(layer >= 0 && size_t(layer) < stream_index_.size(), "stream: layer out of range");
   const int idx = stream_index_[size_t(layer)];
   const uint64_t bytes = layout_.layers[size_t(layer)].bytes;
+  if (on_host(layer)) {
+    stats_.cpu_bytes += bytes;
+    if (decode_pass_) stats_.decode_cpu_bytes += bytes;
+    host_start_ = Clock::now();
+    return &host_views_[size_t(layer)];
+  }
   if (idx < 0) {
     stats_.vram_bytes += bytes;
     if (decode_pass_) stats_.decode_vram_bytes += bytes;
     return &resident_views_[size_t(layer)];
   }
-  const size_t m = streamed_.size();
-  SLUICE_CHECK(streamed_[acquired_ % m] == layer, "stream: layers must be acquired in order");
+  const size_t m = list_->size();
+  SLUICE_CHECK(m > 0 && streamed_[size_t((*list_)[acquired_ % m])] == layer, "stream: layers must be acquired in order");
   SLUICE_CHECK(acquired_ == released_, "stream: acquire before the previous streamed layer was released");
   SLUICE_RETURN_IF_ERROR(pump(int64_t(acquired_)));
   SLUICE_CHECK(copied_ > acquired_, "stream: the copy of the layer to compute was not issued");
@@ -593,9 +666,21 @@ Result<const model::LayerWeights*> DeviceStreamer::acquire(int layer) {
 
 void DeviceStreamer::release(int layer) {
   SLUICE_CHECK(layer >= 0 && size_t(layer) < stream_index_.size(), "stream: layer out of range");
+  if (on_host(layer)) {
+    // The host executor is synchronous: its layer is computed when the loop releases it.
+    const auto t1 = Clock::now();
+    const double dt = seconds(host_start_, t1);
+    stats_.cpu_seconds += dt;
+    if (decode_pass_) stats_.decode_cpu_seconds += dt;
+    if (trace_) {
+      const UnitLayout& u = layout_.layers[size_t(layer)];
+      trace_->append({trace_->us(host_start_), trace_->us(t1), "cpu", layer, u.name, "ram", u.bytes});
+    }
+    return;
+  }
   if (stream_index_[size_t(layer)] < 0) return;
   if (acquired_ != released_ + 1) return;  // its acquire failed; the error is already sticky
-  SLUICE_CHECK(streamed_[released_ % streamed_.size()] == layer, "stream: layers must be released in order");
+  SLUICE_CHECK(streamed_[size_t((*list_)[released_ % list_->size()])] == layer, "stream: layers must be released in order");
   Slot& sl = slots_[released_ % slots_.size()];
   // The next copy into this slot starts once the compute issued so far (this layer) is done.
   sl.free_mark = be_.compute_mark();
@@ -645,6 +730,35 @@ void DeviceStreamer::collect() {
   }
 }
 
+std::string measure_hybrid_bandwidths(const gguf::File& file, DeviceStreamOptions& opts) {
+  if (backend::cuda_device_count() == 0) return "not measured (no GPU)";
+  std::map<quant::Type, uint64_t> by_type;
+  int64_t ne0 = 0;
+  for (const gguf::TensorInfo& t : file.tensors()) {
+    if (t.name.rfind("blk.", 0) != 0 || t.shape.size() < 2) continue;
+    by_type[t.type] += t.nbytes;
+    ne0 = std::max<int64_t>(ne0, int64_t(t.shape[0]));
+  }
+  if (by_type.empty()) return "not measured (no layer matrices)";
+  CpuProbeOptions po;
+  po.type = std::max_element(by_type.begin(), by_type.end(), [](auto& a, auto& b) { return a.second < b.second; })->first;
+  po.ne0 = ne0;
+  std::unique_ptr<backend::Backend> cpu = backend::make_cpu_backend(opts.host_cpu);
+  const int threads = opts.host_cpu.n_threads;
+  auto copy = [](uint64_t bytes, const std::function<void()>& during) {
+    return backend::cuda_h2d_bandwidth_during(0, bytes, during);
+  };
+  auto p = probe_cpu(*cpu, threads, po, copy);
+  if (!p.is_ok()) return "not measured (" + p.status().message() + ")";
+  if (p->shared > 0) {
+    opts.bw.cpu = p->shared;
+    opts.bw.dram = p->shared + p->h2d_shared;
+  } else {
+    opts.bw.cpu = p->alone;
+  }
+  return p->describe();
+}
+
 std::function<Result<std::unique_ptr<model::LayerSource>>(const gguf::File&, const model::Weights&, backend::Backend&)>
 device_streaming_source(const std::string& path, const DeviceStreamOptions& opts, DeviceStreamer** out) {
   return [path, opts, out](const gguf::File& file, const model::Weights& w,
@@ -655,7 +769,10 @@ device_streaming_source(const std::string& path, const DeviceStreamOptions& opts
       if (auto h2d = backend::cuda_h2d_bandwidth(0); h2d.is_ok()) o.bw.h2d = *h2d;
       if (auto vram = backend::cuda_copy_bandwidth(0); vram.is_ok()) o.bw.vram = *vram;
     }
+    std::string cpu_note = "not measured";
+    if (!be.reads_host_weights() && o.hybrid && o.measure_cpu) cpu_note = measure_hybrid_bandwidths(file, o);
     SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<DeviceStreamer> s, DeviceStreamer::create(path, file, w, be, o));
+    s->set_cpu_probe(std::move(cpu_note));
     if (out) *out = s.get();
     return std::unique_ptr<model::LayerSource>(std::move(s));
   };

@@ -61,10 +61,26 @@ struct DeviceStreamOptions {
   // staging K" reads, "stall" host waits, "load" start-up reads.
   TraceWriter* trace = nullptr;
 
+  // Hybrid execution: during passes of fewer than prefill_batch tokens (decode), the host CPU
+  // computes the pinned-RAM (B) layers the planner gives it (allow_cpu_executor, from measured
+  // bandwidths) where they lie, while the copy queue streams the other B and C layers to the GPU.
+  // Longer passes (prefill: compute-bound on the CPU, and one copy serves the whole batch) stream
+  // every layer to the GPU. Off: every streamed layer is copied (pure streaming).
+  bool hybrid = true;
+  int prefill_batch = 32;
+  int cpu_threads = 0;      // the host executor's threads (0: physical cores)
+  // Measure the CPU's GB/s (alone and while the GPU copies) at load for the plan (GPU only).
+  bool measure_cpu = true;
+
   // Tests: run the pipeline on a backend that reads host weights (the CPU backend implements the
   // streaming calls synchronously), and force each layer's home instead of planning.
   bool allow_host_backend = false;
   std::vector<Home> force_homes;  // per layer; empty: the planner decides
+  // Tests: each layer's executor in hybrid passes (with force_homes; kCpu only for B layers).
+  std::vector<Executor> force_exec;
+  // Tests: the host executor's backend options (e.g. without packed weights, so a forced mix is
+  // bit-comparable with a resident run on the CPU backend).
+  backend::CpuOptions host_cpu;
 };
 
 struct DevicePlan {
@@ -107,6 +123,11 @@ struct DeviceStreamStats {
   double compute_stall_seconds = 0, decode_compute_stall_seconds = 0;
   double disk_wait_seconds = 0, decode_disk_wait_seconds = 0;
   double staging_wait_seconds = 0;
+  // Hybrid execution: layers the host CPU computed (B bytes read where they lie), and the host
+  // time spent on them (acquire to release: the CPU's compute, synchronous).
+  uint64_t cpu_bytes = 0, decode_cpu_bytes = 0;
+  double cpu_seconds = 0, decode_cpu_seconds = 0;
+  uint64_t phase_changes = 0;  // passes whose executor set differed from the last (ring restarted)
   bool device_timed = false;  // copy_seconds / compute stalls come from the backend's marks
 };
 
@@ -128,8 +149,14 @@ class DeviceStreamer final : public model::LayerSource {
   bool release_needs_sync() const override { return false; }
   // Only when every layer is resident (then decode steps may be replayed).
   bool weights_fixed() const override { return streamed_.empty(); }
+  HostExecutor host_executor() override { return {host_be_.get(), host_rope_freqs_}; }
+  bool host_capable(int layer) const override { return size_t(layer) < host_capable_.size() && host_capable_[size_t(layer)]; }
+  bool on_host(int layer) const override { return hybrid_pass_ && host_capable(layer); }
 
   const DevicePlan& plan() const { return plan_; }
+  // The CPU probe behind the plan's CPU terms (measured at load; empty when not measured).
+  const std::string& cpu_probe() const { return cpu_probe_; }
+  void set_cpu_probe(std::string note) { cpu_probe_ = std::move(note); }
   const DeviceStreamStats& stats() const { return stats_; }
   // Folds the timings of copies and stalls whose marks have passed into stats() (begin_pass does
   // it for earlier passes; call after a run, once the backend is idle, for the last one).
@@ -177,6 +204,9 @@ class DeviceStreamer final : public model::LayerSource {
   // until the copy of sequence `need` is issued (waiting for its disk read if it must).
   Status pump(int64_t need);
   Status submit_reads(int64_t force_upto);
+  // Switches the streamed sequence to `list` (a pass of another phase): waits for the reads and
+  // copies in flight, then restarts the ring at sequence 0.
+  Status restart_ring(const std::vector<int>* list);
   Status issue_copy(uint64_t seq, bool may_block, bool* issued);
   void trace_mark_span(backend::Backend::Mark anchor, int64_t anchor_us, backend::Backend::Mark from,
                        backend::Backend::Mark to, TraceEvent e);
@@ -192,7 +222,20 @@ class DeviceStreamer final : public model::LayerSource {
   model::Weights globals_;
   std::vector<model::LayerWeights> resident_views_;  // per layer (A)
   std::vector<int> stream_index_;      // per layer: index among streamed layers, or -1
-  std::vector<int> streamed_;          // streamed layer ids, in order
+  std::vector<int> streamed_;          // streamed layer ids, in order (index j)
+  // The streamed sequence of a pass: indices j in order. all_: every streamed layer (prefill and
+  // pure streaming); hybrid_: those the GPU computes in hybrid passes (the others run on the
+  // host). list_ points at the one the ring is running.
+  std::vector<int> list_all_, list_hybrid_;
+  const std::vector<int>* list_ = nullptr;
+  bool hybrid_pass_ = false;
+  int prefill_batch_ = 32;
+  std::unique_ptr<backend::Backend> host_be_;   // the host executor (hybrid), or null
+  backend::WeightView host_rope_freqs_;
+  std::vector<bool> host_capable_;              // per layer
+  std::vector<model::LayerWeights> host_views_; // per layer: views into its pinned copy (host layers)
+  FileReader::Clock::time_point host_start_{};  // acquire of the host layer being computed
+  std::string cpu_probe_;
   std::vector<int> c_index_;           // per streamed index: index among C layers, or -1
   std::vector<int> c_pos_;             // per C index: streamed index
   std::vector<const uint8_t*> host_copy_;  // per streamed index: pinned bytes (B), nullptr (C)
@@ -222,6 +265,13 @@ class DeviceStreamer final : public model::LayerSource {
   Status failed_;  // sticky: once a read or check failed, every later call reports it
   DeviceStreamStats stats_;
 };
+
+// Hybrid execution's planner inputs, measured now on this machine (GPU builds with a device):
+// the CPU computing one-token products in the format holding most of `file`'s layer bytes, alone
+// and while the copy engine streams pinned memory. Sets opts.bw.cpu (the CPU's rate while copies
+// run: in a hybrid token the copy engine is busy nearly all the time) and opts.bw.dram (the two
+// rates together); returns the probe's description, or why nothing was measured.
+std::string measure_hybrid_bandwidths(const gguf::File& file, DeviceStreamOptions& opts);
 
 // The LoadOptions::layer_source hook for device streaming; *out (optional) receives the streamer
 // the model will own, for stats. Error on a backend that reads host weights (use CPU streaming)

@@ -236,6 +236,164 @@ TEST(StreamDevice, PlannedPlacementMatchesResident) {
   std::filesystem::remove(path);
 }
 
+// ---- hybrid execution: the host CPU computes some B layers where they lie ----------------------
+
+constexpr Executor G = Executor::kGpu, H = Executor::kCpu;
+
+struct HybridMix {
+  std::vector<Home> homes;
+  std::vector<Executor> exec;
+};
+
+std::string mix_name(const HybridMix& m) {
+  std::string s;
+  for (size_t i = 0; i < m.homes.size(); ++i) {
+    s += m.homes[i] == A ? 'A' : m.homes[i] == B ? 'B' : 'C';
+    s += m.exec[i] == H ? "cpu " : "gpu ";
+  }
+  return s;
+}
+
+// A chat-like session: a prompt, greedy steps, then a second multi-token turn and more steps, so
+// a layer's KV cache written by one executor is later read by the other (both directions when
+// prefill runs on the GPU and decode on the CPU).
+struct Session {
+  std::vector<int32_t> tokens;
+  std::vector<float> first_logits, last_logits;
+};
+Session run_session(model::Model& m) {
+  Session r;
+  std::vector<float> logits(size_t(m.n_vocab()));
+  auto argmax = [&] {
+    int32_t best = 0;
+    for (int32_t v = 1; v < m.n_vocab(); ++v) best = logits[size_t(v)] > logits[size_t(best)] ? v : best;
+    return best;
+  };
+  auto step = [&](std::vector<int32_t> in, int n) {
+    for (int i = 0; i < n; ++i) {
+      const Status st = m.eval(in, logits);
+      EXPECT_TRUE(st.is_ok()) << st.message();
+      if (!st.is_ok()) return;
+      if (r.first_logits.empty()) r.first_logits = logits;
+      in = {argmax()};
+      r.tokens.push_back(in[0]);
+    }
+  };
+  step({1, 5, 9, 17, 33, 2, 64, 80, 3}, 6);
+  step({7, 8, 9, 10, 11}, 4);
+  r.last_logits = logits;
+  return r;
+}
+
+Session resident_session(const std::string& path) {
+  model::LoadOptions o;
+  o.backend = model::BackendKind::kCpu;
+  o.cpu_pack_weights = false;
+  o.n_ctx = 128;
+  auto m = model::Model::load(path, o);
+  EXPECT_TRUE(m.is_ok()) << m.status().message();
+  return m.is_ok() ? run_session(**m) : Session{};
+}
+
+const std::vector<HybridMix> kHybridMixes = {
+    {{B, B, B, B, B, B}, {H, H, H, H, H, H}},  // all CPU
+    {{B, B, B, B, B, B}, {G, G, G, G, G, G}},  // all GPU through the hybrid path (no host executor)
+    {{B, B, B, B, B, B}, {H, G, H, G, H, G}},  // alternating
+    {{B, B, B, B, B, B}, {G, H, H, G, G, H}},  // runs of each
+    {{A, B, B, C, B, A}, {G, H, G, G, H, G}},  // with resident and disk layers
+    {{C, B, C, B, B, C}, {G, H, G, H, G, G}},  // disk reads interleaved with host layers
+};
+
+// Every forced executor mix gives the resident run's tokens and logits, whether the prompts run
+// on the host too (prefill_batch above every pass) or are streamed to the "GPU" while the single
+// tokens run hybrid (prefill_batch 4: the ring restarts at every phase change).
+TEST(StreamDevice, HybridExecutorMixesMatchResident) {
+  const std::string path = write_synthetic("hybrid");
+  const Session ref = resident_session(path);
+  ASSERT_EQ(ref.tokens.size(), 10u);
+  for (const HybridMix& mix : kHybridMixes) {
+    for (int prefill_batch : {1000, 4}) {
+      for (int slots : {2, 3}) {
+        SCOPED_TRACE(mix_name(mix) + "prefill_batch " + std::to_string(prefill_batch) + ", " + std::to_string(slots) +
+                     " slots");
+        DeviceStreamOptions o = host_options(mix.homes, slots);
+        o.force_exec = mix.exec;
+        o.prefill_batch = prefill_batch;
+        o.host_cpu.pack_weights = false;
+        DeviceStreamer* s = nullptr;
+        auto m = load_streamed(path, o, &s);
+        ASSERT_TRUE(m.is_ok()) << m.status().message();
+        const Session got = run_session(**m);
+        EXPECT_EQ(got.tokens, ref.tokens);
+        EXPECT_EQ(got.first_logits, ref.first_logits);
+        EXPECT_EQ(got.last_logits, ref.last_logits);
+        uint64_t cpu_layer_bytes = 0;
+        auto f = gguf::File::open(path);
+        auto layout = layout_of(*f);
+        for (size_t l = 0; l < mix.exec.size(); ++l) {
+          if (mix.exec[l] == H) cpu_layer_bytes += layout->layers[l].bytes;
+          EXPECT_EQ(s->host_capable(int(l)), mix.exec[l] == H);
+        }
+        const DeviceStreamStats& st = s->stats();
+        EXPECT_EQ(st.decode_passes, 8u);
+        EXPECT_EQ(st.decode_cpu_bytes, st.decode_passes * cpu_layer_bytes);
+        // Host layers are not copied in hybrid passes: pinned-RAM bytes per decode pass exclude them.
+        EXPECT_EQ(st.decode_ram_bytes + st.decode_cpu_bytes, st.decode_passes * s->plan().plan.ram_bytes);
+        const bool any_cpu = cpu_layer_bytes > 0;
+        EXPECT_EQ(s->host_executor().backend != nullptr, any_cpu);
+        // prefill_batch 4: prompt (all GPU), decode (hybrid), turn (all GPU), decode (hybrid).
+        EXPECT_EQ(st.phase_changes, any_cpu && prefill_batch == 4 ? 4u : 0u);
+        EXPECT_EQ(st.cpu_bytes > st.decode_cpu_bytes, any_cpu && prefill_batch == 1000);
+      }
+    }
+  }
+  std::filesystem::remove(path);
+}
+
+TEST(StreamDevice, SmolLM2HybridMatchesResident) {
+  const std::string path = test::model_path(test::kSmolLM2);
+  SLUICE_REQUIRE_MODEL(path);
+  auto f = gguf::File::open(path);
+  ASSERT_TRUE(f.is_ok());
+  auto layout = layout_of(*f);
+  ASSERT_TRUE(layout.is_ok());
+  const size_t n = layout->layers.size();
+  const std::vector<int32_t> prompt = {1, 504, 3458, 282, 4649, 314, 2725, 30, 378, 3458, 282};
+  const GreedyRun ref = resident_run(path, prompt, 8);
+  for (int prefill_batch : {1000, 4}) {
+    HybridMix mix{std::vector<Home>(n, B), std::vector<Executor>(n, G)};
+    for (size_t l = 0; l < n; ++l) {
+      if (l % 3 == 0) mix.homes[l] = A;
+      if (l % 3 == 1) mix.exec[l] = H;
+    }
+    SCOPED_TRACE("prefill_batch " + std::to_string(prefill_batch));
+    DeviceStreamOptions o = host_options(mix.homes, 2);
+    o.force_exec = mix.exec;
+    o.prefill_batch = prefill_batch;
+    o.host_cpu.pack_weights = false;
+    auto m = load_streamed(path, o, nullptr);
+    ASSERT_TRUE(m.is_ok()) << m.status().message();
+    const GreedyRun got = greedy(**m, prompt, 8);
+    EXPECT_EQ(got.tokens, ref.tokens);
+    EXPECT_EQ(got.first_logits, ref.first_logits);
+  }
+}
+
+TEST(StreamDevice, HybridExecutorOnlyForPinnedLayers) {
+  const std::string path = write_synthetic("hybrid_err");
+  DeviceStreamOptions o = host_options({A, B, C, B, B, B}, 2);
+  o.force_exec = {G, H, H, G, G, G};  // layer 2 is on disk
+  auto m = load_streamed(path, o, nullptr);
+  ASSERT_FALSE(m.is_ok());
+  EXPECT_EQ(m.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(m.status().message().find("layer 2 is not in pinned RAM"), std::string::npos) << m.status().message();
+  o.force_exec = {G, H};
+  m = load_streamed(path, o, nullptr);
+  ASSERT_FALSE(m.is_ok());
+  EXPECT_NE(m.status().message().find("force_exec has 2 entries"), std::string::npos) << m.status().message();
+  std::filesystem::remove(path);
+}
+
 // ---- ordering: a backend whose copies run only when their mark is waited for ------------------
 
 // Wraps the CPU backend. copy_to_slot queues the copy; it runs (in order) only when compute_wait

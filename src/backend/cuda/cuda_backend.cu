@@ -641,6 +641,34 @@ Result<double> cuda_h2d_bandwidth(int device) {
                      [&] { return cudaMemcpyAsync(r.dev_a, r.host, bytes, cudaMemcpyHostToDevice, r.stream); });
 }
 
+Result<double> cuda_h2d_bandwidth_during(int device, uint64_t bytes, const std::function<void()>& during) {
+  if (device < 0 || device >= cuda_device_count()) return unsupported("no CUDA device " + std::to_string(device));
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  const size_t chunk = size_t(256) << 20;
+  const int n = int(std::max<uint64_t>(1, (bytes + chunk - 1) / chunk));
+  ProbeResources r;
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&r.host, chunk, cudaHostAllocDefault));
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaMalloc(&r.dev_a, chunk));
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&r.stream));
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaEventCreate(&r.start));
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaEventCreate(&r.stop));
+  std::memset(r.host, 1, chunk);
+  // Warm the path, then queue every copy before the host work starts: the copy engine runs
+  // them back to back while `during` reads DRAM.
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(r.dev_a, r.host, chunk, cudaMemcpyHostToDevice, r.stream));
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(r.stream));
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.start, r.stream));
+  for (int i = 0; i < n; ++i) {
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(r.dev_a, r.host, chunk, cudaMemcpyHostToDevice, r.stream));
+  }
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.stop, r.stream));
+  during();
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(r.stop));
+  float ms = 0;
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, r.start, r.stop));
+  return double(chunk) * n / (double(ms) * 1e-3);
+}
+
 Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaOptions& opts) {
   const int n = cuda_device_count();
   if (n == 0) return unsupported("no CUDA device found");

@@ -1,0 +1,66 @@
+// An executor of the layer loop: one backend with its own activation buffers and KV cache, able to
+// run any layer whose weights it is handed. The loop has one executor on the model's backend and,
+// for hybrid execution (stream/'s device pipeline with CPU-computed layers), a second on the host
+// CPU backend: each layer of a pass runs on the executor its LayerSource names, and the residual
+// stream moves between them (n_tokens x n_embd floats) only where consecutive layers change
+// executor. Layers that may run on either keep their KV cache on both executors, and every pass
+// writes its new K/V rows to both, so the choice can change from pass to pass (prefill on the GPU,
+// decode on the CPU) without ever reading a stale cache.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/status.h"
+#include "model/config.h"
+#include "model/kv_cache.h"
+#include "model/weights.h"
+
+namespace sluice::model {
+
+class Executor {
+ public:
+  // Activations of max_batch rows; KV cache rows for n_ctx positions of the layers where
+  // kv_layers[l] (empty: every layer).
+  Status init(backend::Backend& be, const Config& cfg, int n_ctx, int max_batch, const std::vector<bool>& kv_layers,
+              backend::WeightView rope_freqs);
+
+  backend::Backend& backend() const { return *be_; }
+  KvCache& kv() { return kv_; }
+  const KvCache& kv() const { return kv_; }
+  bool has_kv(int layer) const { return kv_.has(layer); }
+
+  // Activation views of the first n rows.
+  backend::Tensor x(int64_t n) const { return x_.first_rows(n); }
+  backend::Tensor xn(int64_t n) const { return xn_.first_rows(n); }
+
+  // x += attention block + feed-forward block of `L` for n tokens at positions [pos0, pos0 + n).
+  // The layer's K/V rows are stored into this executor's cache (has_kv(layer) must hold).
+  void layer(const LayerWeights& L, int layer, int64_t n, int pos0);
+
+  // The residual stream of the last n rows computed here, copied into `to`'s x (through the host).
+  void move_x(Executor& to, int64_t n, std::vector<float>& buf);
+  // The K/V rows layer() just produced (post-RoPE), stored at [pos0, pos0 + n) of `to`'s cache of
+  // the same layer: both executors' caches stay identical in content (each backend's own f32->f16
+  // store, the same rounding).
+  void mirror_kv(Executor& to, int layer, int64_t n, int pos0, std::vector<float>& buf);
+
+ private:
+  backend::Backend* be_ = nullptr;
+  const Config* cfg_ = nullptr;
+  backend::WeightView rope_freqs_;  // in this backend's memory
+  KvCache kv_;
+  // Activations, [max_batch rows, width] each.
+  backend::Tensor x_;     // residual stream       [n_embd]
+  backend::Tensor xn_;    // normed / projected    [n_embd]
+  backend::Tensor q_;     // queries               [n_head * head_dim]
+  backend::Tensor k_;     // keys                  [n_head_kv * head_dim]
+  backend::Tensor v_;     // values                [n_head_kv * head_dim]
+  backend::Tensor attn_;  // attention output      [n_head * head_dim_v]
+  backend::Tensor gate_;  // ffn gate, then swiglu [n_ff]
+  backend::Tensor up_;    // ffn up                [n_ff]
+};
+
+}  // namespace sluice::model

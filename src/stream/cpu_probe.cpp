@@ -1,0 +1,94 @@
+#include "stream/cpu_probe.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+namespace sluice::stream {
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+std::string CpuProbe::describe() const {
+  char buf[192];
+  if (shared > 0) {
+    std::snprintf(buf, sizeof buf, "%s on %d threads (0: all cores): %.1f GB/s alone, %.1f GB/s + H2D %.1f GB/s together",
+                  quant::type_name(type), threads, alone / 1e9, shared / 1e9, h2d_shared / 1e9);
+  } else {
+    std::snprintf(buf, sizeof buf, "%s on %d threads (0: all cores): %.1f GB/s", quant::type_name(type), threads, alone / 1e9);
+  }
+  return buf;
+}
+
+Result<CpuProbe> probe_cpu(backend::Backend& cpu, int threads, const CpuProbeOptions& opts,
+                           const std::function<Result<double>(uint64_t, const std::function<void()>&)>& copy_during) {
+  if (opts.ne0 <= 0 || opts.reps < 1) return invalid_argument("cpu probe: bad options");
+  const quant::Kernels& k = quant::kernels(opts.type);
+  if (!k.vec_dot || !k.quantize_row || !quant::validate_row(opts.type, opts.ne0).is_ok()) {
+    return invalid_argument(std::string("cpu probe: no product kernel for ") + quant::type_name(opts.type) +
+                            " rows of " + std::to_string(opts.ne0));
+  }
+  const int64_t rb = quant::row_bytes(opts.type, opts.ne0);
+  const int64_t rows = std::max<int64_t>(16, int64_t(opts.bytes / uint64_t(rb)) / 16 * 16);
+  // A few rows quantized from random values, repeated: valid blocks (finite scales) everywhere,
+  // while every byte still comes from DRAM.
+  constexpr int64_t kSeedRows = 16;
+  std::vector<float> vals(size_t(opts.ne0));
+  std::vector<uint8_t> seed(size_t(rb * kSeedRows));
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  for (int64_t r = 0; r < kSeedRows; ++r) {
+    for (float& f : vals) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      f = float(int64_t(x % 2001) - 1000) * 1e-3f;
+    }
+    k.quantize_row(vals.data(), seed.data() + r * rb, opts.ne0);
+  }
+  std::vector<uint8_t> w(size_t(rb * rows));
+  for (int64_t r = 0; r < rows; r += kSeedRows) {
+    std::memcpy(w.data() + r * rb, seed.data(), size_t(rb * std::min(kSeedRows, rows - r)));
+  }
+  SLUICE_ASSIGN_OR_RETURN(backend::Tensor xt, cpu.alloc(backend::DType::kF32, opts.ne0, 1));
+  SLUICE_ASSIGN_OR_RETURN(backend::Tensor yt, cpu.alloc(backend::DType::kF32, rows, 1));
+  std::vector<float> xin(size_t(opts.ne0), 0.5f);
+  cpu.upload(xt, xin.data());
+  const backend::WeightView wv{opts.type, opts.ne0, rows, w.data(), false};
+  const double bytes = double(rb) * double(rows);
+  auto time_products = [&] {
+    std::vector<double> rates;
+    for (int i = 0; i <= opts.reps; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      cpu.matmul(wv, xt, yt);
+      cpu.sync();
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (i > 0) rates.push_back(bytes / std::max(s, 1e-9));  // the first one warms up
+    }
+    return median(rates);
+  };
+  CpuProbe p;
+  p.type = opts.type;
+  p.threads = threads;
+  p.alone = time_products();
+  if (copy_during) {
+    // Copies sized to last about as long as the products (at a nominal 50 GB/s), so both run
+    // together for most of the window.
+    const double cpu_s = bytes / p.alone * double(opts.reps + 1);
+    const uint64_t copy_bytes = uint64_t(std::clamp(cpu_s * 50e9, 256.0 * (1 << 20), 8.0 * (1ull << 30)));
+    double shared = 0;
+    auto h2d = copy_during(copy_bytes, [&] { shared = time_products(); });
+    if (h2d.is_ok()) {
+      p.shared = shared;
+      p.h2d_shared = *h2d;
+    }
+  }
+  return p;
+}
+
+}  // namespace sluice::stream
