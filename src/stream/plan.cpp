@@ -72,35 +72,113 @@ Result<uint64_t> parse_byte_size(std::string_view text) {
 
 namespace {
 
-// Fills in the cost terms of a plan whose homes and executors are set.
-void score(const PlanInput& in, Plan& p) {
-  double exec = 0, h2d = 0, disk = 0, dram = 0;
-  for (size_t i = 0; i < in.units.size(); ++i) {
-    const double b = double(in.units[i].bytes);
-    const UnitPlan& u = p.units[i];
-    if (!in.has_gpu) {
-      exec += b / in.bw.cpu;
-      if (u.home == Home::kDisk) disk += b;
-      continue;
-    }
-    if (u.exec == Executor::kCpu) {
-      exec += b / in.bw.cpu;
-      dram += b;
-    } else {
-      exec += b / in.bw.vram;
-      if (u.home != Home::kVram) {
-        h2d += b;
-        dram += b;
+bool rates_ok(const Bandwidths& bw) {
+  return bw.vram > 0 && bw.h2d > 0 && bw.disk > 0 && bw.cpu > 0 && bw.dram > 0 && bw.cpu_flops > 0 && bw.gpu_flops > 0 &&
+         bw.switch_seconds >= 0;
+}
+
+// Seconds one executor spends on a unit per pass: reading its bytes or doing its batch * 2 *
+// params operations, whichever is slower (GEMV/GEMM of one layer is limited by one or the other).
+double exec_seconds(const Unit& u, Executor e, int batch, const Bandwidths& bw) {
+  const double ops = double(batch) * 2.0 * double(u.params);
+  if (e == Executor::kGpu) return std::max(double(u.bytes) / bw.vram, ops / bw.gpu_flops);
+  return std::max(double(u.bytes) / bw.cpu, ops / bw.cpu_flops);
+}
+
+// Steady-state seconds per pass of the in-order schedule (plan.h top): compute in layer order,
+// copies in order on one engine, each streamed unit's copy waiting for the slot that the unit
+// n_slots earlier in the stream releases, disk reads in order into 2 staging buffers (with a GPU:
+// read k waits for the copy of read k-2 out of its buffer) or into the slot itself (CPU only).
+// Times are evaluated when compute reaches a unit; that is exact because every engine runs in
+// order and each dependency is on an earlier index. Several passes run so the ring wraps from the
+// last streamed unit of one pass to the first of the next; the period is the average of the last
+// two (the first pass starts with empty slots).
+double pipeline_period(const PlanInput& in, const Plan& p, const std::vector<Executor>& exec) {
+  constexpr int kPasses = 6;
+  const size_t n = in.units.size();
+  std::vector<char> streamed(n, 0);
+  size_t m = 0;
+  for (size_t i = 0; i < n; ++i) {
+    streamed[i] = in.has_gpu ? (p.units[i].home != Home::kVram && exec[i] == Executor::kGpu) : p.units[i].home == Home::kDisk;
+    m += streamed[i];
+  }
+  const size_t slots = size_t(std::max(1, p.n_slots));
+  std::vector<double> release;   // per streamed index (pass * m + k): when its slot is free again
+  std::vector<double> staged;    // per disk read (GPU only): when its staging buffer is free again
+  release.reserve(kPasses * m);
+  double compute_end = 0, copy_free = 0, disk_free = 0;
+  double pass_end[kPasses] = {};
+  for (int pass = 0; pass < kPasses; ++pass) {
+    for (size_t i = 0; i < n; ++i) {
+      double start = compute_end;
+      if (i > 0 && exec[i] != exec[i - 1]) start += in.bw.switch_seconds;
+      if (streamed[i]) {
+        const size_t g = release.size();
+        const double slot_free = g >= slots ? release[g - slots] : 0.0;
+        const double b = double(in.units[i].bytes);
+        double ready = 0;
+        if (in.has_gpu) {
+          double source = 0;  // when the bytes are in pinned host memory
+          if (p.units[i].home == Home::kDisk) {
+            const size_t k = staged.size();
+            const double buffer_free = k >= 2 ? staged[k - 2] : 0.0;
+            disk_free = std::max(disk_free, buffer_free) + b / in.bw.disk;
+            source = disk_free;
+          }
+          copy_free = std::max({copy_free, slot_free, source}) + b / in.bw.h2d;
+          if (p.units[i].home == Home::kDisk) staged.push_back(copy_free);
+          ready = copy_free;
+        } else {
+          disk_free = std::max(disk_free, slot_free) + b / in.bw.disk;
+          ready = disk_free;
+        }
+        start = std::max(start, ready);
+        compute_end = start + p.unit_seconds[i];
+        release.push_back(compute_end);
+      } else {
+        compute_end = start + p.unit_seconds[i];
       }
     }
-    if (u.home == Home::kDisk) disk += b;
+    pass_end[pass] = compute_end;
   }
-  p.t_exec = exec;
+  return (pass_end[kPasses - 1] - pass_end[kPasses - 3]) / 2;
+}
+
+// Fills in the cost terms of a plan whose homes and executors are set.
+void score(const PlanInput& in, Plan& p) {
+  const size_t n = in.units.size();
+  // CPU-only plans run everything on the CPU whatever the executor field says.
+  std::vector<Executor> exec(n);
+  for (size_t i = 0; i < n; ++i) exec[i] = in.has_gpu ? p.units[i].exec : Executor::kCpu;
+  double h2d = 0, disk = 0, dram = 0;
+  p.unit_seconds.assign(n, 0.0);
+  p.t_cpu = p.t_gpu = 0;
+  p.n_switches = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double b = double(in.units[i].bytes);
+    const UnitPlan& u = p.units[i];
+    p.unit_seconds[i] = exec_seconds(in.units[i], exec[i], in.batch, in.bw);
+    (exec[i] == Executor::kCpu ? p.t_cpu : p.t_gpu) += p.unit_seconds[i];
+    if (i > 0 && exec[i] != exec[i - 1]) ++p.n_switches;
+    if (u.home == Home::kDisk) disk += b;
+    if (!in.has_gpu) continue;
+    if (exec[i] == Executor::kCpu) {
+      dram += b;
+    } else if (u.home != Home::kVram) {
+      h2d += b;
+      dram += b;
+    }
+  }
+  p.t_exec = p.t_cpu + p.t_gpu + double(p.n_switches) * in.bw.switch_seconds;
   p.t_h2d = in.has_gpu ? h2d / in.bw.h2d : 0;
   p.t_disk = disk / in.bw.disk;
   p.t_dram = in.has_gpu ? dram / in.bw.dram : 0;
-  p.token_seconds = std::max({p.t_exec, p.t_h2d, p.t_disk, p.t_dram});
-  p.bound = p.token_seconds == p.t_exec ? "compute" : p.token_seconds == p.t_h2d ? "h2d" : p.token_seconds == p.t_disk ? "disk" : "dram";
+  p.t_pipeline = pipeline_period(in, p, exec);
+  p.token_seconds = std::max({p.t_exec, p.t_h2d, p.t_disk, p.t_dram, p.t_pipeline});
+  // The schedule reproduces a resource bound up to rounding; name that resource, and "prefetch"
+  // only when the schedule is really slower than all of them.
+  const double t = p.token_seconds * (1 - 1e-9);
+  p.bound = p.t_exec >= t ? "compute" : p.t_h2d >= t ? "h2d" : p.t_disk >= t ? "disk" : p.t_dram >= t ? "dram" : "prefetch";
 }
 
 // Streamed units `s` (indices, largest first) split into B (pinned RAM) and C (disk): as many
@@ -127,10 +205,8 @@ bool split_ram_disk(const PlanInput& in, const std::vector<size_t>& s, uint64_t 
 Result<Plan> make_plan(const PlanInput& in) {
   if (in.units.empty()) return invalid_argument("plan: no weight units");
   if (in.min_slots < 1) return invalid_argument("plan: min_slots must be >= 1");
-  const Bandwidths& bw = in.bw;
-  if (!(bw.vram > 0 && bw.h2d > 0 && bw.disk > 0 && bw.cpu > 0 && bw.dram > 0)) {
-    return invalid_argument("plan: bandwidths must be positive");
-  }
+  if (!rates_ok(in.bw)) return invalid_argument("plan: bandwidths and compute rates must be positive");
+  if (in.batch < 1) return invalid_argument("plan: batch must be >= 1");
   const size_t n = in.units.size();
   std::vector<size_t> order(n);
   std::iota(order.begin(), order.end(), 0);
@@ -180,19 +256,23 @@ Result<Plan> make_plan(const PlanInput& in) {
     }
     score(in, p);
     if (in.has_gpu && in.allow_cpu_executor) {
-      // Hand B units to the CPU one at a time (smallest first for fine steps) while it helps.
+      // How many B units the CPU computes: every count, spread evenly over the B units in layer
+      // order so CPU units alternate with streamed ones (the copy engine fills slots while the
+      // CPU computes). Strictly better only, so ties keep fewer CPU units.
       std::vector<size_t> ram_units;
-      for (size_t idx : streamed) {
-        if (p.units[idx].home == Home::kRam) ram_units.push_back(idx);
+      for (size_t i = 0; i < n; ++i) {
+        if (p.units[i].home == Home::kRam) ram_units.push_back(i);
       }
-      std::reverse(ram_units.begin(), ram_units.end());
-      for (size_t idx : ram_units) {
+      const size_t nb = ram_units.size();
+      Plan chosen = p;
+      for (size_t c = 1; c <= nb; ++c) {
         Plan trial = p;
-        trial.units[idx].exec = Executor::kCpu;
+        // k-th CPU unit at floor((k + 0.5) * nb / c): distinct because nb / c >= 1.
+        for (size_t k = 0; k < c; ++k) trial.units[ram_units[(2 * k + 1) * nb / (2 * c)]].exec = Executor::kCpu;
         score(in, trial);
-        if (trial.token_seconds >= p.token_seconds) break;
-        p = std::move(trial);
+        if (trial.token_seconds < chosen.token_seconds * (1 - 1e-12)) chosen = std::move(trial);
       }
+      p = std::move(chosen);
     }
     p.ram_bytes = p.disk_bytes = p.cpu_exec_bytes = 0;
     for (size_t i = 0; i < n; ++i) {
@@ -232,18 +312,35 @@ void score_plan(const PlanInput& in, Plan& p) {
 
 std::string Plan::describe(const PlanInput& in) const {
   std::string out;
-  char line[256];
-  // Runs of consecutive units with the same placement, e.g. "blk.0 .. blk.24  A:vram gpu".
-  size_t i = 0;
-  while (i < units.size()) {
-    size_t j = i;
-    uint64_t bytes = 0;
-    while (j < units.size() && units[j].home == units[i].home && units[j].exec == units[i].exec) bytes += in.units[j++].bytes;
-    std::string names = in.units[i].name + (j - i > 1 ? " .. " + in.units[j - 1].name : "");
-    std::snprintf(line, sizeof line, "  %-28s %-7s %-4s %3zu units %12s\n", names.c_str(), home_name(units[i].home),
-                  executor_name(units[i].exec), j - i, format_bytes(bytes).c_str());
-    out += line;
-    i = j;
+  char line[320];
+  const bool any_cpu_on_gpu_machine =
+      in.has_gpu && std::any_of(units.begin(), units.end(), [](const UnitPlan& u) { return u.exec == Executor::kCpu; });
+  auto secs = [&](size_t i) { return i < unit_seconds.size() ? unit_seconds[i] : 0.0; };
+  if (any_cpu_on_gpu_machine) {
+    // One line per unit: with CPU units interleaved, runs would be one or two units long anyway,
+    // and the per-unit times show where the CPU and the GPU spend the token.
+    for (size_t i = 0; i < units.size(); ++i) {
+      std::snprintf(line, sizeof line, "  %-28s %-7s %-4s %12s %9.3f ms\n", in.units[i].name.c_str(), home_name(units[i].home),
+                    executor_name(units[i].exec), format_bytes(in.units[i].bytes).c_str(), secs(i) * 1e3);
+      out += line;
+    }
+  } else {
+    // Runs of consecutive units with the same placement, e.g. "blk.0 .. blk.24  A:vram gpu".
+    size_t i = 0;
+    while (i < units.size()) {
+      size_t j = i;
+      uint64_t bytes = 0;
+      double seconds = 0;
+      while (j < units.size() && units[j].home == units[i].home && units[j].exec == units[i].exec) {
+        seconds += secs(j);
+        bytes += in.units[j++].bytes;
+      }
+      std::string names = in.units[i].name + (j - i > 1 ? " .. " + in.units[j - 1].name : "");
+      std::snprintf(line, sizeof line, "  %-28s %-7s %-4s %3zu units %12s %9.3f ms\n", names.c_str(), home_name(units[i].home),
+                    executor_name(units[i].exec), j - i, format_bytes(bytes).c_str(), seconds * 1e3);
+      out += line;
+      i = j;
+    }
   }
   std::snprintf(line, sizeof line,
                 "  resident %s, pinned RAM %s, disk %s, staging %s, %d slots of %s, CPU computes %s\n",
@@ -251,12 +348,63 @@ std::string Plan::describe(const PlanInput& in) const {
                 format_bytes(staging_bytes).c_str(), n_slots, format_bytes(slot_bytes).c_str(),
                 format_bytes(cpu_exec_bytes).c_str());
   out += line;
+  const double tps = token_seconds > 0 ? double(in.batch) / token_seconds : 0.0;
+  if (in.batch == 1) {
+    std::snprintf(line, sizeof line, "  predicted token time %.2f ms (%.2f tok/s), bound by %s\n", token_seconds * 1e3, tps,
+                  bound.c_str());
+  } else {
+    std::snprintf(line, sizeof line, "  predicted pass time %.2f ms for %d tokens (%.2f tok/s), bound by %s\n",
+                  token_seconds * 1e3, in.batch, tps, bound.c_str());
+  }
+  out += line;
   std::snprintf(line, sizeof line,
-                "  predicted token time %.2f ms (%.2f tok/s), bound by %s: exec %.2f ms, h2d %.2f ms, disk %.2f ms, dram %.2f ms\n",
-                token_seconds * 1e3, token_seconds > 0 ? 1.0 / token_seconds : 0.0, bound.c_str(), t_exec * 1e3, t_h2d * 1e3,
-                t_disk * 1e3, t_dram * 1e3);
+                "    exec %.2f ms (cpu %.2f + gpu %.2f + %d switches %.2f), h2d %.2f ms, disk %.2f ms, dram %.2f ms, "
+                "schedule %.2f ms\n",
+                t_exec * 1e3, t_cpu * 1e3, t_gpu * 1e3, n_switches, double(n_switches) * in.bw.switch_seconds * 1e3,
+                t_h2d * 1e3, t_disk * 1e3, t_dram * 1e3, t_pipeline * 1e3);
   out += line;
   return out;
+}
+
+Result<OffloadPrediction> predict_llama_offload(const std::vector<Unit>& layers, int n_gpu_layers, const Bandwidths& bw,
+                                                const std::optional<Unit>& output, int batch) {
+  const int n = int(layers.size());
+  const int max_n = n + (output ? 1 : 0);
+  if (n_gpu_layers < 0 || n_gpu_layers > max_n) {
+    return invalid_argument("llama offload: n_gpu_layers " + std::to_string(n_gpu_layers) + " outside 0.." +
+                            std::to_string(max_n));
+  }
+  if (!rates_ok(bw)) return invalid_argument("llama offload: bandwidths and compute rates must be positive");
+  if (batch < 1) return invalid_argument("llama offload: batch must be >= 1");
+  OffloadPrediction r;
+  r.n_gpu_layers = n_gpu_layers;
+  const int first_gpu = n - std::min(n_gpu_layers, n);  // llama.cpp offloads the last N layers
+  bool have_prev = false;
+  Executor prev = Executor::kCpu;
+  auto add = [&](const Unit& u, Executor e) {
+    const double t = exec_seconds(u, e, batch, bw);
+    (e == Executor::kGpu ? r.t_gpu : r.t_cpu) += t;
+    if (e == Executor::kGpu) r.gpu_bytes += u.bytes;
+    if (have_prev && e != prev) ++r.n_switches;
+    have_prev = true;
+    prev = e;
+  };
+  for (int i = 0; i < n; ++i) add(layers[size_t(i)], i >= first_gpu ? Executor::kGpu : Executor::kCpu);
+  if (output) add(*output, n_gpu_layers > n ? Executor::kGpu : Executor::kCpu);
+  r.token_seconds = r.t_cpu + r.t_gpu + double(r.n_switches) * bw.switch_seconds;
+  return r;
+}
+
+Result<OffloadPrediction> best_llama_offload(const std::vector<Unit>& layers, uint64_t vram_budget_for_layers,
+                                             const Bandwidths& bw, const std::optional<Unit>& output, int batch) {
+  std::optional<OffloadPrediction> best;
+  const int max_n = int(layers.size()) + (output ? 1 : 0);
+  for (int ngl = 0; ngl <= max_n; ++ngl) {
+    SLUICE_ASSIGN_OR_RETURN(OffloadPrediction r, predict_llama_offload(layers, ngl, bw, output, batch));
+    if (r.gpu_bytes > vram_budget_for_layers) continue;
+    if (!best || r.token_seconds < best->token_seconds * (1 - 1e-12)) best = r;
+  }
+  return *best;  // ngl = 0 has no GPU bytes, so best is set
 }
 
 }  // namespace sluice::stream

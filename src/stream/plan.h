@@ -8,17 +8,32 @@
 // Executor: the GPU computes on units in VRAM or in slots; the CPU can compute a B unit where it
 // lies, moving only activations. Streamed bytes and CPU reads share DRAM bandwidth.
 //
-// Cost model of one decoded token (every stage overlapped by the pipeline, layers in order):
-//   t = max( t_exec,  t_h2d,  t_disk,  t_dram )
-//   t_exec = sum over units of (bytes / vram_bw if GPU-executed, bytes / cpu_bw if CPU-executed)
-//   t_h2d  = bytes of GPU-executed B and C units / h2d_bw
-//   t_disk = bytes of C units / disk_bw
-//   t_dram = (bytes crossing DRAM: B+C units sent to the GPU, plus CPU-executed bytes) / dram_bw
-// The GPU's compute on streamed units hides under the copies; CPU compute does not overlap GPU
-// compute of the same token (layers are sequential), hence the sum in t_exec.
+// Cost model of one forward pass of `batch` tokens (every stage overlapped by the pipeline,
+// layers in order):
+//   exec(u) = max(bytes / vram, batch * 2 * params / gpu_flops)   GPU-executed
+//           = max(bytes / cpu,  batch * 2 * params / cpu_flops)   CPU-executed
+//   t = max( t_exec,  t_h2d,  t_disk,  t_dram,  t_pipeline )
+//   t_exec = sum of exec(u) + n_switches * switch_seconds   (layers are sequential: CPU and GPU
+//            compute add up; a switch is a pair of consecutive units on different executors)
+//   t_h2d  = bytes of GPU-executed B and C units / h2d
+//   t_disk = bytes of C units / disk
+//   t_dram = (bytes crossing DRAM: B+C units sent to the GPU, plus CPU-executed bytes) / dram
+//   t_pipeline = period of the schedule the pipeline really runs (see below).
+// The first four terms are resource bounds: they assume the copy engine and the disk never wait
+// for a free slot. That holds while the compute between two streamed units is short, but the
+// ring of n_slots slots lets copies run at most n_slots streamed units ahead of compute: a CPU
+// unit that computes for longer than the copies the free slots can absorb leaves the copy engine
+// idle (e.g. a 512-token prefill of a 70B layer on the CPU: ~0.45 s against ~10 ms per copy), and
+// the max of the bounds would then promise overlap that cannot happen. t_pipeline is the
+// steady-state period of an in-order schedule of the same units: compute in layer order (plus
+// switches), copies in order on one engine, copy of streamed unit s not before unit s - n_slots
+// released its slot, disk reads in order into 2 staging buffers (with a GPU) or straight into the
+// slots (CPU only). It equals max(t_exec, t_h2d, t_disk) when the ring never runs dry, and is
+// larger otherwise. DRAM sharing is not in the schedule; t_dram stays a separate bound.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -33,16 +48,31 @@ const char* home_name(Home h);          // "A:vram", "B:ram", "C:disk"
 const char* executor_name(Executor e);  // "gpu", "cpu"
 
 struct Unit {
-  std::string name;   // "blk.12", "output"
-  uint64_t bytes = 0; // weight bytes read per token
+  std::string name;    // "blk.12", "output"
+  uint64_t bytes = 0;  // weight bytes read per token
+  // Multiply-adds per token = weight matrix elements (a dense layer of d x k weights does d * k
+  // per token, whatever its quantization). 0 = unknown: the unit's compute term is then ignored
+  // and only its bytes count.
+  uint64_t params = 0;
 };
 
-struct Bandwidths {        // bytes per second, measured at start-up (or defaults for --plan)
-  double vram = 2.0e12;    // GPU reading its own memory
-  double h2d = 25.0e9;     // pinned host -> device
-  double disk = 2.0e9;     // O_DIRECT sequential read
-  double cpu = 50.0e9;     // CPU computing on weights in DRAM (all threads)
-  double dram = 90.0e9;    // DRAM total when DMA and CPU read at once
+// Rates of the machine. Bandwidths are bytes per second, compute rates operations per second
+// (one multiply-add = 2 operations). Where each number should come from is noted per field.
+struct Bandwidths {
+  double vram = 2.0e12;    // GPU reading its own memory: cuda_copy_bandwidth() at load
+  double h2d = 25.0e9;     // pinned host -> device: cuda_h2d_bandwidth() at load
+  double disk = 2.0e9;     // O_DIRECT sequential read: probe_disk() on the model file
+  double cpu = 50.0e9;     // CPU computing quantized GEMV on weights in DRAM, all threads, no DMA
+                           // running: a CPU decode run's weight bytes / time (not yet measured
+                           // at start-up: default)
+  double dram = 90.0e9;    // DRAM total when DMA and CPU read at once (a copy and a CPU read run
+                           // together, summed; default until measured)
+  double cpu_flops = 2.0e12;   // CPU ops/s on quantized weights with many tokens (prefill GEMM
+                               // of the CPU backend; 16 AVX-512 cores ~ 1-3e12)
+  double gpu_flops = 2.0e14;   // GPU ops/s of the dequantizing GEMM (well under the tensor-core
+                               // peak; a prefill benchmark's rate)
+  double switch_seconds = 50e-6;  // one hand-over of activations between CPU and GPU (a small
+                                  // copy plus a synchronization), per executor change
 };
 
 struct PlanInput {
@@ -57,6 +87,7 @@ struct PlanInput {
   uint64_t ram_budget = 0;
   int min_slots = 2;           // ring slots for streamed units (>= 2 for overlap)
   bool allow_cpu_executor = false;  // let the CPU compute some B units where they lie
+  int batch = 1;               // tokens per forward pass (1 = decode; prefill chunks are larger)
   Bandwidths bw;
 };
 
@@ -74,13 +105,26 @@ struct Plan {
   uint64_t disk_bytes = 0;      // C bytes
   uint64_t staging_bytes = 0;   // pinned staging for C reads
   uint64_t cpu_exec_bytes = 0;  // bytes the CPU computes on
+  std::vector<double> unit_seconds;  // parallel to units: predicted exec seconds per pass
+  double t_cpu = 0, t_gpu = 0;  // CPU and GPU shares of t_exec (sums of unit_seconds)
+  int n_switches = 0;           // consecutive units on different executors (no wrap-around)
   double t_exec = 0, t_h2d = 0, t_disk = 0, t_dram = 0;
-  double token_seconds = 0;     // max of the above
-  std::string bound;            // which term bounds the token time
+  double t_pipeline = 0;        // steady-state period of the in-order schedule (plan.h top)
+  double token_seconds = 0;     // max of the above: seconds per forward pass of `batch` tokens
+  // Which term bounds the token time: "compute", "h2d", "disk", "dram", or "prefetch" when the
+  // schedule is slower than every resource bound (the slot ring runs dry behind long CPU units).
+  std::string bound;
 
   std::string describe(const PlanInput& in) const;  // human-readable table
 };
 
+// Placement: for each count r of resident units (largest first), the streamed rest goes to pinned
+// RAM (B) as far as ram_budget allows, the remainder to disk (C); with allow_cpu_executor every
+// count c = 0 .. |B| of CPU-computed B units is scored, the k-th at position
+// floor((k + 0.5) * |B| / c) among the B units in layer order (spread evenly, so the copy
+// engine streams the GPU's B units while the CPU computes its own); the lowest predicted time
+// wins, ties going to fewer CPU units, then fewer resident units. A units and C units always
+// run on the GPU (with a GPU).
 // Errors (kInvalidArgument) when even the minimum does not fit, stating the minimum.
 Result<Plan> make_plan(const PlanInput& in);
 
@@ -88,6 +132,30 @@ Result<Plan> make_plan(const PlanInput& in);
 // units' homes and executors, n_slots, slot_bytes and staging_bytes are the caller's; fills the
 // byte totals, the cost terms and the bound exactly as make_plan does for its own placements.
 void score_plan(const PlanInput& in, Plan& p);
+
+// llama.cpp's partial offload (`-ngl N`), as a baseline to compare plans with: the LAST N of
+// `layers` are resident in VRAM and run on the GPU, the others run on the CPU from RAM, strictly
+// in sequence, nothing streamed. The output head (optional) goes to the GPU only when
+// N == layers.size() + 1 (llama.cpp offloads it when N exceeds the layer count), else the CPU.
+// Time per pass: sum over GPU units of max(bytes / vram, flops term) + sum over CPU units of
+// max(bytes / cpu, flops term) + switches * switch_seconds. bw.cpu is the CPU's rate alone: no
+// DMA competes for DRAM. Not modelled: llama.cpp copying CPU weights to the GPU for large
+// batches (its prefill "op offload"), so use it for decode (batch 1).
+struct OffloadPrediction {
+  int n_gpu_layers = 0;        // N as passed to -ngl (layers.size() + 1 = everything + head)
+  uint64_t gpu_bytes = 0;      // weight bytes resident in VRAM
+  double t_cpu = 0, t_gpu = 0; // compute shares
+  int n_switches = 0;
+  double token_seconds = 0;
+};
+// Errors when n_gpu_layers is outside 0 .. layers.size() + (output ? 1 : 0) or bw is not positive.
+Result<OffloadPrediction> predict_llama_offload(const std::vector<Unit>& layers, int n_gpu_layers, const Bandwidths& bw,
+                                                const std::optional<Unit>& output = std::nullopt, int batch = 1);
+// The fastest N whose GPU bytes fit vram_budget_for_layers (VRAM left after KV cache and compute
+// buffers); ties go to the smaller N. N = 0 always fits.
+Result<OffloadPrediction> best_llama_offload(const std::vector<Unit>& layers, uint64_t vram_budget_for_layers,
+                                             const Bandwidths& bw, const std::optional<Unit>& output = std::nullopt,
+                                             int batch = 1);
 
 // "16G", "512M", "1.5G", "1024" (bytes), K/M/G/T are powers of 1024. Error names the text.
 Result<uint64_t> parse_byte_size(std::string_view text);

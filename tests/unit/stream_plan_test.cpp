@@ -148,11 +148,206 @@ TEST(StreamPlan, CpuOnlyStreamsFromDiskThroughRamSlots) {
   EXPECT_FALSE(p->describe(in).empty());
 }
 
+// Four equal units that must all stream (the VRAM holds the 2 slots and nothing else), on round
+// numbers: bytes 1e9 and params 1e9 per unit; copy 1e9 / 1e9 = 1 s; GPU exec max(1e9 / 1e12,
+// 2e9 / 1e14) = 1 ms; CPU exec max(1e9 / 1e9, 2e9 / 4e10) = 1 s; switch 10 ms; DRAM 1e12 (4 ms).
+PlanInput four_streamed() {
+  PlanInput in;
+  for (int i = 0; i < 4; ++i) in.units.push_back({"blk." + std::to_string(i), 1'000'000'000ull, 1'000'000'000ull});
+  in.vram_budget = 2'500'000'000ull;  // 2 slots (2e9) fit, one more resident unit (3e9) does not
+  in.ram_budget = 8'000'000'000ull;
+  in.allow_cpu_executor = true;
+  in.bw = {.vram = 1e12, .h2d = 1e9, .disk = 1e9, .cpu = 1e9, .dram = 1e12, .cpu_flops = 4e10, .gpu_flops = 1e14,
+           .switch_seconds = 0.01};
+  return in;
+}
+
+std::vector<int> cpu_positions(const Plan& p) {
+  std::vector<int> v;
+  for (size_t i = 0; i < p.units.size(); ++i) {
+    if (p.units[i].exec == Executor::kCpu) v.push_back(int(i));
+  }
+  return v;
+}
+
+TEST(StreamPlan, HybridChoosesTwoOfFourSpreadEvenly) {
+  // Count c of CPU units (positions floor((k + 0.5) * 4 / c)):
+  //   c=0: exec 4 x 1 ms = 0.004, h2d 4 x 1 s = 4           -> 4 s
+  //   c=1: [G G C G]: exec 1 + 0.003 + 2 switches = 1.023, h2d 3 -> 3 s
+  //   c=2: [G C G C] (positions 1, 3): exec 2 + 0.002 + 3 switches 0.03 = 2.032, h2d 2 -> 2.032 s
+  //   c=3: [C G C C] (positions 0, 2, 3): exec >= 3 -> > 3 s;  c=4: exec 4 -> 4 s
+  // Schedule of c=2 (2 slots): copies G0 [0,1], G2 [1,2]; compute G0 [1,1.001], C1 [1.011,2.011],
+  // G2 [2.021,2.022], C3 [2.032,3.032]; next pass: copy G0' [2,3] (slot of G0 free at 1.001),
+  // G0' starts at 3.032 (no switch across passes): period 2.032 = t_exec, so no prefetch stall.
+  PlanInput in = four_streamed();
+  auto p = make_plan(in);
+  ASSERT_TRUE(p.is_ok()) << p.status().message();
+  EXPECT_EQ(cpu_positions(*p), (std::vector<int>{1, 3}));
+  EXPECT_EQ(count(*p, Home::kRam), 4);
+  EXPECT_EQ(p->n_switches, 3);
+  EXPECT_NEAR(p->t_cpu, 2.0, 1e-12);
+  EXPECT_NEAR(p->t_gpu, 0.002, 1e-12);
+  EXPECT_NEAR(p->t_exec, 2.032, 1e-12);
+  EXPECT_NEAR(p->t_h2d, 2.0, 1e-12);
+  EXPECT_NEAR(p->t_dram, 0.004, 1e-12);
+  EXPECT_NEAR(p->t_pipeline, 2.032, 1e-9);
+  EXPECT_NEAR(p->token_seconds, 2.032, 1e-9);
+  EXPECT_EQ(p->bound, "compute");
+  ASSERT_EQ(p->unit_seconds.size(), 4u);
+  EXPECT_NEAR(p->unit_seconds[0], 0.001, 1e-15);
+  EXPECT_NEAR(p->unit_seconds[1], 1.0, 1e-15);
+  EXPECT_EQ(p->cpu_exec_bytes, 2'000'000'000ull);
+  // One line per unit once the plan has CPU units, with its predicted time; then the totals.
+  const std::string d = p->describe(in);
+  EXPECT_NE(d.find("blk.1                        B:ram   cpu"), std::string::npos) << d;
+  EXPECT_NE(d.find("1000.000 ms"), std::string::npos) << d;
+  EXPECT_NE(d.find("predicted token time 2032.00 ms (0.49 tok/s), bound by compute"), std::string::npos) << d;
+  EXPECT_NE(d.find("exec 2032.00 ms (cpu 2000.00 + gpu 2.00 + 3 switches 30.00)"), std::string::npos) << d;
+
+  // Without the CPU executor: all four copied, 4 s, bound by the copies.
+  in.allow_cpu_executor = false;
+  auto pure = make_plan(in);
+  ASSERT_TRUE(pure.is_ok());
+  EXPECT_TRUE(cpu_positions(*pure).empty());
+  EXPECT_NEAR(pure->token_seconds, 4.0, 1e-9);
+  EXPECT_EQ(pure->n_switches, 0);
+  EXPECT_EQ(pure->bound, "h2d");
+}
+
+TEST(StreamPlan, SwitchesCountExecutorChangesOnly) {
+  // score_plan on a forced placement: executors G C C G (A, B, B, B): 2 switches; exec =
+  // 1 ms + 1 s + 1 s + 1 ms + 2 x 10 ms = 2.022 s.
+  PlanInput in = four_streamed();
+  Plan p;
+  p.units = {{Home::kVram, Executor::kGpu}, {Home::kRam, Executor::kCpu}, {Home::kRam, Executor::kCpu},
+             {Home::kRam, Executor::kGpu}};
+  p.n_slots = 1;
+  p.slot_bytes = 1'000'000'000ull;
+  score_plan(in, p);
+  EXPECT_EQ(p.n_switches, 2);
+  EXPECT_NEAR(p.t_exec, 2.022, 1e-12);
+  EXPECT_NEAR(p.t_h2d, 1.0, 1e-12);  // only blk.3 is copied
+  EXPECT_EQ(p.resident_bytes, 1'000'000'000ull);
+  EXPECT_EQ(p.cpu_exec_bytes, 2'000'000'000ull);
+}
+
+TEST(StreamPlan, LargeBatchKeepsTheCpuOut) {
+  // The same four units at batch 64: CPU exec max(1 s, 64 x 2e9 / 4e10 = 3.2 s) = 3.2 s, GPU
+  // max(1 ms, 64 x 2e9 / 1e14 = 1.28 ms) = 1.28 ms. c=0: 4 copies = 4 s.
+  // c=1 [G G C G]: the resource bounds alone say max(3.2 + 3 x 0.00128 + 0.02, 3) = 3.224 s, but
+  // the ring cannot absorb 3.2 s of CPU: with 2 slots, G1's copy waits for the previous pass's G3
+  // to release its slot, and G3's copy for G0's, so per pass: copy G1 (1 s) + G1 (1.28 ms) + switch
+  // + C2 (3.2 s) + switch + G3 (1.28 ms) = 4.22256 s > 4 s. c >= 2: >= 6.4 s. So c = 0.
+  PlanInput in = four_streamed();
+  in.batch = 64;
+  auto p = make_plan(in);
+  ASSERT_TRUE(p.is_ok()) << p.status().message();
+  EXPECT_TRUE(cpu_positions(*p).empty());
+  EXPECT_NEAR(p->token_seconds, 4.0, 1e-9);
+  EXPECT_NEAR(p->unit_seconds[0], 0.00128, 1e-15);
+
+  Plan one = *p;
+  one.units[2].exec = Executor::kCpu;
+  score_plan(in, one);
+  EXPECT_NEAR(one.t_exec, 3.2 + 3 * 0.00128 + 0.02, 1e-12);
+  EXPECT_NEAR(one.t_pipeline, 4.22256, 1e-9);
+  EXPECT_EQ(one.bound, "prefetch");
+  // Describe gives the pass time and tokens per second of the batch.
+  EXPECT_NE(p->describe(in).find("predicted pass time 4000.00 ms for 64 tokens (16.00 tok/s)"), std::string::npos)
+      << p->describe(in);
+}
+
+TEST(StreamPlan, SeventyBOnTheH100HostDecodeVsPrefill) {
+  // 70B Q4_K_M shape (80 x 0.544 GB / 0.87e9 params + head 0.82 GB / 1.05e9) on the measured
+  // H100 host with 16 GiB: 24 layers + head resident, 56 in pinned RAM.
+  // Decode: CPU units 0.544 / 75 = 7.3 ms against copies of 9.9 ms: the plan uses the CPU and is
+  // DRAM-bound, 56 x 0.544 GB / 100 GB/s = 304.6 ms; fewest CPU units at that bound: 26 (30 copies
+  // x 9.93 ms = 297.8 ms <= 304.6, 29 would need 31 x 9.93 = 307.7).
+  // Prefill of 64: a CPU unit computes 64 x 1.74e9 / 2e12 = 55.7 ms while the 2 slots absorb 2
+  // copies (19.9 ms), so every CPU unit leaves the copy engine idle for longer than the copy it
+  // saves: no CPU units. The same at 512 (445 ms per CPU unit).
+  PlanInput in;
+  for (int i = 0; i < 80; ++i) in.units.push_back({"blk." + std::to_string(i), 544'000'000ull, 870'000'000ull});
+  in.units.push_back({"output", 820'000'000ull, 1'050'000'000ull});
+  in.vram_budget = 16 * kGiB;
+  in.vram_reserved = 2'000'000'000ull;
+  in.ram_budget = 64 * kGiB;
+  in.allow_cpu_executor = true;
+  in.bw = {.vram = 2988e9, .h2d = 54.8e9, .disk = 2e9, .cpu = 75e9, .dram = 100e9};
+  auto p = make_plan(in);
+  ASSERT_TRUE(p.is_ok()) << p.status().message();
+  EXPECT_EQ(count(*p, Home::kVram), 25);
+  EXPECT_EQ(cpu_positions(*p).size(), 26u);
+  EXPECT_EQ(p->bound, "dram");
+  EXPECT_NEAR(p->token_seconds, 56 * 0.544 / 100, 1e-9);
+  for (int batch : {64, 512}) {
+    in.batch = batch;
+    auto q = make_plan(in);
+    ASSERT_TRUE(q.is_ok()) << q.status().message();
+    EXPECT_TRUE(cpu_positions(*q).empty()) << "batch " << batch;
+  }
+}
+
+TEST(StreamPlan, DiskUnitsNeverRunOnTheCpu) {
+  // 20 units of 1 GiB, VRAM for 4 + 2 slots, RAM for 8 B units + 2 staging buffers: 8 C units.
+  // The CPU may take B units only; C units are read from disk for the GPU.
+  PlanInput in = dense(20, 1 * kGiB);
+  in.vram_budget = 6 * kGiB;
+  in.ram_budget = 10 * kGiB;
+  in.allow_cpu_executor = true;
+  in.bw.disk = 20e9;  // a fast disk, so the CPU's share matters against the copies
+  auto p = make_plan(in);
+  ASSERT_TRUE(p.is_ok()) << p.status().message();
+  EXPECT_EQ(count(*p, Home::kDisk), 8);
+  int cpu = 0;
+  for (const auto& u : p->units) {
+    if (u.home == Home::kDisk || u.home == Home::kVram) {
+      EXPECT_EQ(u.exec, Executor::kGpu);
+    }
+    cpu += u.exec == Executor::kCpu;
+  }
+  EXPECT_GT(cpu, 0);
+}
+
+TEST(StreamPlan, LlamaCppOffloadModel) {
+  // 4 layers of 1e9 bytes and a 2e9-byte head, no params; VRAM 1e12 (1 ms per GB), CPU 1e10
+  // (100 ms per layer), switch 10 ms.
+  std::vector<Unit> layers;
+  for (int i = 0; i < 4; ++i) layers.push_back({"blk." + std::to_string(i), 1'000'000'000ull});
+  const Unit head{"output", 2'000'000'000ull};
+  Bandwidths bw{.vram = 1e12, .h2d = 1e9, .disk = 1e9, .cpu = 1e10, .dram = 1e12, .switch_seconds = 0.01};
+  // -ngl 2: blk.2, blk.3 on the GPU (the LAST layers), blk.0, blk.1 and the head on the CPU:
+  // C C G G C = 0.1 + 0.1 + 0.001 + 0.001 + 0.2 + 2 switches x 0.01 = 0.422 s.
+  auto r = predict_llama_offload(layers, 2, bw, head);
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(r->gpu_bytes, 2'000'000'000ull);
+  EXPECT_EQ(r->n_switches, 2);
+  EXPECT_NEAR(r->t_cpu, 0.4, 1e-12);
+  EXPECT_NEAR(r->token_seconds, 0.422, 1e-12);
+  // -ngl 0: everything on the CPU, 0.6 s. -ngl 5 (= layers + 1): head too, 6e9 / 1e12 = 6 ms.
+  EXPECT_NEAR(predict_llama_offload(layers, 0, bw, head)->token_seconds, 0.6, 1e-12);
+  EXPECT_NEAR(predict_llama_offload(layers, 5, bw, head)->token_seconds, 0.006, 1e-12);
+  EXPECT_FALSE(predict_llama_offload(layers, 6, bw, head).is_ok());
+  EXPECT_FALSE(predict_llama_offload(layers, 5, bw).is_ok());  // no head passed: at most 4
+  // Budget 3.5e9: -ngl 3 fits (3e9) and costs 0.1 + 0.003 + 0.2 + 0.02 = 0.323 s; 4 does not fit.
+  auto best = best_llama_offload(layers, 3'500'000'000ull, bw, head);
+  ASSERT_TRUE(best.is_ok());
+  EXPECT_EQ(best->n_gpu_layers, 3);
+  EXPECT_NEAR(best->token_seconds, 0.323, 1e-12);
+  EXPECT_EQ(best_llama_offload(layers, 0, bw, head)->n_gpu_layers, 0);
+}
+
 TEST(StreamPlan, RejectsNonsense) {
   PlanInput in;
   EXPECT_FALSE(make_plan(in).is_ok());
   in = dense(2, kMiB);
   in.bw.h2d = 0;
+  EXPECT_FALSE(make_plan(in).is_ok());
+  in = dense(2, kMiB);
+  in.bw.cpu_flops = 0;
+  EXPECT_FALSE(make_plan(in).is_ok());
+  in = dense(2, kMiB);
+  in.batch = 0;
   EXPECT_FALSE(make_plan(in).is_ok());
 }
 
