@@ -239,10 +239,11 @@ Status finish_stream(FILE* out, LoadedModel& lm, const decode::Timings& t) {
     const double disk = double(decode ? s.decode_disk_bytes : s.disk_bytes) / n;
     const double stall = (decode ? s.decode_compute_stall_seconds : s.compute_stall_seconds) / n;
     const double disk_wait = (decode ? s.decode_disk_wait_seconds : s.disk_wait_seconds) / n;
+    const double cpu = double(decode ? s.decode_cpu_bytes : s.cpu_bytes) / n;
     std::fprintf(out,
-                 "stream:  device pipeline, %d slots of %.1f MB; per %s: VRAM-resident %.1f MB, pinned RAM %.1f MB, "
-                 "disk %.1f MB; pinned %.1f MB\n",
-                 p.n_slots, double(p.slot_bytes) / 1e6, per, vram / 1e6, ram / 1e6, disk / 1e6,
+                 "stream:  device pipeline, %d slots of %.1f MB; per %s: VRAM-resident %.1f MB, pinned RAM copied %.1f MB, "
+                 "computed by the CPU %.1f MB, disk %.1f MB; pinned %.1f MB\n",
+                 p.n_slots, double(p.slot_bytes) / 1e6, per, vram / 1e6, ram / 1e6, cpu / 1e6, disk / 1e6,
                  double(ds.pinned_bytes()) / 1e6);
     std::fprintf(out,
                  "copies:  %.2f GB/s while copying (%.1f ms per %s), compute waiting for copies %.2f ms per %s%s; host "

@@ -107,6 +107,7 @@ Result<DevicePlan> plan_device(const gguf::File& file, const FileLayout& layout,
                                      cfg.n_head * cfg.head_dim_v + 2 * cfg.n_ff) * 4 +
                         uint64_t(kLogitRows) * uint64_t(cfg.n_vocab) * 4;
   dp.workspace_bytes = opts.workspace_bytes;
+  dp.prefill_batch = opts.prefill_batch;
   dp.vram_budget = opts.vram_budget;
   dp.ram_budget = opts.ram_budget ? opts.ram_budget : physical_ram() / 4 * 3;
 
@@ -114,7 +115,13 @@ Result<DevicePlan> plan_device(const gguf::File& file, const FileLayout& layout,
   in.has_gpu = true;
   in.min_slots = opts.n_slots;
   in.bw = opts.bw;
-  for (const UnitLayout& u : layout.layers) in.units.push_back({u.name, u.bytes});
+  // Multiply-adds per token of each layer: its matrices' elements (the planner's compute term).
+  std::map<std::string, uint64_t> params;
+  for (const gguf::TensorInfo& t : file.tensors()) {
+    if (t.name.rfind("blk.", 0) != 0 || t.shape.size() < 2) continue;
+    params[t.name.substr(0, t.name.find('.', 4))] += t.n_elements();
+  }
+  for (const UnitLayout& u : layout.layers) in.units.push_back({u.name, u.bytes, params[u.name]});
   const size_t n = in.units.size();
 
   if (!opts.force_homes.empty()) {
@@ -194,6 +201,19 @@ Result<DevicePlan> plan_device(const gguf::File& file, const FileLayout& layout,
 std::string DevicePlan::describe() const {
   std::string s = plan.describe(input);
   char line[512];
+  if (plan.cpu_exec_bytes > 0) {
+    // Long passes (prefill) stream every layer to the GPU: one copy serves the whole batch.
+    PlanInput pin = input;
+    pin.batch = 512;
+    Plan pp = plan;
+    for (UnitPlan& u : pp.units) u.exec = Executor::kGpu;
+    score_plan(pin, pp);
+    std::snprintf(line, sizeof line,
+                  "  prefill (passes of >= %d tokens; 512 here): every streamed layer on the GPU, predicted %.1f ms per "
+                  "pass = %.0f tok/s (bound by %s)\n",
+                  prefill_batch, pp.token_seconds * 1e3, 512 / pp.token_seconds, pp.bound.c_str());
+    s += line;
+  }
   std::snprintf(line, sizeof line,
                 "  VRAM %s of the %s budget: KV cache %s (%d positions), activations %s, workspace %s, output head and "
                 "norms %s, resident layers %s, %d slots of %s\n",
@@ -751,7 +771,11 @@ std::string measure_hybrid_bandwidths(const gguf::File& file, DeviceStreamOption
   auto p = probe_cpu(*cpu, threads, po, copy);
   if (!p.is_ok()) return "not measured (" + p.status().message() + ")";
   if (p->shared > 0) {
+    // In a hybrid token the CPU and the copy engine work at the same time for most of it: plan
+    // with the rates they reach together (the planner would otherwise stop handing layers to the
+    // CPU as soon as the copies fit at the H2D rate of an idle DRAM).
     opts.bw.cpu = p->shared;
+    opts.bw.h2d = std::min(opts.bw.h2d, p->h2d_shared);
     opts.bw.dram = p->shared + p->h2d_shared;
   } else {
     opts.bw.cpu = p->alone;

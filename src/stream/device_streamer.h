@@ -94,6 +94,7 @@ struct DevicePlan {
   uint64_t vram_budget = 0, ram_budget = 0;
   int n_staging = 0;            // pinned staging buffers for C reads (0 without C layers)
   bool forced = false;          // homes came from force_homes
+  int prefill_batch = 32;       // passes of at least this many tokens stream every layer to the GPU
   uint64_t reserved_bytes() const { return globals_bytes + kv_bytes + activation_bytes + workspace_bytes; }
   // Backend bytes the plan uses: reserved + resident layers + slots.
   uint64_t vram_used() const { return reserved_bytes() + plan.resident_bytes + uint64_t(plan.n_slots) * plan.slot_bytes; }

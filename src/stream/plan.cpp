@@ -111,7 +111,7 @@ double pipeline_period(const PlanInput& in, const Plan& p, const std::vector<Exe
   for (int pass = 0; pass < kPasses; ++pass) {
     for (size_t i = 0; i < n; ++i) {
       double start = compute_end;
-      if (i > 0 && exec[i] != exec[i - 1]) start += in.bw.switch_seconds;
+      if (exec[i] != (i > 0 ? exec[i - 1] : Executor::kGpu) && in.has_gpu) start += in.bw.switch_seconds;
       if (streamed[i]) {
         const size_t g = release.size();
         const double slot_free = g >= slots ? release[g - slots] : 0.0;
@@ -139,6 +139,7 @@ double pipeline_period(const PlanInput& in, const Plan& p, const std::vector<Exe
         compute_end = start + p.unit_seconds[i];
       }
     }
+    if (in.has_gpu && n > 0 && exec[n - 1] == Executor::kCpu) compute_end += in.bw.switch_seconds;  // to the head
     pass_end[pass] = compute_end;
   }
   return (pass_end[kPasses - 1] - pass_end[kPasses - 3]) / 2;
@@ -159,7 +160,10 @@ void score(const PlanInput& in, Plan& p) {
     const UnitPlan& u = p.units[i];
     p.unit_seconds[i] = exec_seconds(in.units[i], exec[i], in.batch, in.bw);
     (exec[i] == Executor::kCpu ? p.t_cpu : p.t_gpu) += p.unit_seconds[i];
-    if (i > 0 && exec[i] != exec[i - 1]) ++p.n_switches;
+    // With a GPU a pass starts and ends there (embedding rows land in its activations, the output
+    // head runs there): a CPU unit first or last costs a hand-off too.
+    if (in.has_gpu && exec[i] != (i > 0 ? exec[i - 1] : Executor::kGpu)) ++p.n_switches;
+    if (in.has_gpu && i + 1 == n && exec[i] == Executor::kCpu) ++p.n_switches;
     if (u.home == Home::kDisk) disk += b;
     if (!in.has_gpu) continue;
     if (exec[i] == Executor::kCpu) {

@@ -14,7 +14,8 @@
 //           = max(bytes / cpu,  batch * 2 * params / cpu_flops)   CPU-executed
 //   t = max( t_exec,  t_h2d,  t_disk,  t_dram,  t_pipeline )
 //   t_exec = sum of exec(u) + n_switches * switch_seconds   (layers are sequential: CPU and GPU
-//            compute add up; a switch is a pair of consecutive units on different executors)
+//            compute add up; a switch is a pair of consecutive units on different executors, and
+//            with a GPU a pass starts and ends there: embedding rows and the output head)
 //   t_h2d  = bytes of GPU-executed B and C units / h2d
 //   t_disk = bytes of C units / disk
 //   t_dram = (bytes crossing DRAM: B+C units sent to the GPU, plus CPU-executed bytes) / dram
@@ -107,7 +108,7 @@ struct Plan {
   uint64_t cpu_exec_bytes = 0;  // bytes the CPU computes on
   std::vector<double> unit_seconds;  // parallel to units: predicted exec seconds per pass
   double t_cpu = 0, t_gpu = 0;  // CPU and GPU shares of t_exec (sums of unit_seconds)
-  int n_switches = 0;           // consecutive units on different executors (no wrap-around)
+  int n_switches = 0;           // executor changes along GPU (embedding), units..., GPU (head)
   double t_exec = 0, t_h2d = 0, t_disk = 0, t_dram = 0;
   double t_pipeline = 0;        // steady-state period of the in-order schedule (plan.h top)
   double token_seconds = 0;     // max of the above: seconds per forward pass of `batch` tokens

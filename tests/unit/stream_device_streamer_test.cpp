@@ -223,7 +223,7 @@ TEST(StreamDevice, PlannedPlacementMatchesResident) {
     const Plan& p = s->plan().plan;
     int n_a = 0, n_b = 0, n_c = 0;
     for (const UnitPlan& u : p.units) (u.home == A ? n_a : u.home == B ? n_b : n_c) += 1;
-    EXPECT_EQ(n_a, 2);
+    EXPECT_EQ(n_a, 2) << s->plan().describe();
     EXPECT_EQ(p.n_slots, 2);
     EXPECT_EQ(n_b, small_ram ? 1 : 4);
     EXPECT_EQ(n_c, small_ram ? 3 : 0);
