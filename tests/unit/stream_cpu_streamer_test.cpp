@@ -112,7 +112,9 @@ TEST(StreamCpu, GreedyMatchesResidentWithQuarterBudget) {
       EXPECT_EQ(got.first_logits, ref.first_logits);
       EXPECT_EQ(s->stats().decode_passes, 11u);
       EXPECT_EQ(s->stats().decode_bytes_read, 11 * s->plan().plan.disk_bytes);
-      if (!pack) EXPECT_EQ(s->stats().repack_bytes, 0u);
+      if (!pack) {
+        EXPECT_EQ(s->stats().repack_bytes, 0u);
+      }
     }
   }
 }
@@ -194,7 +196,9 @@ TEST(StreamCpuPacked, StreamedMatchesResidentOnSyntheticKQuants) {
     for (bool pack : {true, false}) {
       const FileLayout layout = cpu_layout(path, pack);
       const bool packs = any_packed(layout);
-      if (!pack) EXPECT_FALSE(packs);
+      if (!pack) {
+        EXPECT_FALSE(packs);
+      }
       if (pack && !packs) std::printf("[ note ] %s: this CPU has no packed kernels at its vec_dot ISA\n", tag);
       const GreedyRun ref = resident_run(path, prompt, 8, pack);
       ASSERT_EQ(ref.tokens.size(), 8u);
@@ -209,7 +213,9 @@ TEST(StreamCpuPacked, StreamedMatchesResidentOnSyntheticKQuants) {
           EXPECT_LE(s->owned_bytes(), budget);
           EXPECT_EQ(s->owned_bytes(), s->plan().total_bytes);
           EXPECT_GT(s->plan().plan.disk_bytes, 0u) << "the budget must force streaming";
-          if (budget > minimum) EXPECT_GT(s->plan().plan.resident_bytes, 0u) << "two layers should be resident";
+          if (budget > minimum) {
+            EXPECT_GT(s->plan().plan.resident_bytes, 0u) << "two layers should be resident";
+          }
           const GreedyRun got = test::greedy_run(**m, prompt, 8);
           EXPECT_EQ(got.tokens, ref.tokens);
           EXPECT_EQ(got.first_logits, ref.first_logits);
