@@ -179,8 +179,14 @@ Status print_plan(const ModelFlags& mf, const StreamFlags& sf, const gguf::File&
     return Status::ok();
   }
   SLUICE_ASSIGN_OR_RETURN(stream::CpuStreamOptions o, stream_options(mf, sf, probe));
-  uint64_t all = layout.globals.bytes;
-  for (const auto& u : layout.layers) all += u.bytes;
+  // The CPU backend decides which matrices are held repacked (and their size); one thread is
+  // enough to ask it.
+  backend::CpuOptions co;
+  co.n_threads = 1;
+  const std::unique_ptr<backend::Backend> cpu = backend::make_cpu_backend(co);
+  SLUICE_ASSIGN_OR_RETURN(layout, stream::layout_of(file, cpu.get()));
+  uint64_t all = layout.globals.ram_bytes();
+  for (const auto& u : layout.layers) all += u.ram_bytes();
   o.ram_budget = budget.value_or(all);
   SLUICE_ASSIGN_OR_RETURN(stream::CpuPlan plan, stream::plan_cpu(layout, o));
   std::printf("plan (CPU only; disk %.2f GB/s %s; CPU %.0f GB/s default):\n%s", o.bw.disk / 1e9,
@@ -279,15 +285,25 @@ Status finish_stream(FILE* out, LoadedModel& lm, const decode::Timings& t) {
     const char* how = st.reader().direct() ? "O_DIRECT" : "buffered";
     const double rss_mb = double(ru.ru_maxrss) * 1024 / 1e6;
     const double ram_mb = double(st.owned_bytes()) / 1e6;
+    // Repacking streamed layers into the CPU's packed layout (compute thread, after each read).
+    const bool decode_stats = ss.decode_passes > 0;
+    const double repack_s = decode_stats ? ss.decode_repack_seconds : ss.repack_seconds;
+    char repack[96] = "";
+    if (repack_s > 0) {
+      std::snprintf(repack, sizeof repack, "; repack %.2f ms/%s (%.2f GB/s)",
+                    repack_s / double(std::max<uint64_t>(decode_stats ? ss.decode_passes : ss.passes, 1)) * 1e3,
+                    decode_stats ? "token" : "pass",
+                    double(decode_stats ? ss.decode_repack_bytes : ss.repack_bytes) / repack_s / 1e9);
+    }
     if (ss.decode_passes > 0) {
       const double n = double(ss.decode_passes);
       const double disk_tok = double(ss.decode_bytes_read) / n;
       std::fprintf(out,
                    "stream:  %.1f MB from disk per decoded token (%s, %d slots), disk %.2f GB/s, stall %.2f ms/token "
-                   "(%.0f%% of decode); weights in RAM %.1f MB; peak RSS %.1f MB\n",
+                   "(%.0f%% of decode)%s; weights in RAM %.1f MB; peak RSS %.1f MB\n",
                    disk_tok / 1e6, how, st.plan().plan.n_slots, t.decode_s > 0 ? double(ss.decode_bytes_read) / t.decode_s / 1e9 : 0.0,
                    ss.decode_stall_seconds / n * 1e3, t.decode_s > 0 ? 100.0 * ss.decode_stall_seconds / t.decode_s : 0.0,
-                   ram_mb, rss_mb);
+                   repack, ram_mb, rss_mb);
       // Per tier, per decoded token: bytes and the rate they were consumed at; for the disk also
       // the rate while a read was in flight (what the device delivered) next to the probe's.
       const uint64_t w = lm.model->weight_bytes_per_token();
@@ -307,9 +323,10 @@ Status finish_stream(FILE* out, LoadedModel& lm, const decode::Timings& t) {
       const double n = double(std::max<uint64_t>(ss.passes, 1));
       std::fprintf(out,
                    "stream:  %.1f MB from disk per pass over %llu passes (%s, %d slots), stall %.2f ms/pass; RAM-resident "
-                   "layers %.1f MB/pass; weights in RAM %.1f MB; peak RSS %.1f MB\n",
+                   "layers %.1f MB/pass%s; weights in RAM %.1f MB; peak RSS %.1f MB\n",
                    double(ss.bytes_read) / n / 1e6, static_cast<unsigned long long>(ss.passes), how,
-                   st.plan().plan.n_slots, ss.stall_seconds / n * 1e3, double(ss.ram_bytes) / n / 1e6, ram_mb, rss_mb);
+                   st.plan().plan.n_slots, ss.stall_seconds / n * 1e3, double(ss.ram_bytes) / n / 1e6, repack, ram_mb,
+                   rss_mb);
     }
   }
   if (lm.trace) {

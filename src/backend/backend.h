@@ -98,6 +98,18 @@ class Backend {
   // copy, valid until the backend is destroyed.
   virtual bool reads_host_weights() const { return true; }
   virtual Result<WeightView> upload_weight(const WeightView& host) { return host; }
+  // The backend's own layout of a matrix, where it computes on one (the CPU's packed layout,
+  // CpuOptions::pack_weights): repacked_bytes() is its size (0: the backend reads `w` as it is;
+  // w.data is not read), and repack_weight() writes it into `dst` (that many bytes, 64-byte
+  // aligned) and returns the view of it. upload_weight is these two plus memory; the CPU streamer
+  // calls them itself for layers it holds in its own buffers (docs/STREAMING.md). Rows [a, b) of
+  // a matrix, a and b multiples of the format's quant::Kernels::packed_rows, repack to bytes
+  // [a, b) / packed_rows * repacked_bytes(packed_rows rows) of the whole matrix's layout.
+  virtual int64_t repacked_bytes(const WeightView& w) const { return 0; }
+  virtual WeightView repack_weight(const WeightView& w, void* dst) {
+    SLUICE_CHECK(false, std::string("repack_weight: the ") + name() + " backend has no layout of its own");
+    return w;
+  }
   // Bytes of the backend's own memory still free (-1: host memory, no separate limit).
   virtual int64_t free_memory() const { return -1; }
 
@@ -177,9 +189,11 @@ struct CpuOptions {
   // environment variable SLUICE_CPU_TILE=0 turns them off at backend creation (A/B benchmarks).
   bool tile_kernels = true;
   // upload_weight repacks matrices whose format has a packed layout on this CPU
-  // (quant::Kernels::vec_dot_packed) into that layout, in memory the backend owns. Streamed layers
-  // are not repacked (they use the row-by-row kernels), so turn this off where a resident run must
-  // match a streamed one bit for bit. SLUICE_CPU_PACK=0 turns it off at backend creation.
+  // (quant::Kernels::vec_dot_packed) into that layout, in memory the backend owns; the CPU
+  // streamer repacks its RAM-resident and disk-streamed layers with the same function
+  // (repack_weight), so a run gives the same numbers wherever its layers live. The packed kernels
+  // sum in another order than the row-by-row ones: off, every layer runs the row-by-row kernels.
+  // SLUICE_CPU_PACK=0 turns it off at backend creation.
   bool pack_weights = true;
 };
 // The CPU backend (backend/cpu).

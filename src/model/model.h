@@ -43,7 +43,8 @@ struct LoadOptions {
   bool cuda_graphs = false;
   int n_threads = 0;   // 0: all physical cores
   // CPU backend: repack resident weights into the packed layout of their format where this CPU
-  // has a kernel for it (backend::CpuOptions::pack_weights). Streamed layers are never repacked.
+  // has a kernel for it (backend::CpuOptions::pack_weights); the CPU streamer repacks its layers
+  // the same way, so --ram-budget does not change the numbers.
   bool cpu_pack_weights = true;
   int n_ctx = 0;       // 0: the model's own context length, capped at 4096
   // Where the layer loop gets its weights (stream/ supplies streaming ones). Called once at load

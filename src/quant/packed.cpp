@@ -21,23 +21,24 @@ inline int q4k_elem(const BlockQ4_K& b, int j, int l) {
   return j % 2 == 0 ? byte & 0xF : byte >> 4;
 }
 
+// Runs once per weight at load and, for layers streamed from disk, once per layer and pass
+// (docs/STREAMING.md): each row's block is decoded once into its 256 values, then scattered.
 void pack_rows_q4_k(const void* src, int64_t src_stride, void* dst, int64_t n) {
   const int64_t nb = n / kQK_K;
   auto* out = static_cast<BlockQ4_Kx16*>(dst);
+  uint8_t q[kQK_K];
   for (int64_t i = 0; i < nb; ++i) {
     BlockQ4_Kx16& p = out[i];
     for (int r = 0; r < kGroupRows; ++r) {
       const auto& b = reinterpret_cast<const BlockQ4_K*>(static_cast<const uint8_t*>(src) + r * src_stride)[i];
       p.d[r] = b.d;
       p.dmin[r] = b.dmin;
-      for (int j = 0; j < 8; ++j) {
-        unpack_k_scale(b.scales, j, &p.sc[j][r], &p.mn[j][r]);
+      for (int j = 0; j < 8; ++j) unpack_k_scale(b.scales, j, &p.sc[j][r], &p.mn[j][r]);
+      for (int j = 0; j < 8; ++j)
+        for (int l = 0; l < 32; ++l) q[32 * j + l] = q4k_elem(b, j, l);
+      for (int j = 0; j < 8; ++j)
         for (int c = 0; c < 4; ++c)
-          for (int e = 0; e < 4; ++e) {
-            const int lo = q4k_elem(b, j, 8 * c + e), hi = q4k_elem(b, j, 8 * c + 4 + e);
-            p.qs[j][c][4 * r + e] = uint8_t(lo | hi << 4);
-          }
-      }
+          for (int e = 0; e < 4; ++e) p.qs[j][c][4 * r + e] = uint8_t(q[32 * j + 8 * c + e] | q[32 * j + 8 * c + 4 + e] << 4);
     }
   }
 }
@@ -87,32 +88,33 @@ void vec_dot_packed_q4_k_ref(int64_t n, const void* w, int n_groups, const void*
 
 int64_t packed_bytes_q6_k(int64_t n) { return n / kQK_K * int64_t(sizeof(BlockQ6_Kx16)); }
 
-// Unsigned 6-bit value of element e in [0,256) of a plain Q6_K block (layout in blocks.h).
-inline int q6k_elem(const BlockQ6_K& b, int e) {
-  const int half = e / 128, k = (e % 128) / 32, l = e % 32;
-  const int lo = (b.ql[64 * half + 32 * (k & 1) + l] >> (4 * (k >> 1))) & 0xF;
-  return lo | ((b.qh[32 * half + l] >> (2 * k)) & 3) << 4;
-}
-
 void pack_rows_q6_k(const void* src, int64_t src_stride, void* dst, int64_t n) {
   const int64_t nb = n / kQK_K;
   auto* out = static_cast<BlockQ6_Kx16*>(dst);
+  uint8_t q[kQK_K];  // one row's unsigned 6-bit values (layout in blocks.h), decoded once
   for (int64_t i = 0; i < nb; ++i) {
     BlockQ6_Kx16& p = out[i];
     for (int r = 0; r < kGroupRows; ++r) {
       const auto& b = reinterpret_cast<const BlockQ6_K*>(static_cast<const uint8_t*>(src) + r * src_stride)[i];
       p.d[r] = b.d;
+      // Element 128 * half + 32 * k + l: low 4 bits from ql[64 * half + 32 * (k & 1) + l] (high
+      // nibble when k >= 2), high 2 bits from qh[32 * half + l] >> 2k; one pass over ql and qh.
+      for (int half = 0; half < 2; ++half)
+        for (int l = 0; l < 32; ++l) {
+          const int lo0 = b.ql[64 * half + l], lo1 = b.ql[64 * half + 32 + l], hi = b.qh[32 * half + l];
+          q[128 * half + l] = uint8_t((lo0 & 0xF) | (hi & 3) << 4);
+          q[128 * half + 32 + l] = uint8_t((lo1 & 0xF) | (hi >> 2 & 3) << 4);
+          q[128 * half + 64 + l] = uint8_t((lo0 >> 4) | (hi >> 4 & 3) << 4);
+          q[128 * half + 96 + l] = uint8_t((lo1 >> 4) | (hi >> 6 & 3) << 4);
+        }
       for (int s = 0; s < 16; ++s) {
         p.sc[s][r] = b.scales[s];
-        int h = 0;
+        const uint8_t* v = q + 16 * s;
         for (int c = 0; c < 2; ++c)
-          for (int e = 0; e < 4; ++e) {
-            const int a = q6k_elem(b, 16 * s + 8 * c + e), z = q6k_elem(b, 16 * s + 8 * c + 4 + e);
-            p.sb[s].ql[c][4 * r + e] = uint8_t((a & 0xF) | (z & 0xF) << 4);
-          }
+          for (int e = 0; e < 4; ++e) p.sb[s].ql[c][4 * r + e] = uint8_t((v[8 * c + e] & 0xF) | (v[8 * c + 4 + e] & 0xF) << 4);
         for (int e = 0; e < 4; ++e) {
-          h = 0;
-          for (int k = 0; k < 4; ++k) h |= (q6k_elem(b, 16 * s + 4 * k + e) >> 4) << (2 * k);
+          int h = 0;
+          for (int k = 0; k < 4; ++k) h |= (v[4 * k + e] >> 4) << (2 * k);
           p.sb[s].qh[4 * r + e] = uint8_t(h);
         }
       }
@@ -151,10 +153,8 @@ void pack_rows_q8_0(const void* src, int64_t src_stride, void* dst, int64_t n) {
       const auto& b = reinterpret_cast<const BlockQ8_0*>(static_cast<const uint8_t*>(src) + r * src_stride)[i];
       p.d[r] = b.d;
       int sum = 0;
-      for (int e = 0; e < kQK; ++e) {
-        p.qs[e / 4][4 * r + e % 4] = b.qs[e];
-        sum += b.qs[e];
-      }
+      for (int e = 0; e < kQK; ++e) sum += b.qs[e];
+      for (int c = 0; c < kQK / 4; ++c) std::memcpy(&p.qs[c][4 * r], b.qs + 4 * c, 4);
       p.wsum[r] = int16_t(sum);
     }
   }

@@ -28,8 +28,9 @@ int layer_of(std::string_view name) {
   return i < name.size() && name[i] == '.' ? v : -1;
 }
 
-// Byte ranges [begin, end) of a unit's tensors -> aligned reads packed into one buffer.
-void build_runs(std::vector<std::pair<uint64_t, uint64_t>> ranges, UnitLayout& u) {
+// Byte ranges [begin, end) of a unit's tensors -> aligned reads packed into one buffer; returns
+// the buffer's bytes.
+uint64_t build_runs(std::vector<std::pair<uint64_t, uint64_t>> ranges, std::vector<ReadRun>& runs) {
   std::sort(ranges.begin(), ranges.end());
   std::vector<std::pair<uint64_t, uint64_t>> merged;
   for (const auto& r : ranges) {
@@ -39,21 +40,33 @@ void build_runs(std::vector<std::pair<uint64_t, uint64_t>> ranges, UnitLayout& u
       merged.push_back(r);
     }
   }
-  u.runs.clear();
-  u.bytes = 0;
+  runs.clear();
+  uint64_t bytes = 0;
   for (const auto& m : merged) {
     const AlignedRange a = align_range(m.first, m.second - m.first);
-    if (!u.runs.empty() && a.offset < u.runs.back().offset + u.runs.back().len) {
+    if (!runs.empty() && a.offset < runs.back().offset + runs.back().len) {
       // Aligned neighbours overlap by at most one block: extend the previous read.
-      ReadRun& p = u.runs.back();
+      ReadRun& p = runs.back();
       const uint64_t end = std::max(p.offset + p.len, a.offset + a.len);
-      u.bytes += end - (p.offset + p.len);
+      bytes += end - (p.offset + p.len);
       p.len = end - p.offset;
       continue;
     }
-    u.runs.push_back({a.offset, a.len, u.bytes});
-    u.bytes += a.len;
+    runs.push_back({a.offset, a.len, bytes});
+    bytes += a.len;
   }
+  return bytes;
+}
+
+// Where file bytes [off, off + n) land in a buffer laid out by `runs`; false when outside.
+bool locate(const std::vector<ReadRun>& runs, uint64_t off, uint64_t n, uint64_t* at) {
+  for (const ReadRun& r : runs) {
+    if (off >= r.offset && off + n <= r.offset + r.len) {
+      *at = r.dst + (off - r.offset);
+      return true;
+    }
+  }
+  return false;
 }
 
 using Field = model::TensorRef model::LayerWeights::*;
@@ -64,23 +77,36 @@ constexpr Field kLayerFields[] = {
     &model::LayerWeights::k_norm,    &model::LayerWeights::ffn_norm, &model::LayerWeights::w_gate,
     &model::LayerWeights::w_up,      &model::LayerWeights::w_down};
 
-// Points `t` at its bytes inside a unit buffer laid out by `u`.
-Status relocate(model::TensorRef& t, const gguf::File& f, const UnitLayout& u, uint8_t* base) {
+// Points `t` at its bytes: the repacked copy in `pack_base` where the unit repacks it (and
+// pack_base is given), else inside a buffer at `base` laid out by `runs`.
+Status relocate(model::TensorRef& t, const gguf::File& f, const UnitLayout& u, const std::vector<ReadRun>& runs,
+                uint8_t* base, uint8_t* pack_base) {
   if (!t.present()) return Status::ok();
-  const gguf::TensorInfo* info = f.find_tensor(t.name);
-  if (!info) return internal_error("stream: tensor " + t.name + " not in the file");
-  const uint64_t off = f.data_offset() + info->offset;
-  for (const ReadRun& r : u.runs) {
-    if (off >= r.offset && off + info->nbytes <= r.offset + r.len) {
-      t.data = base + r.dst + (off - r.offset);
+  if (pack_base) {
+    for (const PackedTensor& p : u.packed) {
+      if (p.name != t.name) continue;
+      if (p.shape.type != t.type || p.shape.ne0 != t.ne0 || p.shape.ne1 != t.ne1) {
+        return internal_error("stream: tensor " + t.name + " is used with another shape than the file's");
+      }
+      t.data = pack_base + p.dst;
+      t.packed = true;
       return Status::ok();
     }
   }
-  return internal_error("stream: tensor " + t.name + " is outside the reads of unit " + u.name);
+  const gguf::TensorInfo* info = f.find_tensor(t.name);
+  if (!info) return internal_error("stream: tensor " + t.name + " not in the file");
+  uint64_t at = 0;
+  if (!locate(runs, f.data_offset() + info->offset, info->nbytes, &at)) {
+    return internal_error("stream: tensor " + t.name + " is outside the reads of unit " + u.name);
+  }
+  t.data = base + at;
+  t.packed = false;
+  return Status::ok();
 }
 
-Status relocate_layer(model::LayerWeights& lw, const gguf::File& f, const UnitLayout& u, uint8_t* base) {
-  for (Field fld : kLayerFields) SLUICE_RETURN_IF_ERROR(relocate(lw.*fld, f, u, base));
+Status relocate_layer(model::LayerWeights& lw, const gguf::File& f, const UnitLayout& u,
+                      const std::vector<ReadRun>& runs, uint8_t* base, uint8_t* pack_base) {
+  for (Field fld : kLayerFields) SLUICE_RETURN_IF_ERROR(relocate(lw.*fld, f, u, runs, base, pack_base));
   return Status::ok();
 }
 
@@ -88,87 +114,197 @@ uint64_t round_up(uint64_t v) { return (v + kIoAlign - 1) / kIoAlign * kIoAlign;
 
 }  // namespace
 
-Result<FileLayout> layout_of(const gguf::File& file) {
-  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> layer_ranges;
-  std::vector<std::pair<uint64_t, uint64_t>> global_ranges;
+Result<FileLayout> layout_of(const gguf::File& file, const backend::Backend* be) {
+  struct Ranges {
+    std::vector<std::pair<uint64_t, uint64_t>> all, kept;
+    std::vector<PackedTensor> packed;
+  };
+  std::vector<Ranges> layers;
+  Ranges globals;
+  // The backend's bytes for this tensor used as a matrix (0: computed on in the file's layout).
+  auto repacked = [&](const gguf::TensorInfo& t) -> uint64_t {
+    if (!be || t.shape.empty() || t.shape.size() > 2) return 0;
+    const backend::WeightView v{t.type, int64_t(t.shape[0]), t.shape.size() > 1 ? int64_t(t.shape[1]) : 1};
+    return uint64_t(std::max<int64_t>(be->repacked_bytes(v), 0));
+  };
+  const bool tied_output = file.find_tensor("output.weight") == nullptr;
   for (const gguf::TensorInfo& t : file.tensors()) {
     const uint64_t b = file.data_offset() + t.offset;
     const int l = layer_of(t.name);
-    if (l < 0) {
-      global_ranges.push_back({b, b + t.nbytes});
-      continue;
+    if (l >= 0 && size_t(l) >= layers.size()) layers.resize(size_t(l) + 1);
+    Ranges& r = l < 0 ? globals : layers[size_t(l)];
+    r.all.push_back({b, b + t.nbytes});
+    // token_embd's rows are looked up in the file's layout (get_rows); when it is also the output
+    // (tied), the output is a repacked copy, as Model::load's upload_weights makes.
+    const bool table = t.name == "token_embd.weight";
+    const uint64_t pb = table && !tied_output ? 0 : repacked(t);
+    if (table || pb == 0) r.kept.push_back({b, b + t.nbytes});
+    if (pb > 0) {
+      PackedTensor p;
+      p.name = t.name;
+      p.shape = {t.type, int64_t(t.shape[0]), t.shape.size() > 1 ? int64_t(t.shape[1]) : 1};
+      p.offset = b;
+      p.bytes = pb;
+      r.packed.push_back(std::move(p));
     }
-    if (size_t(l) >= layer_ranges.size()) layer_ranges.resize(size_t(l) + 1);
-    layer_ranges[size_t(l)].push_back({b, b + t.nbytes});
   }
+  auto finish = [](Ranges&& r, UnitLayout& u) -> Status {
+    u.bytes = build_runs(std::move(r.all), u.runs);
+    u.kept_bytes = build_runs(std::move(r.kept), u.kept_runs);
+    u.packed = std::move(r.packed);
+    uint64_t at = 0;
+    for (PackedTensor& p : u.packed) {
+      if (!locate(u.runs, p.offset, uint64_t(p.shape.ne1 * p.shape.row_bytes()), &p.src)) {
+        return internal_error("stream: tensor " + p.name + " is outside the reads of unit " + u.name);
+      }
+      p.dst = at;
+      at += (p.bytes + 63) / 64 * 64;  // the packed kernels' loads want 64-byte aligned groups
+    }
+    u.packed_bytes = round_up(at);
+    return Status::ok();
+  };
   FileLayout out;
-  out.layers.resize(layer_ranges.size());
-  for (size_t l = 0; l < layer_ranges.size(); ++l) {
+  out.layers.resize(layers.size());
+  for (size_t l = 0; l < layers.size(); ++l) {
     out.layers[l].name = "blk." + std::to_string(l);
-    build_runs(std::move(layer_ranges[l]), out.layers[l]);
+    SLUICE_RETURN_IF_ERROR(finish(std::move(layers[l]), out.layers[l]));
   }
   out.globals.name = "globals";
-  build_runs(std::move(global_ranges), out.globals);
+  SLUICE_RETURN_IF_ERROR(finish(std::move(globals), out.globals));
   if (out.layers.empty()) return invalid_argument(file.path() + ": no blk.* tensors to stream");
   return out;
 }
 
+namespace {
+
+// RAM one choice of resident layers needs: `r` resident (the first r of `order`, largest file
+// bytes first), the rest streamed through min(n_slots, streamed) slots of the largest of them and
+// one packed buffer the largest of their repacked matrices fit.
+struct Placement {
+  size_t r = 0;
+  int slots = 0;
+  uint64_t resident = 0, slot = 0, pack = 0, need = 0;
+};
+std::vector<size_t> largest_first(const FileLayout& layout) {
+  std::vector<size_t> order(layout.layers.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return layout.layers[a].bytes > layout.layers[b].bytes; });
+  return order;
+}
+Placement placement(const FileLayout& layout, const std::vector<size_t>& order, size_t r, int n_slots) {
+  Placement p;
+  p.r = r;
+  for (size_t k = 0; k < order.size(); ++k) {
+    const UnitLayout& u = layout.layers[order[k]];
+    if (k < r) {
+      p.resident += u.ram_bytes();
+    } else {
+      p.slot = std::max(p.slot, u.bytes);
+      p.pack = std::max(p.pack, u.packed_bytes);
+    }
+  }
+  p.slots = int(std::min<size_t>(size_t(std::max(n_slots, 1)), order.size() - r));
+  p.need = layout.globals.ram_bytes() + p.resident + uint64_t(p.slots) * p.slot + p.pack;
+  return p;
+}
+Placement smallest(const FileLayout& layout, const std::vector<size_t>& order, int n_slots) {
+  Placement best = placement(layout, order, 0, n_slots);
+  for (size_t r = 1; r <= order.size(); ++r) {
+    const Placement p = placement(layout, order, r, n_slots);
+    if (p.need < best.need) best = p;
+  }
+  return best;
+}
+
+}  // namespace
+
+uint64_t min_ram_budget(const FileLayout& layout, int n_slots) {
+  return smallest(layout, largest_first(layout), n_slots).need;
+}
+
 Result<CpuPlan> plan_cpu(const FileLayout& layout, const CpuStreamOptions& opts) {
   if (opts.n_slots < 1) return invalid_argument("--slots must be >= 1, got " + std::to_string(opts.n_slots));
+  const std::vector<size_t> order = largest_first(layout);
+  const Placement low = smallest(layout, order, opts.n_slots);
+  const uint64_t globals = layout.globals.ram_bytes();
+  if (opts.ram_budget < low.need) {
+    std::string parts = format_bytes(globals) + " of non-layer tensors (embeddings, output)";
+    if (low.r > 0) parts += " + " + std::to_string(low.r) + " resident layers (" + format_bytes(low.resident) + ")";
+    parts += " + " + std::to_string(low.slots) + " slots of the largest layer (" + format_bytes(low.slot) + ")";
+    if (low.pack > 0) parts += " + " + format_bytes(low.pack) + " to repack a streamed layer into";
+    return invalid_argument("RAM budget " + format_bytes(opts.ram_budget) + " is too small: at least " +
+                            format_bytes(low.need) + " (" + std::to_string(low.need) + " bytes) is needed: " + parts);
+  }
+  // In CPU-only mode every byte not resident is read from disk each pass, and compute reads every
+  // byte wherever it lies: the most resident bytes that fit is the fastest placement.
+  Placement pick = low;
+  for (size_t r = order.size() + 1; r-- > 0;) {
+    const Placement p = placement(layout, order, r, opts.n_slots);
+    if (p.need <= opts.ram_budget) {
+      pick = p;
+      break;
+    }
+  }
   CpuPlan cp;
-  cp.globals_bytes = layout.globals.bytes;
+  cp.budget = opts.ram_budget;
+  cp.globals_bytes = globals;
   cp.input.has_gpu = false;
   cp.input.min_slots = opts.n_slots;
   cp.input.bw = opts.bw;
+  cp.input.ram_budget = opts.ram_budget - globals;
   for (const UnitLayout& u : layout.layers) cp.input.units.push_back({u.name, u.bytes});
-
-  // The smallest budget any placement fits, by the planner's own rule (largest units resident
-  // first, the rest through min(n_slots, streamed) slots of the largest streamed unit).
-  std::vector<uint64_t> sizes;
-  for (const Unit& u : cp.input.units) sizes.push_back(u.bytes);
-  std::sort(sizes.rbegin(), sizes.rend());
-  uint64_t min_layers = UINT64_MAX, resident = 0;
-  for (size_t r = 0; r <= sizes.size(); ++r) {
-    if (r > 0) resident += sizes[r - 1];
-    const size_t m = sizes.size() - r;
-    const uint64_t slots = std::min<uint64_t>(uint64_t(opts.n_slots), m);
-    min_layers = std::min(min_layers, resident + slots * (m ? sizes[r] : 0));
-  }
-  const uint64_t minimum = cp.globals_bytes + min_layers;
-  if (opts.ram_budget < minimum) {
-    return invalid_argument("RAM budget " + format_bytes(opts.ram_budget) + " is too small: at least " +
-                            format_bytes(minimum) + " (" + std::to_string(minimum) + " bytes) is needed: " +
-                            format_bytes(cp.globals_bytes) + " of non-layer tensors (embeddings, output) + " +
-                            std::to_string(opts.n_slots) + " slots of the largest layer (" +
-                            format_bytes(sizes.front()) + ")");
-  }
-  cp.input.ram_budget = opts.ram_budget - cp.globals_bytes;
-  SLUICE_ASSIGN_OR_RETURN(cp.plan, make_plan(cp.input));
-  cp.total_bytes = cp.globals_bytes + cp.plan.resident_bytes + uint64_t(cp.plan.n_slots) * cp.plan.slot_bytes;
+  Plan& p = cp.plan;
+  p.units.assign(layout.layers.size(), UnitPlan{Home::kDisk, Executor::kCpu});
+  for (size_t k = 0; k < pick.r; ++k) p.units[order[k]].home = Home::kRam;
+  const bool streams = pick.r < order.size();
+  p.n_slots = streams ? pick.slots : 0;
+  p.slot_bytes = streams ? pick.slot : 0;
+  score_plan(cp.input, p);
+  cp.resident_ram_bytes = pick.resident;
+  cp.pack_bytes = streams ? pick.pack : 0;
+  cp.total_bytes = pick.need;
   return cp;
 }
 
 std::string CpuPlan::describe() const {
   std::string s = plan.describe(input);
-  char line[256];
+  char line[320];
   std::snprintf(line, sizeof line,
                 "  non-layer tensors %s resident; weights in RAM %s of the %s budget (disk %s/token read with "
                 "O_DIRECT)\n",
-                format_bytes(globals_bytes).c_str(), format_bytes(total_bytes).c_str(),
-                format_bytes(input.ram_budget + globals_bytes).c_str(), format_bytes(plan.disk_bytes).c_str());
-  return s + line;
+                format_bytes(globals_bytes).c_str(), format_bytes(total_bytes).c_str(), format_bytes(budget).c_str(),
+                format_bytes(plan.disk_bytes).c_str());
+  s += line;
+  if (pack_bytes > 0) {
+    std::snprintf(line, sizeof line,
+                  "  streamed layers are repacked into the CPU's packed layout after their read (a %s buffer)\n",
+                  format_bytes(pack_bytes).c_str());
+    s += line;
+  }
+  return s;
 }
 
 void CpuLayerStreamer::AlignedFree::operator()(uint8_t* p) const { std::free(p); }
 
 CpuLayerStreamer::~CpuLayerStreamer() = default;
 
+namespace {
+
+// Load-time staging for repacking resident matrices when the slots are smaller than this (or
+// there are none): freed before the first pass; within the allowance over the budget that
+// activations and the KV cache also take (tests/e2e/stream_cpu.sh).
+constexpr uint64_t kLoadStaging = 4ull << 20;
+
+}  // namespace
+
 Result<std::unique_ptr<CpuLayerStreamer>> CpuLayerStreamer::create(const std::string& path, const gguf::File& file,
-                                                                   const model::Weights& w,
+                                                                   const model::Weights& w, backend::Backend& be,
                                                                    const CpuStreamOptions& opts) {
   std::unique_ptr<CpuLayerStreamer> s(new CpuLayerStreamer());
   s->trace_ = opts.trace;
-  SLUICE_ASSIGN_OR_RETURN(s->layout_, layout_of(file));
+  s->be_ = &be;
+  SLUICE_ASSIGN_OR_RETURN(s->layout_, layout_of(file, &be));
   const size_t n_layer = w.layers.size();
   if (s->layout_.layers.size() != n_layer) {
     return invalid_argument(path + ": file has " + std::to_string(s->layout_.layers.size()) +
@@ -190,36 +326,88 @@ Result<std::unique_ptr<CpuLayerStreamer>> CpuLayerStreamer::create(const std::st
     return Buffer(static_cast<uint8_t*>(p));
   };
 
-  // Resident memory: the non-layer tensors, then every RAM-resident layer, each at an aligned start.
-  std::vector<uint64_t> unit_at(n_layer, 0);
-  uint64_t at = round_up(s->layout_.globals.bytes);
+  // Resident memory: the non-layer tensors, then every RAM-resident layer; each unit is its kept
+  // tensors in the file's layout, then its repacked matrices, each part at an aligned start.
+  struct At {
+    uint64_t kept = 0, packed = 0;
+  };
+  std::vector<const UnitLayout*> units = {&s->layout_.globals};
+  std::vector<At> unit_at;
+  uint64_t at = 0;
+  auto place = [&](const UnitLayout& u) {
+    unit_at.push_back({at, at + round_up(u.kept_bytes)});
+    at += round_up(u.kept_bytes) + u.packed_bytes;
+  };
+  place(s->layout_.globals);
+  std::vector<size_t> layer_unit(n_layer, 0);  // index into units / unit_at
   for (size_t l = 0; l < n_layer; ++l) {
     if (plan.units[l].home != Home::kRam) continue;
-    unit_at[l] = at;
-    at += round_up(s->layout_.layers[l].bytes);
+    layer_unit[l] = units.size();
+    units.push_back(&s->layout_.layers[l]);
+    place(s->layout_.layers[l]);
   }
   s->resident_bytes_ = at;
   SLUICE_ASSIGN_OR_RETURN(s->resident_, alloc(at));
   uint8_t* rbase = s->resident_.get();
+
+  // Slots (and the packed buffer streamed layers are repacked into) before the resident reads:
+  // the slots, unused until the first pass, are the staging the resident matrices are packed from.
+  s->stream_index_.assign(n_layer, -1);
+  size_t max_runs = 0;
+  for (size_t l = 0; l < n_layer; ++l) {
+    if (plan.units[l].home == Home::kRam) continue;
+    s->stream_index_[l] = int(s->streamed_.size());
+    s->streamed_.push_back(int(l));
+    max_runs = std::max(max_runs, s->layout_.layers[l].runs.size());
+  }
+  const int n_slots = plan.n_slots;
+  const uint64_t slot_bytes = round_up(plan.slot_bytes);
+  if (!s->streamed_.empty()) {
+    s->slot_pool_bytes_ = slot_bytes * uint64_t(n_slots);
+    SLUICE_ASSIGN_OR_RETURN(s->slot_pool_, alloc(s->slot_pool_bytes_));
+    s->pack_pool_bytes_ = s->plan_.pack_bytes;
+    SLUICE_ASSIGN_OR_RETURN(s->pack_pool_, alloc(s->pack_pool_bytes_));
+  }
+
   {
     const auto load_start = FileReader::Clock::now();
     std::vector<FileReader::Ticket> tickets;
     auto read_unit = [&](const UnitLayout& u, uint8_t* base) -> Status {
-      for (const ReadRun& r : u.runs) {
+      for (const ReadRun& r : u.kept_runs) {
         SLUICE_ASSIGN_OR_RETURN(FileReader::Ticket t, rd.submit(r.offset, r.len, base + r.dst));
         tickets.push_back(t);
       }
       return Status::ok();
     };
-    Status st = read_unit(s->layout_.globals, rbase);
-    for (size_t l = 0; l < n_layer && st.is_ok(); ++l) {
-      if (plan.units[l].home == Home::kRam) st = read_unit(s->layout_.layers[l], rbase + unit_at[l]);
-    }
+    Status st;
+    for (size_t i = 0; i < units.size() && st.is_ok(); ++i) st = read_unit(*units[i], rbase + unit_at[i].kept);
     for (FileReader::Ticket t : tickets) {  // wait for all, even after an error: buffers must not be freed under a read
       Status ws = rd.wait(t);
       if (st.is_ok()) st = ws;
     }
     SLUICE_RETURN_IF_ERROR(st);
+
+    // Repacked matrices: read a staging buffer's worth of whole row groups at a time and pack
+    // them with the backend's own function, so the file's layout of a matrix is never held in
+    // full next to its packed copy.
+    bool any_packed = false;
+    for (const UnitLayout* u : units) any_packed |= !u->packed.empty();
+    if (any_packed) {
+      Buffer own_staging;
+      uint8_t* staging = s->slot_pool_.get();
+      uint64_t staging_bytes = s->slot_pool_bytes_;
+      if (staging_bytes < kLoadStaging) {
+        SLUICE_ASSIGN_OR_RETURN(own_staging, alloc(kLoadStaging));
+        staging = own_staging.get();
+        staging_bytes = kLoadStaging;
+      }
+      for (size_t i = 0; i < units.size(); ++i) {
+        for (const PackedTensor& p : units[i]->packed) {
+          SLUICE_RETURN_IF_ERROR(
+              s->pack_from_file(p, rbase + unit_at[i].packed + p.dst, staging, staging_bytes));
+        }
+      }
+    }
     if (s->trace_) {
       s->trace_->append({s->trace_->us(load_start), s->trace_->now_us(), "load", -1, "resident", "disk", at});
     }
@@ -227,30 +415,25 @@ Result<std::unique_ptr<CpuLayerStreamer>> CpuLayerStreamer::create(const std::st
 
   s->globals_ = w;
   s->globals_.layers.clear();
-  for (model::TensorRef* t : {&s->globals_.token_embd, &s->globals_.output_norm, &s->globals_.output,
-                              &s->globals_.rope_freqs}) {
-    SLUICE_RETURN_IF_ERROR(relocate(*t, file, s->layout_.globals, rbase));
+  const UnitLayout& g = s->layout_.globals;
+  // token_embd is looked up by rows in the file's layout; the output (possibly the same tensor,
+  // tied) is the repacked copy where there is one.
+  SLUICE_RETURN_IF_ERROR(relocate(s->globals_.token_embd, file, g, g.kept_runs, rbase + unit_at[0].kept, nullptr));
+  for (model::TensorRef* t : {&s->globals_.output_norm, &s->globals_.output, &s->globals_.rope_freqs}) {
+    SLUICE_RETURN_IF_ERROR(relocate(*t, file, g, g.kept_runs, rbase + unit_at[0].kept, rbase + unit_at[0].packed));
+  }
+
+  s->resident_views_.resize(n_layer);
+  for (size_t l = 0; l < n_layer; ++l) {
+    if (plan.units[l].home != Home::kRam) continue;
+    const UnitLayout& u = s->layout_.layers[l];
+    const At& a = unit_at[layer_unit[l]];
+    s->resident_views_[l] = w.layers[l];
+    SLUICE_RETURN_IF_ERROR(relocate_layer(s->resident_views_[l], file, u, u.kept_runs, rbase + a.kept, rbase + a.packed));
   }
 
   // Slots: the ring every streamed layer passes through.
-  const int n_slots = plan.n_slots;
-  s->stream_index_.assign(n_layer, -1);
-  s->resident_views_.resize(n_layer);
-  size_t max_runs = 0;
-  for (size_t l = 0; l < n_layer; ++l) {
-    if (plan.units[l].home == Home::kRam) {
-      s->resident_views_[l] = w.layers[l];
-      SLUICE_RETURN_IF_ERROR(relocate_layer(s->resident_views_[l], file, s->layout_.layers[l], rbase + unit_at[l]));
-    } else {
-      s->stream_index_[l] = int(s->streamed_.size());
-      s->streamed_.push_back(int(l));
-      max_runs = std::max(max_runs, s->layout_.layers[l].runs.size());
-    }
-  }
   if (!s->streamed_.empty()) {
-    const uint64_t slot_bytes = round_up(plan.slot_bytes);
-    s->slot_pool_bytes_ = slot_bytes * uint64_t(n_slots);
-    SLUICE_ASSIGN_OR_RETURN(s->slot_pool_, alloc(s->slot_pool_bytes_));
     s->slots_.resize(size_t(n_slots));
     for (int k = 0; k < n_slots; ++k) {
       s->slot_lanes_.push_back("disk slot " + std::to_string(k));
@@ -260,16 +443,44 @@ Result<std::unique_ptr<CpuLayerStreamer>> CpuLayerStreamer::create(const std::st
     s->slot_views_.resize(s->streamed_.size() * size_t(n_slots));
     for (size_t j = 0; j < s->streamed_.size(); ++j) {
       const size_t l = size_t(s->streamed_[j]);
+      const UnitLayout& u = s->layout_.layers[l];
       for (int k = 0; k < n_slots; ++k) {
         model::LayerWeights& v = s->slot_views_[j * size_t(n_slots) + size_t(k)];
         v = w.layers[l];
-        SLUICE_RETURN_IF_ERROR(relocate_layer(v, file, s->layout_.layers[l], s->slots_[size_t(k)].base));
+        SLUICE_RETURN_IF_ERROR(relocate_layer(v, file, u, u.runs, s->slots_[size_t(k)].base, s->pack_pool_.get()));
       }
     }
     // Fill the ring: the first n_slots streamed layers of the first pass are read during start-up.
     for (int k = 0; k < n_slots; ++k) SLUICE_RETURN_IF_ERROR(s->submit_next());
   }
   return s;
+}
+
+Status CpuLayerStreamer::pack_from_file(const PackedTensor& p, uint8_t* dst, uint8_t* staging, uint64_t staging_bytes) {
+  const int64_t g = quant::kernels(p.shape.type).packed_rows;
+  const int64_t rb = p.shape.row_bytes();
+  backend::WeightView group = p.shape;
+  group.ne1 = g;
+  const int64_t group_bytes = be_->repacked_bytes(group);
+  // An aligned read of n rows spans at most n * rb + 2 * kIoAlign bytes.
+  const int64_t chunk = staging_bytes > 2 * kIoAlign ? int64_t(staging_bytes - 2 * kIoAlign) / rb / g * g : 0;
+  if (g <= 0 || group_bytes <= 0 || chunk < g || p.shape.ne1 % g != 0) {
+    return internal_error("stream: cannot repack " + p.name + " through a staging buffer of " +
+                          format_bytes(staging_bytes));
+  }
+  for (int64_t a = 0; a < p.shape.ne1; a += chunk) {
+    const int64_t n = std::min(chunk, p.shape.ne1 - a);
+    const uint64_t off = p.offset + uint64_t(a * rb);
+    const AlignedRange r = align_range(off, uint64_t(n * rb));
+    SLUICE_CHECK(r.len <= staging_bytes, "stream: repack chunk larger than its staging");
+    SLUICE_ASSIGN_OR_RETURN(FileReader::Ticket t, reader_->submit(r.offset, r.len, staging));
+    SLUICE_RETURN_IF_ERROR(reader_->wait(t));
+    backend::WeightView v = p.shape;
+    v.ne1 = n;
+    v.data = staging + (off - r.offset);
+    be_->repack_weight(v, dst + a / g * group_bytes);
+  }
+  return Status::ok();
 }
 
 Status CpuLayerStreamer::fail(Status st) {
@@ -337,6 +548,25 @@ Result<const model::LayerWeights*> CpuLayerStreamer::acquire(int layer) {
   const double waited = std::chrono::duration<double>(t1 - t0).count();
   if (!st.is_ok()) return fail(std::move(st));
   slot.state = SlotState::kInUse;
+  // The layer's matrices into the backend's layout (no-op when it computes on the file's), on
+  // the compute thread while the reads of the next layers continue.
+  const UnitLayout& u = layout_.layers[size_t(layer)];
+  if (!u.packed.empty()) {
+    SLUICE_CHECK(!pack_in_use_, "stream: a streamed layer acquired before the previous one was released");
+    pack_in_use_ = true;
+    for (const PackedTensor& p : u.packed) {
+      backend::WeightView v = p.shape;
+      v.data = slot.base + p.src;
+      be_->repack_weight(v, pack_pool_.get() + p.dst);
+    }
+    const double packed_s = std::chrono::duration<double>(FileReader::Clock::now() - t1).count();
+    stats_.repack_seconds += packed_s;
+    stats_.repack_bytes += u.packed_bytes;
+    if (decode_pass_) {
+      stats_.decode_repack_seconds += packed_s;
+      stats_.decode_repack_bytes += u.packed_bytes;
+    }
+  }
   stats_.stall_seconds += waited;
   stats_.bytes_read += bytes;
   if (decode_pass_) {
@@ -370,6 +600,7 @@ void CpuLayerStreamer::release(int layer) {
   Slot& slot = slots_[next_seq_ % slots_.size()];
   if (slot.state != SlotState::kInUse) return;  // acquire failed; the error is already sticky
   slot.state = SlotState::kFree;
+  pack_in_use_ = false;
   ++next_seq_;
   // The freed slot takes the layer n_slots ahead (wrapping into the next pass).
   if (failed_.is_ok()) (void)submit_next();
@@ -383,7 +614,7 @@ cpu_streaming_source(const std::string& path, const CpuStreamOptions& opts, CpuL
       return unsupported(std::string("CPU streaming computes on host memory; the ") + be.name() +
                          " backend cannot use it (use --backend cpu)");
     }
-    SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<CpuLayerStreamer> s, CpuLayerStreamer::create(path, file, w, opts));
+    SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<CpuLayerStreamer> s, CpuLayerStreamer::create(path, file, w, be, opts));
     if (out) *out = s.get();
     return std::unique_ptr<model::LayerSource>(std::move(s));
   };

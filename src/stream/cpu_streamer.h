@@ -9,6 +9,15 @@
 // read of s + n_slots is submitted into it at once). So while layer s is computed, the reads of
 // s+1 .. s+n_slots-1 are in flight: prefetch depth k = n_slots - 1, wrapping from the last layer
 // to the first of the next pass. Nothing is allocated on the hot path.
+//
+// Repacking: matrices the backend computes on in its own layout (Backend::repacked_bytes: the
+// CPU's 16-row packed layout of Q4_K, Q6_K, Q8_0) are held in that layout wherever they live, so
+// a streamed run computes exactly what the resident run does. Resident units keep only their
+// other tensors in the file's layout and hold the packed matrices instead (read at load through
+// a staging buffer a few groups of rows at a time, so the file layout never exists in full next
+// to the packed copy). A streamed layer is read into its slot as before; acquire() then repacks
+// its matrices into one packed buffer (Backend::repack_weight, on the backend's threads) before
+// the layer is computed, while the reads of the next layers stay in flight.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "core/status.h"
 #include "model/model.h"
 #include "model/weights.h"
@@ -45,28 +55,55 @@ struct ReadRun {
   uint64_t len = 0;
   uint64_t dst = 0;
 };
+// A matrix the backend computes on in its own (repacked) layout.
+struct PackedTensor {
+  std::string name;           // file tensor (token_embd.weight also stands for a tied output)
+  backend::WeightView shape;  // type, ne0, ne1 (data unset)
+  uint64_t offset = 0;        // absolute file offset of its first byte
+  uint64_t src = 0;           // where it lies in a buffer laid out by the unit's `runs`
+  uint64_t dst = 0;           // where its repacked copy lies in the unit's packed area
+  uint64_t bytes = 0;         // Backend::repacked_bytes
+};
 struct UnitLayout {
   std::string name;             // "blk.3" or "globals"
-  std::vector<ReadRun> runs;
+  std::vector<ReadRun> runs;    // every tensor: what a streamed slot receives
   uint64_t bytes = 0;           // buffer bytes: the sum of the aligned runs
+  // Resident: the tensors held in the file's layout (all but the repacked matrices), and the
+  // repacked matrices (each 64-byte aligned in a packed area of packed_bytes, a kIoAlign multiple).
+  std::vector<ReadRun> kept_runs;
+  uint64_t kept_bytes = 0;
+  std::vector<PackedTensor> packed;
+  uint64_t packed_bytes = 0;
+  uint64_t ram_bytes() const { return kept_bytes + packed_bytes; }  // held when resident
 };
 // Where each layer's tensors lie in the file, grouped into large aligned reads (tensors of one
-// layer are close together in GGUF files; gaps under 1 MiB are read rather than split).
+// layer are close together in GGUF files; gaps under 1 MiB are read rather than split). With a
+// backend, also which matrices it repacks (token_embd never: rows are looked up in the file's
+// layout; a tied output is a repacked copy of it); without one, none.
 struct FileLayout {
   std::vector<UnitLayout> layers;  // blk.0 .. blk.{n-1}
   UnitLayout globals;              // every tensor outside blk.*
 };
-Result<FileLayout> layout_of(const gguf::File& file);
+Result<FileLayout> layout_of(const gguf::File& file, const backend::Backend* be = nullptr);
 
 struct CpuPlan {
-  PlanInput input;        // units = layers
-  Plan plan;
-  uint64_t globals_bytes = 0;
-  uint64_t total_bytes = 0;  // globals + resident layers + slots: what the budget must hold
+  PlanInput input;        // units = layers, bytes = file bytes (what a pass reads)
+  Plan plan;              // plan.resident_bytes: file bytes of the resident layers
+  uint64_t budget = 0;
+  uint64_t globals_bytes = 0;       // RAM held by the non-layer tensors (repacked where packed)
+  uint64_t resident_ram_bytes = 0;  // RAM held by the resident layers (repacked where packed)
+  uint64_t pack_bytes = 0;          // the packed buffer streamed layers are repacked into
+  // globals + resident layers + slots + packed buffer: what the budget must hold.
+  uint64_t total_bytes = 0;
   std::string describe() const;
 };
-// Errors (kInvalidArgument) when the budget cannot hold the non-layer tensors plus n_slots slots
-// of the largest layer, stating that minimum.
+// The smallest budget any placement fits: the non-layer tensors plus, over the choices of
+// resident layers (largest first), those layers plus n_slots slots of the largest streamed one
+// and the packed buffer of the largest repacked streamed one.
+uint64_t min_ram_budget(const FileLayout& layout, int n_slots);
+// Keeps the most layers resident (largest first) that fit the budget with the slots and the
+// packed buffer the rest need. Errors (kInvalidArgument) when the budget is below
+// min_ram_budget, stating it.
 Result<CpuPlan> plan_cpu(const FileLayout& layout, const CpuStreamOptions& opts);
 
 // Counters since load; "decode" is passes of one token.
@@ -78,13 +115,18 @@ struct StreamStats {
   // Time some slot read was in flight during decode passes (union of [submit, last byte]
   // intervals, as seen at acquire): streamed bytes / this = the disk's achieved GB/s while busy.
   double decode_read_busy_seconds = 0;
+  // Repacking streamed layers after their read (compute thread, before the layer runs).
+  uint64_t repack_bytes = 0, decode_repack_bytes = 0;  // repacked bytes written
+  double repack_seconds = 0, decode_repack_seconds = 0;
 };
 
 class CpuLayerStreamer final : public model::LayerSource {
  public:
-  // Reads the resident units, allocates the slots and starts the first reads.
+  // Reads (and repacks) the resident units, allocates the slots and starts the first reads. `be`
+  // computes the layers and must outlive the streamer; its repacked_bytes decides what is packed.
   static Result<std::unique_ptr<CpuLayerStreamer>> create(const std::string& path, const gguf::File& file,
-                                                          const model::Weights& w, const CpuStreamOptions& opts);
+                                                          const model::Weights& w, backend::Backend& be,
+                                                          const CpuStreamOptions& opts);
   ~CpuLayerStreamer() override;
 
   const model::Weights& globals() const override { return globals_; }
@@ -94,7 +136,7 @@ class CpuLayerStreamer final : public model::LayerSource {
 
   const CpuPlan& plan() const { return plan_; }
   const StreamStats& stats() const { return stats_; }
-  uint64_t owned_bytes() const { return resident_bytes_ + slot_pool_bytes_; }
+  uint64_t owned_bytes() const { return resident_bytes_ + slot_pool_bytes_ + pack_pool_bytes_; }
   const FileReader& reader() const { return *reader_; }
 
  private:
@@ -113,6 +155,9 @@ class CpuLayerStreamer final : public model::LayerSource {
 
   CpuLayerStreamer() = default;
   Status submit_next();  // starts the read of sequence submitted_ into its slot
+  // Reads matrix `p` from the file into `staging` a few row groups at a time and repacks it into
+  // dst (p.bytes). Load time only.
+  Status pack_from_file(const PackedTensor& p, uint8_t* dst, uint8_t* staging, uint64_t staging_bytes);
   Status fail(Status st);
 
   CpuPlan plan_;
@@ -121,8 +166,11 @@ class CpuLayerStreamer final : public model::LayerSource {
   // in-flight reads on destruction, so the kernel never writes into freed memory.
   Buffer resident_;
   Buffer slot_pool_;
-  uint64_t resident_bytes_ = 0, slot_pool_bytes_ = 0;
+  Buffer pack_pool_;  // the streamed layer being computed, its repacked matrices
+  uint64_t resident_bytes_ = 0, slot_pool_bytes_ = 0, pack_pool_bytes_ = 0;
   std::unique_ptr<FileReader> reader_;
+  backend::Backend* be_ = nullptr;
+  bool pack_in_use_ = false;  // a streamed layer's packed matrices are in pack_pool_ until release
 
   model::Weights globals_;                    // views into resident_
   std::vector<model::LayerWeights> resident_views_;  // per layer (used when resident)

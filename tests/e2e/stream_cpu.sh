@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CPU streaming through the CLI: greedy output with --ram-budget (a quarter of the weights, 2 and
-# 3 slots) identical to the all-resident run, peak RSS within the budget, the budget minimum;
+# 3 slots) identical to the default (packed where the CPU packs) all-resident run, peak RSS within the budget, the budget minimum;
 # --trace writes a well-formed trace (and bench/plot/timeline.py renders it when matplotlib is
 # importable, else exit 77 = skipped); perplexity, chat and bench take the streaming flags and give
 # the same numbers as without them.
@@ -16,9 +16,10 @@ model=$tmp/synth.gguf
 "$bin" synth custom -o "$model" --layers 16 --dim 1536 --ffn 4096 --heads 12 --kv-heads 4 --vocab 2048 --seed 7 \
   >/dev/null 2>&1 || fail "synth"
 bytes=$(stat -c %s "$model"); quarter=$((bytes / 4))
-# Resident runs repack Q4_K weights into the CPU's packed layout, whose kernels sum in another
-# order than the row-by-row ones that streamed layers use; bit-identical comparisons turn it off.
-export SLUICE_CPU_PACK=0
+# Both runs use the CPU backend's default layout: where it repacks Q4_K / Q6_K into its packed
+# layout (AVX-512), the streamer repacks its RAM-resident and disk-streamed layers the same way,
+# so the comparisons below are bit for bit with packing on (the streamer's unit test also runs
+# the packed path under SLUICE_QUANT_ISA=ref on CPUs without AVX-512).
 # -c 256 keeps the KV cache to a few MiB so RSS is dominated by weights.
 common=(-m "$model" -p "the quick brown fox" -n 24 --temp 0 --seed 1 -c 256 -t 2)
 

@@ -1,6 +1,7 @@
-// CPU streaming on SmolLM2-135M: greedy output and logits of a streamed model (RAM budget a quarter
-// of the weights, 2 and 3 slots) against the all-resident model; budget-too-small and file
-// truncated-while-running errors.
+// CPU streaming: greedy output and logits of a streamed model (RAM budget a quarter of the weights
+// or the minimum, 2 and 3 slots) against the all-resident model, with the CPU's packed layout on
+// (the default: streamed layers are repacked as resident ones are) and off, on SmolLM2-135M and on
+// synthetic K-quant / Q8_0 models; budget-too-small and file truncated-while-running errors.
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "stream/cpu_streamer.h"
@@ -32,20 +34,37 @@ uint64_t weight_bytes(const std::string& path) {
   return b;
 }
 
+// The file's layout as a CPU backend with packing on or off holds it.
+FileLayout cpu_layout(const std::string& path, bool pack) {
+  backend::CpuOptions co;
+  co.n_threads = 1;
+  co.pack_weights = pack;
+  const auto be = backend::make_cpu_backend(co);
+  auto f = gguf::File::open(path);
+  EXPECT_TRUE(f.is_ok());
+  auto layout = layout_of(*f, be.get());
+  EXPECT_TRUE(layout.is_ok()) << layout.status().message();
+  return *layout;
+}
+
+bool any_packed(const FileLayout& layout) {
+  for (const auto& u : layout.layers) {
+    if (!u.packed.empty()) return true;
+  }
+  return false;
+}
+
 // A quarter of the weights, or the smallest budget `slots` slots fit in when that is more.
-uint64_t test_budget(const std::string& path, int slots) {
-  auto layout = layout_of(*gguf::File::open(path));
-  EXPECT_TRUE(layout.is_ok());
-  uint64_t largest = 0;
-  for (const auto& u : layout->layers) largest = std::max(largest, u.bytes);
-  return std::max(weight_bytes(path) / 4, layout->globals.bytes + uint64_t(slots) * largest);
+uint64_t test_budget(const std::string& path, int slots, bool pack = true) {
+  return std::max(weight_bytes(path) / 4, min_ram_budget(cpu_layout(path, pack), slots));
 }
 
 Result<std::unique_ptr<model::Model>> load_streamed(const std::string& path, uint64_t budget, int slots,
                                                     CpuLayerStreamer** s, const IoOptions& io = {},
-                                                    TraceWriter* trace = nullptr) {
+                                                    TraceWriter* trace = nullptr, bool pack = true) {
   model::LoadOptions o;
   o.n_ctx = 256;
+  o.cpu_pack_weights = pack;
   CpuStreamOptions so;
   so.ram_budget = budget;
   so.n_slots = slots;
@@ -55,37 +74,198 @@ Result<std::unique_ptr<model::Model>> load_streamed(const std::string& path, uin
   return model::Model::load(path, o);
 }
 
+GreedyRun resident_run(const std::string& path, const std::vector<int32_t>& prompt, int n, bool pack) {
+  model::LoadOptions o;
+  o.n_ctx = 256;
+  o.cpu_pack_weights = pack;
+  auto m = model::Model::load(path, o);
+  EXPECT_TRUE(m.is_ok()) << m.status().message();
+  if (!m.is_ok()) return {};
+  return test::greedy_run(**m, prompt, n);
+}
+
+// With packing on (the default) the streamed run equals the packed resident run, and with it off
+// the row-by-row one: wherever a layer lives, it is computed from the same layout.
 TEST(StreamCpu, GreedyMatchesResidentWithQuarterBudget) {
   const std::string path = test::model_path(test::kSmolLM2);
   SLUICE_REQUIRE_MODEL(path);
-  model::LoadOptions o;
-  o.n_ctx = 256;
-  o.cpu_pack_weights = false;  // as the streamer, which keeps every tensor in the file's layout
-  auto ref_model = model::Model::load(path, o);
-  ASSERT_TRUE(ref_model.is_ok()) << ref_model.status().message();
-  const GreedyRun ref = greedy(**ref_model, 12);
-  ASSERT_EQ(ref.tokens.size(), 12u);
-
   const uint64_t quarter = weight_bytes(path) / 4;
-  for (int slots : {2, 3}) {
-    // SmolLM2's 28.7 MiB of non-layer tensors (the embedding) exceed a quarter of its 92 MiB,
-    // so here the budget is the stated minimum (the synthetic e2e test uses a true quarter).
-    const uint64_t budget = test_budget(path, slots);
-    EXPECT_GE(budget, quarter);
-    CpuLayerStreamer* s = nullptr;
-    auto m = load_streamed(path, budget, slots, &s);
-    ASSERT_TRUE(m.is_ok()) << m.status().message();
-    ASSERT_NE(s, nullptr);
-    EXPECT_LE(s->owned_bytes(), budget) << "slots " << slots;
-    EXPECT_GT(s->plan().plan.disk_bytes, 0u) << "the budget must force streaming";
-    const GreedyRun got = greedy(**m, 12);
-    EXPECT_EQ(got.tokens, ref.tokens) << "slots " << slots;
-    ASSERT_EQ(got.first_logits.size(), ref.first_logits.size());
-    // Same bytes, same kernels: only the weight pointers differ, so the logits are identical.
-    EXPECT_EQ(got.first_logits, ref.first_logits) << "slots " << slots;
-    EXPECT_EQ(s->stats().decode_passes, 11u);
-    EXPECT_EQ(s->stats().decode_bytes_read, 11 * s->plan().plan.disk_bytes);
+  for (bool pack : {true, false}) {
+    const GreedyRun ref = resident_run(path, kPrompt, 12, pack);
+    ASSERT_EQ(ref.tokens.size(), 12u);
+    for (int slots : {2, 3}) {
+      SCOPED_TRACE(std::string("pack ") + (pack ? "on" : "off") + ", slots " + std::to_string(slots));
+      // SmolLM2's 28.7 MiB of non-layer tensors (the embedding) exceed a quarter of its 92 MiB,
+      // so here the budget is the stated minimum (the synthetic e2e test uses a true quarter).
+      const uint64_t budget = test_budget(path, slots, pack);
+      EXPECT_GE(budget, quarter);
+      CpuLayerStreamer* s = nullptr;
+      auto m = load_streamed(path, budget, slots, &s, {}, nullptr, pack);
+      ASSERT_TRUE(m.is_ok()) << m.status().message();
+      ASSERT_NE(s, nullptr);
+      EXPECT_LE(s->owned_bytes(), budget);
+      EXPECT_GT(s->plan().plan.disk_bytes, 0u) << "the budget must force streaming";
+      const GreedyRun got = greedy(**m, 12);
+      EXPECT_EQ(got.tokens, ref.tokens);
+      ASSERT_EQ(got.first_logits.size(), ref.first_logits.size());
+      // Same bytes in the same layout, same kernels: only the weight pointers differ.
+      EXPECT_EQ(got.first_logits, ref.first_logits);
+      EXPECT_EQ(s->stats().decode_passes, 11u);
+      EXPECT_EQ(s->stats().decode_bytes_read, 11 * s->plan().plan.disk_bytes);
+      if (!pack) {
+        EXPECT_EQ(s->stats().repack_bytes, 0u);
+      }
+    }
   }
+}
+
+// A synthetic llama of 6 layers with the matrix formats given. Every matrix shape divides into
+// the packed layout's 16-row groups; ne0 = 256 or 512 fits every block size.
+struct SynthTypes {
+  quant::Type q, k, v, o, gate, up, down, embd;
+  bool output;  // false: tied (the output is token_embd)
+  quant::Type out;
+};
+std::string write_synthetic(const std::string& tag, const SynthTypes& ty) {
+  const int E = 256, H = 4, KVH = 2, F = 512, L = 6, V = 96;
+  const int D = E / H;
+  gguf::Writer w;
+  w.add("general.architecture", gguf::Value::str("llama"));
+  w.add("llama.block_count", gguf::Value::u32(L));
+  w.add("llama.context_length", gguf::Value::u32(256));
+  w.add("llama.embedding_length", gguf::Value::u32(E));
+  w.add("llama.feed_forward_length", gguf::Value::u32(F));
+  w.add("llama.attention.head_count", gguf::Value::u32(H));
+  w.add("llama.attention.head_count_kv", gguf::Value::u32(KVH));
+  w.add("llama.attention.layer_norm_rms_epsilon", gguf::Value::f32(1e-5f));
+  w.add("llama.rope.freq_base", gguf::Value::f32(10000.0f));
+  std::vector<std::vector<uint8_t>> data;
+  uint64_t salt = 11;
+  auto add = [&](const std::string& name, quant::Type t, uint64_t ne0, uint64_t ne1, float scale, float offset) {
+    std::vector<uint64_t> shape = {ne0};
+    if (ne1 > 1) shape.push_back(ne1);
+    ASSERT_TRUE(w.add_tensor(name, t, shape).is_ok()) << name;
+    std::vector<float> v = test::random_floats(ne0 * ne1, scale, ++salt);
+    for (float& x : v) x += offset;
+    const int64_t rb = quant::row_bytes(t, int64_t(ne0));
+    std::vector<uint8_t> bytes(size_t(rb) * ne1);
+    for (uint64_t r = 0; r < ne1; ++r) quant::kernels(t).quantize_row(v.data() + r * ne0, bytes.data() + r * rb, int64_t(ne0));
+    data.push_back(std::move(bytes));
+  };
+  using T = quant::Type;
+  add("token_embd.weight", ty.embd, E, V, 1.0f, 0);
+  for (int l = 0; l < L; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    add(p + "attn_norm.weight", T::kF32, E, 1, 0.1f, 1.0f);
+    add(p + "attn_q.weight", ty.q, E, uint64_t(H * D), 0.2f, 0);
+    add(p + "attn_k.weight", ty.k, E, uint64_t(KVH * D), 0.2f, 0);
+    add(p + "attn_v.weight", ty.v, E, uint64_t(KVH * D), 0.2f, 0);
+    add(p + "attn_output.weight", ty.o, uint64_t(H * D), E, 0.2f, 0);
+    add(p + "ffn_norm.weight", T::kF32, E, 1, 0.1f, 1.0f);
+    add(p + "ffn_gate.weight", ty.gate, E, F, 0.2f, 0);
+    add(p + "ffn_up.weight", ty.up, E, F, 0.2f, 0);
+    add(p + "ffn_down.weight", ty.down, F, E, 0.2f, 0);
+  }
+  add("output_norm.weight", T::kF32, E, 1, 0.1f, 1.0f);
+  if (ty.output) add("output.weight", ty.out, E, V, 0.2f, 0);
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("sluice_cpustream_" + tag + "_" + std::to_string(::getpid()) + ".gguf")).string();
+  const Status st = w.write(path, data);
+  EXPECT_TRUE(st.is_ok()) << st.message();
+  return path;
+}
+
+// Q4_K / Q6_K as llama.cpp's Q4_K_M mixes them; and Q8_0 with a Q5_K matrix (no packed layout:
+// kept in the file's layout next to packed ones in the same layer) and a tied Q8_0 output.
+const SynthTypes kKQuants = {quant::Type::kQ4_K, quant::Type::kQ4_K, quant::Type::kQ6_K, quant::Type::kQ4_K,
+                             quant::Type::kQ4_K, quant::Type::kQ4_K, quant::Type::kQ6_K, quant::Type::kQ4_K,
+                             true,              quant::Type::kQ6_K};
+const SynthTypes kQ8 = {quant::Type::kQ8_0, quant::Type::kQ5_K, quant::Type::kQ8_0, quant::Type::kQ8_0,
+                        quant::Type::kQ4_K, quant::Type::kQ8_0, quant::Type::kQ6_K, quant::Type::kQ8_0,
+                        false,             quant::Type::kQ8_0};
+
+// The packed layout everywhere: streamed runs (2 and 3 slots; at the minimum budget and with two
+// layers resident besides) give the packed resident run's tokens and first logits bit for bit,
+// and the pack-off streamed run the pack-off resident run's. On a CPU whose packed kernels are
+// not at its vec_dot's ISA (no AVX-512) nothing is packed; the CTest variant isa_ref.* runs this
+// with SLUICE_QUANT_ISA=ref, where the reference has packed kernels, so the packed path runs.
+TEST(StreamCpuPacked, StreamedMatchesResidentOnSyntheticKQuants) {
+  const std::vector<int32_t> prompt = {1, 5, 9, 17, 33, 2, 64, 80, 3};
+  for (const auto& [tag, types] : {std::pair{"kq", kKQuants}, std::pair{"q8", kQ8}}) {
+    const std::string path = write_synthetic(tag, types);
+    for (bool pack : {true, false}) {
+      const FileLayout layout = cpu_layout(path, pack);
+      const bool packs = any_packed(layout);
+      if (!pack) {
+        EXPECT_FALSE(packs);
+      }
+      if (pack && !packs) std::printf("[ note ] %s: this CPU has no packed kernels at its vec_dot ISA\n", tag);
+      const GreedyRun ref = resident_run(path, prompt, 8, pack);
+      ASSERT_EQ(ref.tokens.size(), 8u);
+      for (int slots : {2, 3}) {
+        const uint64_t minimum = min_ram_budget(layout, slots);
+        for (uint64_t budget : {minimum, minimum + 2 * layout.layers[0].ram_bytes()}) {
+          SCOPED_TRACE(std::string(tag) + ", pack " + (pack ? "on" : "off") + ", " + std::to_string(slots) +
+                       " slots, budget " + std::to_string(budget));
+          CpuLayerStreamer* s = nullptr;
+          auto m = load_streamed(path, budget, slots, &s, {}, nullptr, pack);
+          ASSERT_TRUE(m.is_ok()) << m.status().message();
+          EXPECT_LE(s->owned_bytes(), budget);
+          EXPECT_EQ(s->owned_bytes(), s->plan().total_bytes);
+          EXPECT_GT(s->plan().plan.disk_bytes, 0u) << "the budget must force streaming";
+          if (budget > minimum) {
+            EXPECT_GT(s->plan().plan.resident_bytes, 0u) << "two layers should be resident";
+          }
+          const GreedyRun got = test::greedy_run(**m, prompt, 8);
+          EXPECT_EQ(got.tokens, ref.tokens);
+          EXPECT_EQ(got.first_logits, ref.first_logits);
+          // Every streamed layer was repacked after its read, once per pass (and only then).
+          const uint64_t streamed_packed = packs ? s->plan().pack_bytes : 0;
+          EXPECT_EQ(s->stats().repack_bytes > 0, streamed_packed > 0);
+          EXPECT_EQ(s->stats().decode_passes, 7u);
+        }
+      }
+      // A budget one byte short is refused, stating the minimum.
+      CpuLayerStreamer* s = nullptr;
+      auto m = load_streamed(path, min_ram_budget(layout, 2) - 1, 2, &s, {}, nullptr, pack);
+      ASSERT_FALSE(m.is_ok());
+      EXPECT_NE(m.status().message().find("too small: at least " + format_bytes(min_ram_budget(layout, 2))),
+                std::string::npos)
+          << m.status().message();
+    }
+    std::filesystem::remove(path);
+  }
+}
+
+// The packed layout accounted: a resident unit holds its kept tensors plus the repacked matrices
+// (Q8_0 packs 36 bytes per 34-byte row block, Q4_K 148 per 144), never the file's layout of them.
+TEST(StreamCpuPacked, LayoutCountsRepackedBytes) {
+  const std::string path = write_synthetic("layout", kQ8);
+  const FileLayout packed = cpu_layout(path, true), plain = cpu_layout(path, false);
+  if (!any_packed(packed)) {
+    std::filesystem::remove(path);
+    GTEST_SKIP() << "no packed kernels at this CPU's vec_dot ISA (the isa_ref.* variant covers it)";
+  }
+  const UnitLayout& u = packed.layers[0];
+  // attn_q, attn_v, attn_output, ffn_up Q8_0; ffn_gate Q4_K; ffn_down Q6_K; attn_k Q5_K stays.
+  EXPECT_EQ(u.packed.size(), 6u);
+  uint64_t repacked = 0;
+  for (const PackedTensor& p : u.packed) {
+    EXPECT_NE(p.name, "blk.0.attn_k.weight");
+    EXPECT_EQ(p.dst % 64, 0u);
+    repacked += p.bytes;
+  }
+  const int64_t q8_rows = 256 * 2 + 128 + 512;  // attn_q + attn_output (256 rows each), attn_v, ffn_up
+  const uint64_t expect = uint64_t(q8_rows) * (256 / 32) * 36 + 512u * (256 / 256) * 148 + 256u * (512 / 256) * 210;
+  EXPECT_EQ(repacked, expect);
+  EXPECT_EQ(u.packed_bytes % 4096, 0u);
+  EXPECT_GE(u.packed_bytes, repacked);
+  EXPECT_LT(u.kept_bytes, plain.layers[0].bytes);
+  EXPECT_EQ(plain.layers[0].ram_bytes(), plain.layers[0].bytes);
+  // Tied output: token_embd is kept for row look-ups and also repacked as the output head.
+  ASSERT_EQ(packed.globals.packed.size(), 1u);
+  EXPECT_EQ(packed.globals.packed[0].name, "token_embd.weight");
+  std::filesystem::remove(path);
 }
 
 // Layers split into many small requests (a stand-in for 500 MB layers against 4 MiB requests),
@@ -94,12 +274,7 @@ TEST(StreamCpu, GreedyMatchesResidentWithQuarterBudget) {
 TEST(StreamCpu, SmallRequestsAndTraceGiveTheSameTokens) {
   const std::string path = test::model_path(test::kSmolLM2);
   SLUICE_REQUIRE_MODEL(path);
-  model::LoadOptions o;
-  o.n_ctx = 256;
-  o.cpu_pack_weights = false;  // as the streamer, which keeps every tensor in the file's layout
-  auto ref_model = model::Model::load(path, o);
-  ASSERT_TRUE(ref_model.is_ok()) << ref_model.status().message();
-  const GreedyRun ref = greedy(**ref_model, 6);
+  const GreedyRun ref = resident_run(path, kPrompt, 6, /*pack=*/true);
   for (IoKind kind : {IoKind::kUring, IoKind::kPread}) {
     IoOptions io;
     io.kind = kind;

@@ -54,6 +54,10 @@ class CpuBackend final : public Backend {
   // Host memory is the backend's memory: a weight is returned as it is, or repacked into the
   // packed layout of its format (CpuOptions::pack_weights) in a buffer the backend owns.
   Result<WeightView> upload_weight(const WeightView& host) override;
+  // The packed layout (0 bytes where pack_weights is off, the format or this CPU has none, or the
+  // shape does not divide into groups); repacking runs on the pool, groups split across threads.
+  int64_t repacked_bytes(const WeightView& w) const override;
+  WeightView repack_weight(const WeightView& w, void* dst) override;
 
   // Streaming: slots and staging are host memory (4 KiB aligned, for O_DIRECT reads); a copy is
   // a memcpy done before copy_to_slot returns, so every mark has passed when it is handed out.

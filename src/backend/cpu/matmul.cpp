@@ -70,27 +70,40 @@ void check_shapes(const WeightView& w, const Tensor& x, const Tensor& y) {
 
 }  // namespace
 
-Result<WeightView> CpuBackend::upload_weight(const WeightView& host) {
-  if (!pack_weights_ || host.packed || host.empty()) return host;
-  const quant::Kernels& wk = quant::kernels(host.type);
-  if (!packable(wk) || host.ne1 % wk.packed_rows != 0 || host.ne0 % quant::traits(host.type).block_elems != 0)
-    return host;
-  const int64_t n_groups = host.ne1 / wk.packed_rows;
-  const int64_t gb = wk.packed_bytes(host.ne0);
-  AlignedBuffer buf;
-  if (!buf.reserve(size_t(n_groups * gb))) {
-    return out_of_memory("cpu backend: cannot allocate " + std::to_string(n_groups * gb) +
-                         " bytes to repack a weight (SLUICE_CPU_PACK=0 runs from the file mapping)");
-  }
-  const auto* src = static_cast<const uint8_t*>(host.data);
-  const int64_t rb = host.row_bytes();
-  uint8_t* dst = buf.data();
+int64_t CpuBackend::repacked_bytes(const WeightView& w) const {
+  if (!pack_weights_ || w.packed || w.ne0 <= 0 || w.ne1 <= 0) return 0;
+  const quant::Kernels& wk = quant::kernels(w.type);
+  if (!packable(wk) || w.ne1 % wk.packed_rows != 0 || w.ne0 % quant::traits(w.type).block_elems != 0) return 0;
+  return w.ne1 / wk.packed_rows * wk.packed_bytes(w.ne0);
+}
+
+WeightView CpuBackend::repack_weight(const WeightView& w, void* dst) {
+  SLUICE_CHECK(repacked_bytes(w) > 0 && !w.empty() && dst != nullptr,
+               "repack_weight: the weight has no packed layout (check repacked_bytes first)");
+  const quant::Kernels& wk = quant::kernels(w.type);
+  const int64_t n_groups = w.ne1 / wk.packed_rows;
+  const int64_t gb = wk.packed_bytes(w.ne0);
+  const auto* src = static_cast<const uint8_t*>(w.data);
+  const int64_t rb = w.row_bytes();
+  auto* out = static_cast<uint8_t*>(dst);
   pool_.parallel_for(n_groups, 1, [&](int64_t b, int64_t e, int) {
-    for (int64_t g = b; g < e; ++g) wk.pack_rows(src + g * wk.packed_rows * rb, rb, dst + g * gb, host.ne0);
+    for (int64_t g = b; g < e; ++g) wk.pack_rows(src + g * wk.packed_rows * rb, rb, out + g * gb, w.ne0);
   });
-  WeightView v = host;
+  WeightView v = w;
   v.data = dst;
   v.packed = true;
+  return v;
+}
+
+Result<WeightView> CpuBackend::upload_weight(const WeightView& host) {
+  const int64_t bytes = host.empty() ? 0 : repacked_bytes(host);
+  if (bytes == 0) return host;
+  AlignedBuffer buf;
+  if (!buf.reserve(size_t(bytes))) {
+    return out_of_memory("cpu backend: cannot allocate " + std::to_string(bytes) +
+                         " bytes to repack a weight (SLUICE_CPU_PACK=0 runs from the file mapping)");
+  }
+  const WeightView v = repack_weight(host, buf.data());
   buffers_.push_back(std::move(buf));
   return v;
 }
