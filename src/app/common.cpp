@@ -259,8 +259,11 @@ Status finish_stream(FILE* out, LoadedModel& lm, const decode::Timings& t) {
                  s.device_timed ? "" : " (not timed)", disk_wait * 1e3, per, s.staging_wait_seconds * 1e3);
     if (decode && t.n_decode > 0) {
       const double tok_ms = t.decode_s / t.n_decode * 1e3;
-      std::fprintf(out, "plan:    predicted %.2f ms/token (bound by %s), measured %.2f ms/token\n", p.token_seconds * 1e3,
-                   p.bound.c_str(), tok_ms);
+      const stream::Bandwidths& bw = ds.plan().input.bw;
+      std::fprintf(out,
+                   "plan:    predicted %.2f ms/token (bound by %s), measured %.2f ms/token; planned with H2D %.1f GB/s, "
+                   "CPU %.1f GB/s, DRAM %.1f GB/s, VRAM %.0f GB/s\n",
+                   p.token_seconds * 1e3, p.bound.c_str(), tok_ms, bw.h2d / 1e9, bw.cpu / 1e9, bw.dram / 1e9, bw.vram / 1e9);
       if (s.decode_cpu_bytes > 0) {
         // Predicted vs measured per executor: the CPU's layers (host time), the rest of the token
         // (GPU layers, waiting for copies, hand-offs) and the copy engine.

@@ -20,10 +20,11 @@ double median(std::vector<double> v) {
 std::string CpuProbe::describe() const {
   char buf[192];
   if (shared > 0) {
-    std::snprintf(buf, sizeof buf, "%s on %d threads (0: all cores): %.1f GB/s alone, %.1f GB/s + H2D %.1f GB/s together",
-                  quant::type_name(type), threads, alone / 1e9, shared / 1e9, h2d_shared / 1e9);
+    std::snprintf(buf, sizeof buf, "%s%s on %d threads (0: all cores): %.1f GB/s alone, %.1f GB/s + H2D %.1f GB/s together",
+                  quant::type_name(type), packed ? " packed" : "", threads, alone / 1e9, shared / 1e9, h2d_shared / 1e9);
   } else {
-    std::snprintf(buf, sizeof buf, "%s on %d threads (0: all cores): %.1f GB/s", quant::type_name(type), threads, alone / 1e9);
+    std::snprintf(buf, sizeof buf, "%s%s on %d threads (0: all cores): %.1f GB/s", quant::type_name(type),
+                  packed ? " packed" : "", threads, alone / 1e9);
   }
   return buf;
 }
@@ -59,7 +60,15 @@ Result<CpuProbe> probe_cpu(backend::Backend& cpu, int threads, const CpuProbeOpt
   SLUICE_ASSIGN_OR_RETURN(backend::Tensor yt, cpu.alloc(backend::DType::kF32, rows, 1));
   std::vector<float> xin(size_t(opts.ne0), 0.5f);
   cpu.upload(xt, xin.data());
-  const backend::WeightView wv{opts.type, opts.ne0, rows, w.data(), false};
+  backend::WeightView wv{opts.type, opts.ne0, rows, w.data(), false};
+  // The layout the CPU computes hybrid layers from: packed where the backend has one.
+  std::vector<uint8_t> packed;
+  if (const int64_t pb = cpu.repacked_bytes(wv); pb > 0) {
+    packed.resize(size_t(pb) + 64);
+    void* dst = packed.data() + (64 - reinterpret_cast<uintptr_t>(packed.data()) % 64) % 64;
+    wv = cpu.repack_weight(wv, dst);
+    std::vector<uint8_t>().swap(w);
+  }
   const double bytes = double(rb) * double(rows);
   auto time_products = [&] {
     std::vector<double> rates;
@@ -75,6 +84,7 @@ Result<CpuProbe> probe_cpu(backend::Backend& cpu, int threads, const CpuProbeOpt
   CpuProbe p;
   p.type = opts.type;
   p.threads = threads;
+  p.packed = wv.packed;
   p.alone = time_products();
   if (copy_during) {
     // Copies sized to last about as long as the products (at a nominal 50 GB/s), so both run

@@ -27,6 +27,7 @@ struct CpuProbe {
   double h2d_shared = 0;  // the copy engine's bytes/s meanwhile (0: not measured)
   int threads = 0;
   quant::Type type = quant::Type::kQ4_K;
+  bool packed = false;    // timed on the backend's packed layout (what hybrid layers use)
   std::string describe() const;  // "Q4_K on 16 threads: 61.2 GB/s alone, 50.3 GB/s + H2D 47.9 GB/s together"
 };
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 
@@ -369,6 +370,24 @@ Result<std::unique_ptr<DeviceStreamer>> DeviceStreamer::create(const std::string
   if (s->list_hybrid_.size() != s->list_all_.size()) {
     s->host_be_ = backend::make_cpu_backend(opts.host_cpu);
     s->host_rope_freqs_ = w.rope_freqs.view();  // the file mapping: host memory
+    // The CPU computes its layers from its own packed layout where the format has one (as a
+    // resident CPU run does: the row kernels on the file layout reach well under half the DRAM
+    // rate), so those layers are held twice: the pinned file bytes stay for the passes that
+    // stream every layer to the GPU (prefill).
+    for (size_t l = 0; l < n_layer; ++l) {
+      if (!s->host_capable_[l]) continue;
+      for (Field fld : kLayerFields) {
+        model::TensorRef& t = s->host_views_[l].*fld;
+        if (!t.present()) continue;
+        const int64_t bytes = s->host_be_->repacked_bytes(t.view());
+        if (bytes <= 0) continue;
+        void* dst = std::aligned_alloc(64, size_t(round_up(uint64_t(bytes), 64)));
+        if (!dst) return out_of_memory("hybrid: cannot allocate " + std::to_string(bytes) + " bytes to repack " + t.name);
+        s->host_packed_.emplace_back(static_cast<uint8_t*>(dst));
+        s->host_packed_bytes_ += uint64_t(bytes);
+        t.adopt(s->host_be_->repack_weight(t.view(), dst));
+      }
+    }
   }
   // Most passes decode; a long prompt restarts the ring on the other sequence.
   s->list_ = s->host_be_ ? &s->list_hybrid_ : &s->list_all_;

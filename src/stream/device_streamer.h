@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -163,6 +164,8 @@ class DeviceStreamer final : public model::LayerSource {
   // it for earlier passes; call after a run, once the backend is idle, for the last one).
   void collect();
   uint64_t pinned_bytes() const { return pinned_bytes_; }
+  // Host memory of the CPU's packed copies of its layers (hybrid; 0 without packing).
+  uint64_t host_packed_bytes() const { return host_packed_bytes_; }
 
  private:
   struct Slot {
@@ -237,6 +240,11 @@ class DeviceStreamer final : public model::LayerSource {
   std::vector<model::LayerWeights> host_views_; // per layer: views into its pinned copy (host layers)
   FileReader::Clock::time_point host_start_{};  // acquire of the host layer being computed
   std::string cpu_probe_;
+  struct FreeDeleter {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  std::vector<std::unique_ptr<uint8_t, FreeDeleter>> host_packed_;  // host layers' packed matrices
+  uint64_t host_packed_bytes_ = 0;
   std::vector<int> c_index_;           // per streamed index: index among C layers, or -1
   std::vector<int> c_pos_;             // per C index: streamed index
   std::vector<const uint8_t*> host_copy_;  // per streamed index: pinned bytes (B), nullptr (C)
