@@ -2,7 +2,10 @@
 // several queue depths, pread worker) against plain buffered reads from a cold page cache, and
 // warm (page cache) reads as the RAM ceiling. Prints a table; median of the runs.
 //
-// usage: bench_io FILE [--runs N] [--max-bytes BYTES]
+// usage: bench_io FILE [--runs N] [--max-bytes BYTES] [--probe] [--ref NAME=GBPS]...
+//   --probe      adds the start-up disk probe's figure (probe_disk() with the streamer's reader
+//                options, as `sluice ... --plan` prints it) and its description under the table
+//   --ref N=G    adds a row measured elsewhere (bench/io_compare.sh: fio) to the same table
 // The cold-cache rows evict the file with posix_fadvise(DONTNEED) before each run (no root needed).
 #include <fcntl.h>
 #include <unistd.h>
@@ -16,6 +19,7 @@
 #include <vector>
 
 #include "stream/io.h"
+#include "stream/probe.h"
 
 namespace {
 
@@ -75,29 +79,53 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const char* usage = "usage: %s FILE [--runs N] [--max-bytes BYTES] [--probe] [--ref NAME=GBPS]...\n";
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s FILE [--runs N] [--max-bytes BYTES]\n", argv[0]);
+    std::fprintf(stderr, usage, argv[0]);
     return 2;
   }
   const std::string path = argv[1];
   int runs = 3;
   uint64_t max_bytes = UINT64_MAX;
-  for (int i = 2; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--runs")) runs = std::max(1, std::atoi(argv[i + 1]));
-    else if (!std::strcmp(argv[i], "--max-bytes")) max_bytes = std::strtoull(argv[i + 1], nullptr, 10);
+  bool with_probe = false;
+  struct Ref {
+    std::string name;
+    double gbps;
+  };
+  std::vector<Ref> refs;
+  for (int i = 2; i < argc; ++i) {
+    const bool has_value = i + 1 < argc;
+    if (!std::strcmp(argv[i], "--probe")) {
+      with_probe = true;
+    } else if (!std::strcmp(argv[i], "--runs") && has_value) {
+      runs = std::max(1, std::atoi(argv[++i]));
+    } else if (!std::strcmp(argv[i], "--max-bytes") && has_value) {
+      max_bytes = std::strtoull(argv[++i], nullptr, 10);
+    } else if (!std::strcmp(argv[i], "--ref") && has_value) {
+      const std::string r = argv[++i];
+      const size_t eq = r.rfind('=');
+      if (eq == std::string::npos || eq == 0) {
+        std::fprintf(stderr, "bench_io: --ref wants NAME=GBPS, got '%s'\n", r.c_str());
+        return 2;
+      }
+      refs.push_back({r.substr(0, eq), std::strtod(r.c_str() + eq + 1, nullptr)});
+    } else {
+      std::fprintf(stderr, usage, argv[0]);
+      return 2;
+    }
   }
-  auto probe = FileReader::open(path, {});
-  if (!probe.is_ok()) {
-    std::fprintf(stderr, "bench_io: %s\n", probe.status().message().c_str());
+  auto opened = FileReader::open(path, {});
+  if (!opened.is_ok()) {
+    std::fprintf(stderr, "bench_io: %s\n", opened.status().message().c_str());
     return 2;
   }
   const uint64_t chunk4m = 4ull << 20;
-  const uint64_t bytes = std::min((*probe)->file_size(), max_bytes) / chunk4m * chunk4m;
+  const uint64_t bytes = std::min((*opened)->file_size(), max_bytes) / chunk4m * chunk4m;
   if (bytes == 0) {
     std::fprintf(stderr, "bench_io: %s is smaller than 4 MiB\n", path.c_str());
     return 2;
   }
-  probe->reset();
+  opened->reset();
 
   struct Row {
     const char* name;
@@ -115,10 +143,12 @@ int main(int argc, char** argv) {
       {"buffered pread, cold cache", IoKind::kPread, false, 2, true},
       {"buffered pread, warm cache", IoKind::kPread, false, 2, false},
   };
-  std::printf("file %s, %.2f GB read per run, 4 MiB requests, median of %d runs\n", path.c_str(), bytes / 1e9, runs);
-  std::printf("| %-28s | %8s | %8s |\n", "reader", "GB/s", "vs best");
-  std::printf("|%s|%s|%s|\n", std::string(30, '-').c_str(), std::string(10, '-').c_str(), std::string(10, '-').c_str());
-  std::vector<double> results;
+  struct Measured {
+    std::string name;
+    double gbps;
+    bool cold;  // a disk figure ("vs best" is relative to the best of these)
+  };
+  std::vector<Measured> results;
   for (const Row& row : rows) {
     std::vector<double> v;
     if (!row.cold) run_reader(path, row.kind, row.direct, row.depth, chunk4m, bytes);  // warm it
@@ -126,11 +156,41 @@ int main(int argc, char** argv) {
       if (row.cold) evict(path);
       v.push_back(run_reader(path, row.kind, row.direct, row.depth, chunk4m, bytes));
     }
-    results.push_back(median(v));
+    results.push_back({row.name, median(v), row.cold});
   }
-  const double best_cold = *std::max_element(results.begin(), results.end() - 1);
-  for (size_t i = 0; i < results.size(); ++i) {
-    std::printf("| %-28s | %8.2f | %7.0f%% |\n", rows[i].name, results[i], 100.0 * results[i] / best_cold);
+  // The start-up probe exactly as the streamers run it: their IoOptions, default ProbeOptions.
+  std::string probe_text;
+  if (with_probe) {
+    const sluice::stream::IoOptions io;
+    std::vector<double> v;
+    for (int r = 0; r < runs; ++r) {
+      evict(path);
+      auto p = sluice::stream::probe_disk(path, io);
+      if (!p.is_ok()) {
+        std::fprintf(stderr, "bench_io: probe: %s\n", p.status().message().c_str());
+        v.push_back(-1);
+        continue;
+      }
+      v.push_back(p->bytes_per_s / 1e9);
+      probe_text = p->describe();
+    }
+    char name[64];
+    std::snprintf(name, sizeof name, "start-up probe, qd %u", io.queue_depth);
+    results.push_back({name, median(v), true});
   }
+  for (const Ref& r : refs) results.push_back({r.name, r.gbps, true});
+
+  double best_cold = 0;
+  for (const Measured& r : results) {
+    if (r.cold) best_cold = std::max(best_cold, r.gbps);
+  }
+  std::printf("file %s, %.2f GB read per run, 4 MiB requests, median of %d runs\n", path.c_str(), bytes / 1e9, runs);
+  std::printf("| %-32s | %8s | %8s |\n", "reader", "GB/s", "vs best");
+  std::printf("|%s|%s|%s|\n", std::string(34, '-').c_str(), std::string(10, '-').c_str(), std::string(10, '-').c_str());
+  for (const Measured& r : results) {
+    std::printf("| %-32s | %8.2f | %7.0f%% |\n", r.name.c_str(), r.gbps, best_cold > 0 ? 100.0 * r.gbps / best_cold : 0.0);
+  }
+  std::printf("vs best: of the best disk row (the warm-cache row is RAM)\n");
+  if (with_probe) std::printf("start-up probe (last run): %s\n", probe_text.c_str());
   return 0;
 }
