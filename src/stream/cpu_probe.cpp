@@ -1,5 +1,7 @@
 #include "stream/cpu_probe.h"
 
+#include "stream/host_memory.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -62,11 +64,10 @@ Result<CpuProbe> probe_cpu(backend::Backend& cpu, int threads, const CpuProbeOpt
   cpu.upload(xt, xin.data());
   backend::WeightView wv{opts.type, opts.ne0, rows, w.data(), false};
   // The layout the CPU computes hybrid layers from: packed where the backend has one.
-  std::vector<uint8_t> packed;
+  HostBlock packed;
   if (const int64_t pb = cpu.repacked_bytes(wv); pb > 0) {
-    packed.resize(size_t(pb) + 64);
-    void* dst = packed.data() + (64 - reinterpret_cast<uintptr_t>(packed.data()) % 64) % 64;
-    wv = cpu.repack_weight(wv, dst);
+    SLUICE_ASSIGN_OR_RETURN(packed, alloc_host_block(size_t(pb), "the CPU probe"));
+    wv = cpu.repack_weight(wv, packed.get());
     std::vector<uint8_t>().swap(w);
   }
   const double bytes = double(rb) * double(rows);

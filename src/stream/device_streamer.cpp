@@ -13,6 +13,7 @@
 #include "model/arch.h"
 #include "model/config.h"
 #include "stream/cpu_probe.h"
+#include "stream/host_memory.h"
 
 namespace sluice::stream {
 namespace {
@@ -376,17 +377,25 @@ Result<std::unique_ptr<DeviceStreamer>> DeviceStreamer::create(const std::string
     // stream every layer to the GPU (prefill).
     for (size_t l = 0; l < n_layer; ++l) {
       if (!s->host_capable_[l]) continue;
+      // One block per layer, each matrix at a 64-byte aligned offset.
+      uint64_t total = 0;
+      for (Field fld : kLayerFields) {
+        const model::TensorRef& t = s->host_views_[l].*fld;
+        if (t.present()) total += round_up(uint64_t(std::max<int64_t>(0, s->host_be_->repacked_bytes(t.view()))), 64);
+      }
+      if (total == 0) continue;
+      SLUICE_ASSIGN_OR_RETURN(HostBlock block, alloc_host_block(size_t(total), "the CPU's packed layers (hybrid)"));
+      uint64_t off = 0;
       for (Field fld : kLayerFields) {
         model::TensorRef& t = s->host_views_[l].*fld;
         if (!t.present()) continue;
         const int64_t bytes = s->host_be_->repacked_bytes(t.view());
         if (bytes <= 0) continue;
-        void* dst = std::aligned_alloc(64, size_t(round_up(uint64_t(bytes), 64)));
-        if (!dst) return out_of_memory("hybrid: cannot allocate " + std::to_string(bytes) + " bytes to repack " + t.name);
-        s->host_packed_.emplace_back(static_cast<uint8_t*>(dst));
-        s->host_packed_bytes_ += uint64_t(bytes);
-        t.adopt(s->host_be_->repack_weight(t.view(), dst));
+        t.adopt(s->host_be_->repack_weight(t.view(), block.get() + off));
+        off += round_up(uint64_t(bytes), 64);
       }
+      s->host_packed_bytes_ += total;
+      s->host_packed_.push_back(std::move(block));
     }
   }
   // Most passes decode; a long prompt restarts the ring on the other sequence.

@@ -21,7 +21,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -33,6 +32,7 @@
 #include "model/model.h"
 #include "model/weights.h"
 #include "stream/cpu_streamer.h"
+#include "stream/host_memory.h"
 #include "stream/io.h"
 #include "stream/plan.h"
 #include "stream/trace.h"
@@ -240,10 +240,7 @@ class DeviceStreamer final : public model::LayerSource {
   std::vector<model::LayerWeights> host_views_; // per layer: views into its pinned copy (host layers)
   FileReader::Clock::time_point host_start_{};  // acquire of the host layer being computed
   std::string cpu_probe_;
-  struct FreeDeleter {
-    void operator()(uint8_t* p) const { std::free(p); }
-  };
-  std::vector<std::unique_ptr<uint8_t, FreeDeleter>> host_packed_;  // host layers' packed matrices
+  std::vector<HostBlock> host_packed_;  // host layers' packed matrices, one block per layer
   uint64_t host_packed_bytes_ = 0;
   std::vector<int> c_index_;           // per streamed index: index among C layers, or -1
   std::vector<int> c_pos_;             // per C index: streamed index
