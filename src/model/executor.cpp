@@ -63,19 +63,19 @@ void Executor::layer(const LayerWeights& L, int l, int64_t n, int pos0) {
   be.add(x, xn);
 }
 
-void Executor::move_x(Executor& to, int64_t n, std::vector<float>& buf) {
-  buf.resize(size_t(n * cfg_->n_embd));
+void Executor::move_x(Executor& to, int64_t n, std::span<float> buf) {
+  SLUICE_CHECK(buf.size() >= size_t(n * cfg_->n_embd), "executor: hand-off buffer too small");
   be_->download(x_.first_rows(n), buf.data());  // waits for this executor's last layer
   to.be_->upload(to.x_.first_rows(n), buf.data());
 }
 
-void Executor::mirror_kv(Executor& to, int l, int64_t n, int pos0, std::vector<float>& buf) {
+void Executor::mirror_kv(Executor& to, int l, int64_t n, int pos0, std::span<float> buf) {
   SLUICE_CHECK(to.kv_.has(l), "executor: mirror target has no KV cache for the layer");
   const Tensor src[] = {k_.first_rows(n), v_.first_rows(n)};
   const Tensor dst[] = {to.k_.first_rows(n), to.v_.first_rows(n)};
   const Tensor cache[] = {to.kv_.k(l), to.kv_.v(l)};
   for (int i = 0; i < 2; ++i) {
-    buf.resize(size_t(n * src[i].cols));
+    SLUICE_CHECK(buf.size() >= size_t(n * src[i].cols), "executor: hand-off buffer too small");
     be_->download(src[i], buf.data());
     to.be_->upload(dst[i], buf.data());
     to.be_->store_rows(dst[i], cache[i], pos0);

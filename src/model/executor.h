@@ -40,12 +40,14 @@ class Executor {
   // The layer's K/V rows are stored into this executor's cache (has_kv(layer) must hold).
   void layer(const LayerWeights& L, int layer, int64_t n, int pos0);
 
-  // The residual stream of the last n rows computed here, copied into `to`'s x (through the host).
-  void move_x(Executor& to, int64_t n, std::vector<float>& buf);
+  // The residual stream of the last n rows computed here, copied into `to`'s x through the host
+  // buffer `buf` (n * max(n_embd, n_embd_k, n_embd_v) floats at least). Pinned memory there: a
+  // pageable upload is staged through the copy engine, which streaming keeps busy with whole layers.
+  void move_x(Executor& to, int64_t n, std::span<float> buf);
   // The K/V rows layer() just produced (post-RoPE), stored at [pos0, pos0 + n) of `to`'s cache of
   // the same layer: both executors' caches stay identical in content (each backend's own f32->f16
   // store, the same rounding).
-  void mirror_kv(Executor& to, int layer, int64_t n, int pos0, std::vector<float>& buf);
+  void mirror_kv(Executor& to, int layer, int64_t n, int pos0, std::span<float> buf);
 
  private:
   backend::Backend* be_ = nullptr;

@@ -66,6 +66,11 @@ class LlamaFamilyModel final : public Model {
       if (any) {
         host_ = std::make_unique<Executor>();
         SLUICE_RETURN_IF_ERROR(host_->init(*host.backend, cfg_, n_ctx, kMaxBatch, layers, host.rope_freqs));
+        // Activations cross between the executors through memory the main backend copies from
+        // fastest (pinned on a GPU), owned by that backend.
+        const size_t floats = size_t(kMaxBatch) * size_t(std::max({cfg_.n_embd, cfg_.n_embd_k(), cfg_.n_embd_v()}));
+        SLUICE_ASSIGN_OR_RETURN(void* buf, be_->alloc_staging(int64_t(floats * sizeof(float))));
+        handoff_ = std::span<float>(static_cast<float*>(buf), floats);
       }
     }
     SLUICE_ASSIGN_OR_RETURN(logits_, be_->alloc(backend::DType::kF32, cfg_.n_vocab, kLogitRows));
@@ -189,7 +194,7 @@ class LlamaFamilyModel final : public Model {
   Executor main_;                  // the model's backend: every layer's KV cache
   std::unique_ptr<Executor> host_; // hybrid execution: the host CPU (LayerSource::host_executor)
   Tensor logits_;                  // [kLogitRows, n_vocab]
-  std::vector<float> handoff_;     // host buffer for activations moving between executors
+  std::span<float> handoff_;       // activations moving between executors (main backend's staging)
   Timings timings_;
   std::function<void(int, std::span<const float>)> on_layer_;
   std::vector<float> hidden_;  // on_layer_'s download buffer

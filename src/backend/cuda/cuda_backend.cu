@@ -591,6 +591,9 @@ struct ProbeResources {
     if (host) cudaFreeHost(host);
     cudaFree(dev_a);
     cudaFree(dev_b);
+    // A failed probe (e.g. out of memory under a VRAM budget) must not leave its error for the
+    // next launch check of the model's kernels to report.
+    (void)cudaGetLastError();
   }
 };
 
