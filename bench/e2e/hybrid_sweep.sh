@@ -7,7 +7,9 @@
 #
 #   SLUICE=bin LLAMA=llama-bench-cuda HOLD=vram_hold bench/e2e/hybrid_sweep.sh MODEL OUT.csv FREE_GIB...
 #
-# Env: TG (decoded tokens per run, default 16), THREADS (default nproc), NGL_PER_GIB / NGL_BASE (the
+# Env: TG (decoded tokens per run, default 16), CTX (sluice's -c, default 512: llama-bench sizes
+# its KV cache to the test, a few positions, so sluice's default 4096-position cache would spend
+# ~1.3 GB of a 70B's budget that the rival does not), THREADS (default nproc), NGL_PER_GIB / NGL_BASE (the
 # estimate of llama.cpp's largest -ngl that fits: (FREE - NGL_BASE) * NGL_PER_GIB; it tries that,
 # 2 fewer and 2 more, keeping the best that ran), LOGDIR (full outputs; default OUT.csv's folder).
 # Appends rows "free_gib,engine,config,tok_s,bound_tok_s" to OUT.csv (header once); bound_tok_s is
@@ -61,7 +63,7 @@ for free in "$@"; do
   for mode in hybrid pure; do
     flags=(); [[ $mode == pure ]] && flags=(--no-hybrid)
     log="$logdir/sluice_${free}g_${mode}.txt"
-    timeout 400 "$SLUICE" run -m "$model" --backend cuda --vram-budget "${budget}G" -t "$threads" -p "The" -n "$tg" \
+    timeout 400 "$SLUICE" run -m "$model" --backend cuda --vram-budget "${budget}G" -t "$threads" -c "${CTX:-512}" -p "The" -n "$tg" \
       --temp 0 "${flags[@]}" >"$log.out" 2>"$log"
     rate=$(decode_rate "$log")
     echo "  sluice $mode: ${rate:-failed} tok/s ($(grep -m1 '^plan:' "$log" | cut -c1-90))"
