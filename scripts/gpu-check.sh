@@ -19,8 +19,12 @@
 #   --quick         benchmarks without the 128256-row output matrix.
 #   --bench-arg A   pass A to bench_gpu_gemv (e.g. --variants; repeatable).
 #   --out DIR       logs, CSV and the summary (default: $OUT if set, else out/gpu-check).
-#   --skip STEP     skip a step: build, test, memcheck, bench, model, profile, cpu, stream (repeatable).
+#   --skip STEP     skip a step: build, test, memcheck, bench, model, profile, cpu, hybrid, stream (repeatable).
 #
+# On the lent GPU machine (no package registry) the measured runs used scripts/gpu-kit.sh: `pack`
+# here (Debian build deps as .deb, fio, llama.cpp's source), `build` there (static sluice, GPU
+# tests, vram_hold; llama.cpp in the background); then this script with --prebuilt build-gpu/bin
+# or the bench/e2e scripts directly (docs/STREAMING.md gives the commands of each table).
 # Building here needs CMake, Ninja, nvcc, and GoogleTest: from the system if installed, else from
 # a GoogleTest source tree in build-deps/googletest (copy of /usr/src/googletest; build-* is
 # git-ignored, so pass it as a carried path) that is built and installed under /tmp first.
@@ -263,6 +267,33 @@ step_stream() {
   record stream ok "$OUT_DIR/stream.txt"
 }
 
+# Hybrid execution (docs/STREAMING.md, "Hybrid execution"): the CPU computes some pinned-RAM layers
+# while the copy engine streams the others. S2 in detail (plan, traced hybrid run, pure-streaming
+# run with the same prompt, pp512, llama.cpp -ngl 28,30) by bench/e2e/hybrid_s2.sh, then the sweep of
+# free VRAM (HYBRID_POINTS, default 8 12 16 24 32 48 GiB) against llama.cpp's best -ngl by
+# bench/e2e/hybrid_sweep.sh, plotted by bench/plot/sweep.py. A holder process
+# (tools/gpu/vram_hold) keeps the rest of the GPU, so both engines see the same free memory. Runs
+# after the llama.cpp build: a compile on every core halves the CPU executor's rate.
+step_hybrid() {
+  [[ -x "$SLUICE_BIN" ]] || { record hybrid skipped "no sluice binary"; return; }
+  local shm=/dev/shm/sluice-70b.gguf hold=/tmp/sluice-vram-hold dir="$OUT_DIR/hybrid"
+  nvcc -O2 -o "$hold" tools/gpu/vram_hold.cu >"$OUT_DIR/hybrid.log" 2>&1 || { record hybrid FAIL "vram_hold build"; return; }
+  wait_llama
+  mkdir -p "$dir"
+  [[ -f $shm ]] || "$SLUICE_BIN" synth llama-3-70b --type q4_k_m --seed 1 -o "$shm" >>"$OUT_DIR/hybrid.log" 2>&1 ||
+    { record hybrid FAIL "synth 70b"; return; }
+  export CUDA_MODULE_LOADING=EAGER  # kernels loaded with the context, inside the memory it leaves
+  { echo "### S2: 70B Q4_K_M, 16 GiB free (holder), hybrid vs pure streaming vs llama.cpp"
+    SLUICE="$SLUICE_BIN" LLAMA="$LLAMA_CUDA" HOLD="$hold" bash bench/e2e/hybrid_s2.sh "$shm" "$dir" 16
+    echo "### sweep of free VRAM"
+    # shellcheck disable=SC2086
+    SLUICE="$SLUICE_BIN" LLAMA="$LLAMA_CUDA" HOLD="$hold" TG=8 LOGDIR="$dir" \
+      bash bench/e2e/hybrid_sweep.sh "$shm" "$dir/sweep.csv" ${HYBRID_POINTS:-8 12 16 24 32 48}
+    python3 bench/plot/sweep.py "$dir/sweep.csv" -o "$dir/sweep.png"
+  } >"$OUT_DIR/hybrid.txt" 2>&1
+  record hybrid ok "$OUT_DIR/hybrid.txt"
+}
+
 # Where decode time goes: Nsight Compute's per-kernel durations over a few decode steps of the 8B
 # Q4_K_M model (kernels launched one by one, so each is timed alone).
 step_profile() {
@@ -337,7 +368,7 @@ if [[ -n "$CARRIED" ]]; then
   mkdir -p "$PREBUILT" && tar -C "$PREBUILT" -xJf "$CARRIED/bins.tar.xz" && cp "$CARRIED"/*.gguf "$CARRIED"/*.tar.xz "$PREBUILT"/ 2>/dev/null
 fi
 
-STEPS=(build test memcheck bench model profile cpu stream)
+STEPS=(build test memcheck bench model profile cpu hybrid stream)
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader 2>&1 |
   tee "$OUT_DIR/gpu.txt"
 # cuBLAS (prefill GEMMs) is a shared library: the toolkit's, else the one the Python stack ships.
@@ -361,6 +392,7 @@ echo "================ gpu-check summary ($(date -u +%F) $(head -1 "$OUT_DIR/gpu
 [[ -s "$OUT_DIR/model_parity.txt" ]] && { echo "whole-model parity, CUDA vs CPU backend:"; cat "$OUT_DIR/model_parity.txt"; }
 [[ -s "$OUT_DIR/gemv_bench.txt" ]] && cat "$OUT_DIR/gemv_bench.txt"
 [[ -s "$OUT_DIR/model_compare.txt" ]] && { echo "Resident models on the GPU, sluice vs llama.cpp CUDA:"; cat "$OUT_DIR/model_compare.txt"; }
+[[ -s "$OUT_DIR/hybrid.txt" ]] && { echo "Hybrid execution (CPU + GPU at once, 70B):"; grep -vE '^\s*$' "$OUT_DIR/hybrid.txt" | tail -40; }
 [[ -s "$OUT_DIR/stream.txt" ]] && { echo "Streaming (models larger than the GPU budget):"; cat "$OUT_DIR/stream.txt"; }
 [[ -s "$OUT_DIR/profile.txt" ]] && { echo "decode kernels (ncu; name, calls, mean us, total us):"; head -16 "$OUT_DIR/profile.txt"; }
 [[ -s "$OUT_DIR/cpu_compare.txt" ]] && { echo "CPU inference, sluice vs llama.cpp (same machine, same threads):"; cat "$OUT_DIR/cpu_compare.txt"; }

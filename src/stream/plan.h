@@ -61,13 +61,14 @@ struct Unit {
 // (one multiply-add = 2 operations). Where each number should come from is noted per field.
 struct Bandwidths {
   double vram = 2.0e12;    // GPU reading its own memory: cuda_copy_bandwidth() at load
-  double h2d = 25.0e9;     // pinned host -> device: cuda_h2d_bandwidth() at load
+  double h2d = 25.0e9;     // pinned host -> device: cuda_h2d_bandwidth() at load; with hybrid
+                           // execution the rate while the CPU reads DRAM (probe_cpu)
   double disk = 2.0e9;     // O_DIRECT sequential read: probe_disk() on the model file
-  double cpu = 50.0e9;     // CPU computing quantized GEMV on weights in DRAM, all threads, no DMA
-                           // running: a CPU decode run's weight bytes / time (not yet measured
-                           // at start-up: default)
-  double dram = 90.0e9;    // DRAM total when DMA and CPU read at once (a copy and a CPU read run
-                           // together, summed; default until measured)
+  double cpu = 50.0e9;     // CPU computing quantized GEMV on weights in DRAM, all threads:
+                           // probe_cpu at load (device pipeline: its rate while the copy engine
+                           // runs, as in a hybrid token); CPU-only plans: default
+  double dram = 90.0e9;    // DRAM total when DMA and CPU read at once (probe_cpu: the two rates
+                           // measured together, summed; default where not measured)
   double cpu_flops = 2.0e12;   // CPU ops/s on quantized weights with many tokens (prefill GEMM
                                // of the CPU backend; 16 AVX-512 cores ~ 1-3e12)
   double gpu_flops = 2.0e14;   // GPU ops/s of the dequantizing GEMM (well under the tensor-core
