@@ -21,6 +21,7 @@
 #include "model/weights.h"
 #include "stream/device_streamer.h"
 #include "model_test_util.h"
+#include "synthetic_model.h"
 #include "test_util.h"
 
 namespace sluice::stream {
@@ -31,52 +32,9 @@ constexpr Home A = Home::kVram, B = Home::kRam, C = Home::kDisk;
 // A 6-layer llama with K-quant weights (n_embd 256: one Q4_K block per row chunk), so every
 // tensor of a layer has the format and alignment of a real file.
 std::string write_synthetic(const std::string& tag) {
-  const int E = 256, H = 4, KVH = 2, F = 512, L = 6, V = 96;
-  const int D = E / H;
-  gguf::Writer w;
-  w.add("general.architecture", gguf::Value::str("llama"));
-  w.add("llama.block_count", gguf::Value::u32(L));
-  w.add("llama.context_length", gguf::Value::u32(256));
-  w.add("llama.embedding_length", gguf::Value::u32(E));
-  w.add("llama.feed_forward_length", gguf::Value::u32(F));
-  w.add("llama.attention.head_count", gguf::Value::u32(H));
-  w.add("llama.attention.head_count_kv", gguf::Value::u32(KVH));
-  w.add("llama.attention.layer_norm_rms_epsilon", gguf::Value::f32(1e-5f));
-  w.add("llama.rope.freq_base", gguf::Value::f32(10000.0f));
-  std::vector<std::vector<uint8_t>> data;
-  uint64_t salt = 7;
-  auto add = [&](const std::string& name, quant::Type ty, uint64_t ne0, uint64_t ne1, float scale, float offset) {
-    std::vector<uint64_t> shape = {ne0};
-    if (ne1 > 1) shape.push_back(ne1);
-    ASSERT_TRUE(w.add_tensor(name, ty, shape).is_ok()) << name;
-    std::vector<float> v = test::random_floats(ne0 * ne1, scale, ++salt);
-    for (float& x : v) x += offset;
-    const int64_t rb = quant::row_bytes(ty, int64_t(ne0));
-    std::vector<uint8_t> bytes(size_t(rb) * ne1);
-    for (uint64_t r = 0; r < ne1; ++r) quant::kernels(ty).quantize_row(v.data() + r * ne0, bytes.data() + r * rb, int64_t(ne0));
-    data.push_back(std::move(bytes));
-  };
   using T = quant::Type;
-  add("token_embd.weight", T::kQ4_K, E, V, 1.0f, 0);
-  for (int l = 0; l < L; ++l) {
-    const std::string p = "blk." + std::to_string(l) + ".";
-    add(p + "attn_norm.weight", T::kF32, E, 1, 0.1f, 1.0f);
-    add(p + "attn_q.weight", T::kQ4_K, E, uint64_t(H * D), 0.2f, 0);
-    add(p + "attn_k.weight", T::kQ4_K, E, uint64_t(KVH * D), 0.2f, 0);
-    add(p + "attn_v.weight", T::kQ6_K, E, uint64_t(KVH * D), 0.2f, 0);
-    add(p + "attn_output.weight", T::kQ4_K, uint64_t(H * D), E, 0.2f, 0);
-    add(p + "ffn_norm.weight", T::kF32, E, 1, 0.1f, 1.0f);
-    add(p + "ffn_gate.weight", T::kQ4_K, E, F, 0.2f, 0);
-    add(p + "ffn_up.weight", T::kQ4_K, E, F, 0.2f, 0);
-    add(p + "ffn_down.weight", T::kQ6_K, F, E, 0.2f, 0);
-  }
-  add("output_norm.weight", T::kF32, E, 1, 0.1f, 1.0f);
-  add("output.weight", T::kQ6_K, E, V, 0.2f, 0);
-  const std::string path = (std::filesystem::temp_directory_path() /
-                            ("sluice_devstream_" + tag + "_" + std::to_string(::getpid()) + ".gguf")).string();
-  const Status st = w.write(path, data);
-  EXPECT_TRUE(st.is_ok()) << st.message();
-  return path;
+  const test::SynthTypes ty{T::kQ4_K, T::kQ4_K, T::kQ6_K, T::kQ4_K, T::kQ4_K, T::kQ4_K, T::kQ6_K, T::kQ4_K, true, T::kQ6_K};
+  return test::write_synthetic_llama("devstream", tag, ty, /*salt=*/7);
 }
 
 using test::GreedyRun;
