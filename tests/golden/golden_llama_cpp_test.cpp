@@ -246,6 +246,14 @@ std::string literal_exemption(const std::string& name) {
   if (name == "qwen2-q6_k" || name == "qwen3-q6_k")
     return "Q6_K: our packed 16-row Q6_K kernel sums each super-block's integers in one lane, llama.cpp's "
            "vec_dot in eight f32 lanes; first divergence at gap 0.0299 (qwen2) / 0.0254 (qwen3)";
+  // Without AVX-512 the quantized formats run the AVX2 kernels, whose f32 orders differ from the
+  // AVX-512 paths the fixtures were made with (as for SmolLM2 below). Measured on a 2-core AVX2 VM
+  // (2026-11-25): first divergences at gaps 0.0689 (qwen2 q4_k; llama.cpp's own noise there
+  // 0.0651), 0.0276 (qwen2 q8_0; noise 0.0315), 0.0101 (qwen3 q4_k; noise 0.0311). The noise-scaled
+  // near-tie rule stays enforced.
+  if (quant::best_isa() != quant::Isa::kAvx512 && name.find("f16") == std::string::npos &&
+      name.find("f32") == std::string::npos)
+    return "this CPU lacks the AVX-512 kernels whose f32 order matches the fixtures' (made on AVX-512)";
   return "";
 }
 
