@@ -351,8 +351,8 @@ Result<std::unique_ptr<DeviceStreamer>> DeviceStreamer::create(const std::string
     }
   }
 
-  // Hybrid: the host executor computes its B layers from their pinned copies (the file's bytes,
-  // row layout: the CPU's row kernels read them as they lie).
+  // Hybrid: the host executor's layers start as views into their pinned copies (the file's bytes);
+  // below, the matrices with a packed layout are repacked for the CPU's kernels.
   s->host_capable_.assign(n_layer, false);
   s->host_views_.resize(n_layer);
   for (size_t j = 0; j < s->streamed_.size(); ++j) {
