@@ -268,7 +268,7 @@ Status finish_stream(FILE* out, LoadedModel& lm, const decode::Timings& t) {
         // Predicted vs measured per executor: the CPU's layers (host time), the rest of the token
         // (GPU layers, waiting for copies, hand-offs) and the copy engine.
         const double cpu_ms = s.decode_cpu_seconds / n * 1e3;
-        const double pred_cpu_ms = double(p.cpu_exec_bytes) / ds.plan().input.bw.cpu * 1e3;
+        const double pred_cpu_ms = p.t_cpu * 1e3;  // the plan's own CPU share of t_exec
         std::fprintf(out,
                      "hybrid:  CPU computes %.1f MB/token: %.2f ms/token = %.1f GB/s (predicted %.2f ms at %.1f GB/s); "
                      "GPU, copies and hand-offs %.2f ms/token (predicted %.2f ms: h2d %.2f, exec on GPU %.2f); "

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <map>
 
 #include "gguf/gguf.h"
@@ -206,14 +207,14 @@ std::string DevicePlan::describe() const {
   if (plan.cpu_exec_bytes > 0) {
     // Long passes (prefill) stream every layer to the GPU: one copy serves the whole batch.
     PlanInput pin = input;
-    pin.batch = 512;
+    pin.batch = int(kMaxBatch);
     Plan pp = plan;
     for (UnitPlan& u : pp.units) u.exec = Executor::kGpu;
     score_plan(pin, pp);
     std::snprintf(line, sizeof line,
-                  "  prefill (passes of >= %d tokens; 512 here): every streamed layer on the GPU, predicted %.1f ms per "
+                  "  prefill (passes of >= %d tokens; %d here): every streamed layer on the GPU, predicted %.1f ms per "
                   "pass = %.0f tok/s (bound by %s)\n",
-                  prefill_batch, pp.token_seconds * 1e3, 512 / pp.token_seconds, pp.bound.c_str());
+                  prefill_batch, pin.batch, pp.token_seconds * 1e3, double(pin.batch) / pp.token_seconds, pp.bound.c_str());
     s += line;
   }
   std::snprintf(line, sizeof line,
@@ -378,21 +379,18 @@ Result<std::unique_ptr<DeviceStreamer>> DeviceStreamer::create(const std::string
     for (size_t l = 0; l < n_layer; ++l) {
       if (!s->host_capable_[l]) continue;
       // One block per layer, each matrix at a 64-byte aligned offset.
-      uint64_t total = 0;
-      for (Field fld : kLayerFields) {
-        const model::TensorRef& t = s->host_views_[l].*fld;
-        if (t.present()) total += round_up(uint64_t(std::max<int64_t>(0, s->host_be_->repacked_bytes(t.view()))), 64);
+      uint64_t offset[std::size(kLayerFields)] = {}, total = 0;
+      for (size_t f = 0; f < std::size(kLayerFields); ++f) {
+        const model::TensorRef& t = s->host_views_[l].*kLayerFields[f];
+        const int64_t bytes = t.present() ? s->host_be_->repacked_bytes(t.view()) : 0;
+        offset[f] = bytes > 0 ? total : UINT64_MAX;  // UINT64_MAX: computed on as it lies
+        if (bytes > 0) total += round_up(uint64_t(bytes), 64);
       }
       if (total == 0) continue;
       SLUICE_ASSIGN_OR_RETURN(HostBlock block, alloc_host_block(size_t(total), "the CPU's packed layers (hybrid)"));
-      uint64_t off = 0;
-      for (Field fld : kLayerFields) {
-        model::TensorRef& t = s->host_views_[l].*fld;
-        if (!t.present()) continue;
-        const int64_t bytes = s->host_be_->repacked_bytes(t.view());
-        if (bytes <= 0) continue;
-        t.adopt(s->host_be_->repack_weight(t.view(), block.get() + off));
-        off += round_up(uint64_t(bytes), 64);
+      for (size_t f = 0; f < std::size(kLayerFields); ++f) {
+        model::TensorRef& t = s->host_views_[l].*kLayerFields[f];
+        if (offset[f] != UINT64_MAX) t.adopt(s->host_be_->repack_weight(t.view(), block.get() + offset[f]));
       }
       s->host_packed_bytes_ += total;
       s->host_packed_.push_back(std::move(block));
