@@ -33,6 +33,19 @@ struct WeightView {
   bool packed = false;
   int64_t row_bytes() const { return quant::row_bytes(type, ne0); }
   bool empty() const { return data == nullptr; }
+  // Rows [first, first + n) as a matrix of their own (one expert of a stacked expert tensor). A
+  // packed view is cut at whole groups: first and n must be multiples of the format's packed_rows.
+  WeightView rows(int64_t first, int64_t n) const {
+    SLUICE_CHECK(first >= 0 && n >= 0 && first + n <= ne1, "weight rows outside the matrix");
+    int64_t offset = first * row_bytes();
+    if (packed) {
+      const quant::Kernels& k = quant::kernels(type);
+      SLUICE_CHECK(k.packed_rows > 0 && first % k.packed_rows == 0 && n % k.packed_rows == 0,
+                   "packed weight cut inside a row group");
+      offset = first / k.packed_rows * k.packed_bytes(ne0);
+    }
+    return {type, ne0, n, static_cast<const uint8_t*>(data) + offset, packed};
+  }
 };
 
 enum class DType { kF32, kF16 };
@@ -167,6 +180,15 @@ class Backend {
   virtual void add_bias(const Tensor& y, const WeightView& b) = 0;
   // dst += src, elementwise (residual connections).
   virtual void add(const Tensor& dst, const Tensor& src) = 0;
+  // Mixture of experts: the rows routed to one expert are gathered into a dense batch, and the
+  // expert's output is scattered back, scaled by the router's weight. Row lists come from the
+  // host (routing is decided there) and hold at most 512 entries.
+  // dst[i] = src[rows[i]]; dst.rows == rows.size(), rows[i] in [0, src.rows).
+  virtual void gather_rows(const Tensor& src, std::span<const int32_t> rows, const Tensor& dst) = 0;
+  // dst[rows[i]] += scale[i] * src[i]; src.rows == rows.size() == scale.size(); rows distinct.
+  virtual void scatter_add_rows(const Tensor& dst, const Tensor& src, std::span<const int32_t> rows,
+                                std::span<const float> scale) = 0;
+
   // dst = silu(gate) * up, elementwise. dst may alias gate or up.
   virtual void swiglu(const Tensor& gate, const Tensor& up, const Tensor& dst) = 0;
 

@@ -6,33 +6,47 @@ namespace {
 using LT = LayerTensor;
 using RM = backend::RopeMode;
 
-// Llama 2/3/3.1/3.2, SmolLM2, Mistral: pre-norm attention + SwiGLU. Some fine-tunes carry Q/K/V
-// biases; they are used when present.
-constexpr LayerTensorSpec kLlamaLayer[] = {
-    {LT::kAttnNorm, true}, {LT::kWq, true},   {LT::kWk, true},      {LT::kWv, true},
-    {LT::kWo, true},       {LT::kBq, false},  {LT::kBk, false},     {LT::kBv, false},
-    {LT::kFfnNorm, true},  {LT::kWGate, true}, {LT::kWUp, true},    {LT::kWDown, true},
+// Llama 2/3/3.1/3.2, SmolLM2, Mistral, Mixtral (llama with experts): pre-norm attention + SwiGLU.
+// Some fine-tunes carry Q/K/V biases; they are used when present.
+constexpr LayerTensorSpec kLlamaAttn[] = {
+    {LT::kAttnNorm, true}, {LT::kWq, true},  {LT::kWk, true},  {LT::kWv, true},
+    {LT::kWo, true},       {LT::kBq, false}, {LT::kBk, false}, {LT::kBv, false},
 };
 
-// Qwen2: Q/K/V always carry biases.
-constexpr LayerTensorSpec kQwen2Layer[] = {
-    {LT::kAttnNorm, true}, {LT::kWq, true},   {LT::kWk, true},      {LT::kWv, true},
-    {LT::kWo, true},       {LT::kBq, true},   {LT::kBk, true},      {LT::kBv, true},
-    {LT::kFfnNorm, true},  {LT::kWGate, true}, {LT::kWUp, true},    {LT::kWDown, true},
+// Qwen2 (and Qwen2-MoE): Q/K/V always carry biases.
+constexpr LayerTensorSpec kQwen2Attn[] = {
+    {LT::kAttnNorm, true}, {LT::kWq, true}, {LT::kWk, true}, {LT::kWv, true},
+    {LT::kWo, true},       {LT::kBq, true}, {LT::kBk, true}, {LT::kBv, true},
 };
 
-// Qwen3: no biases; per-head RMSNorm on Q and K before RoPE.
-constexpr LayerTensorSpec kQwen3Layer[] = {
-    {LT::kAttnNorm, true}, {LT::kWq, true},    {LT::kWk, true},     {LT::kWv, true},
-    {LT::kWo, true},       {LT::kQNorm, true}, {LT::kKNorm, true},  {LT::kFfnNorm, true},
-    {LT::kWGate, true},    {LT::kWUp, true},   {LT::kWDown, true},
+// Qwen3 (and Qwen3-MoE): no biases; per-head RMSNorm on Q and K before RoPE.
+constexpr LayerTensorSpec kQwen3Attn[] = {
+    {LT::kAttnNorm, true}, {LT::kWq, true},    {LT::kWk, true},    {LT::kWv, true},
+    {LT::kWo, true},       {LT::kQNorm, true}, {LT::kKNorm, true},
+};
+
+constexpr LayerTensorSpec kDenseFfn[] = {
+    {LT::kFfnNorm, true}, {LT::kWGate, true}, {LT::kWUp, true}, {LT::kWDown, true},
+};
+
+constexpr LayerTensorSpec kMoeFfn[] = {
+    {LT::kFfnNorm, true}, {LT::kGateInp, true}, {LT::kGateExps, true}, {LT::kUpExps, true}, {LT::kDownExps, true},
+};
+
+// Qwen2-MoE: routed experts plus a shared expert whose output is scaled by sigmoid(gate . x).
+constexpr LayerTensorSpec kMoeSharedFfn[] = {
+    {LT::kFfnNorm, true},  {LT::kGateInp, true},   {LT::kGateExps, true}, {LT::kUpExps, true},
+    {LT::kDownExps, true}, {LT::kGateInpSh, true}, {LT::kGateSh, true},   {LT::kUpSh, true},
+    {LT::kDownSh, true},
 };
 
 constexpr ArchSpec kArchs[] = {
-    {"llama", RM::kNormal, kLlamaLayer},
-    {"mistral", RM::kNormal, kLlamaLayer},
-    {"qwen2", RM::kNeox, kQwen2Layer},
-    {"qwen3", RM::kNeox, kQwen3Layer},
+    {"llama", RM::kNormal, kLlamaAttn, kDenseFfn, kMoeFfn, {true, false, true}},
+    {"mistral", RM::kNormal, kLlamaAttn, kDenseFfn, {}, {}},
+    {"qwen2", RM::kNeox, kQwen2Attn, kDenseFfn, {}, {}},
+    {"qwen3", RM::kNeox, kQwen3Attn, kDenseFfn, {}, {}},
+    {"qwen3moe", RM::kNeox, kQwen3Attn, {}, kMoeFfn, {true, true, true}},
+    {"qwen2moe", RM::kNeox, kQwen2Attn, {}, kMoeSharedFfn, {true, true, false}},
 };
 
 }  // namespace
@@ -53,6 +67,14 @@ const char* layer_tensor_suffix(LayerTensor t) {
     case LT::kWGate: return "ffn_gate.weight";
     case LT::kWUp: return "ffn_up.weight";
     case LT::kWDown: return "ffn_down.weight";
+    case LT::kGateInp: return "ffn_gate_inp.weight";
+    case LT::kGateExps: return "ffn_gate_exps.weight";
+    case LT::kUpExps: return "ffn_up_exps.weight";
+    case LT::kDownExps: return "ffn_down_exps.weight";
+    case LT::kGateInpSh: return "ffn_gate_inp_shexp.weight";
+    case LT::kGateSh: return "ffn_gate_shexp.weight";
+    case LT::kUpSh: return "ffn_up_shexp.weight";
+    case LT::kDownSh: return "ffn_down_shexp.weight";
   }
   return "?";
 }

@@ -28,6 +28,15 @@ enum class LayerTensor {
   kWGate,     // ffn_gate.weight     [n_embd, n_ff]
   kWUp,       // ffn_up.weight       [n_embd, n_ff]
   kWDown,     // ffn_down.weight     [n_ff, n_embd]
+  // Mixture of experts (n_expert > 0): a router and stacked experts instead of the dense FFN.
+  kGateInp,    // ffn_gate_inp.weight       [n_embd, n_expert]                 (router; f32 in practice)
+  kGateExps,   // ffn_gate_exps.weight      [n_embd, n_ff_exp, n_expert]
+  kUpExps,     // ffn_up_exps.weight        [n_embd, n_ff_exp, n_expert]
+  kDownExps,   // ffn_down_exps.weight      [n_ff_exp, n_embd, n_expert]
+  kGateInpSh,  // ffn_gate_inp_shexp.weight [n_embd]                           (shared expert's gate)
+  kGateSh,     // ffn_gate_shexp.weight     [n_embd, n_ff_shexp]
+  kUpSh,       // ffn_up_shexp.weight       [n_embd, n_ff_shexp]
+  kDownSh,     // ffn_down_shexp.weight     [n_ff_shexp, n_embd]
 };
 const char* layer_tensor_suffix(LayerTensor t);  // "attn_q.weight"
 
@@ -36,10 +45,22 @@ struct LayerTensorSpec {
   bool required;
 };
 
+// Mixture-of-experts routing of an architecture (llama.cpp's build_moe_ffn with softmax gating):
+// probabilities = softmax(router logits) over all experts, the top n_expert_used are chosen, and
+// their weights are the probabilities, renormalized to sum 1 where norm_weights.
+struct MoeSpec {
+  bool supported = false;    // the architecture may have experts (<arch>.expert_count > 0)
+  bool required = false;     // it must have them (qwen3moe, qwen2moe)
+  bool norm_weights = false;
+};
+
 struct ArchSpec {
   std::string_view name;  // general.architecture
   backend::RopeMode rope_mode;
-  std::span<const LayerTensorSpec> layer_tensors;
+  std::span<const LayerTensorSpec> layer_tensors;  // attention (and its norm)
+  std::span<const LayerTensorSpec> dense_ffn;      // ffn_norm + the dense FFN
+  std::span<const LayerTensorSpec> moe_ffn;        // ffn_norm + router + experts (+ shared expert)
+  MoeSpec moe;
 };
 
 // nullptr when the architecture is not supported.

@@ -1,5 +1,6 @@
 #include "model/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -12,6 +13,7 @@ namespace {
 // Upper bounds that no real model approaches; they keep products of dimensions far from overflow.
 constexpr uint64_t kMaxDim = 1u << 20;
 constexpr int kMaxRot = 2048;  // the CPU RoPE keeps n_rot/2 angles on the stack
+constexpr uint64_t kMaxExperts = 512;
 
 class Reader {
  public:
@@ -42,6 +44,38 @@ class Reader {
   std::string prefix_;
 };
 
+// Expert count, top-k and routing of a mixture-of-experts model; n_expert stays 0 for dense ones.
+Status read_experts(const gguf::File& file, const ArchSpec& arch, const Reader& r, Config& c) {
+  if (!r.has("expert_count")) {
+    if (arch.moe.required) return r.bad("expert_count", "absent", "a " + c.arch + " model has experts");
+    return Status::ok();
+  }
+  auto n = file.get_uint(r.key("expert_count"));
+  if (!n) return n.status();
+  if (*n == 0 && !arch.moe.required) return Status::ok();  // dense files may state 0 experts
+  if (!arch.moe.supported) {
+    return unsupported(file.path() + ": " + r.key("expert_count") + " = " + std::to_string(*n) +
+                       ": experts are not supported for architecture " + c.arch);
+  }
+  if (*n < 2 || *n > kMaxExperts) {
+    return r.bad("expert_count", std::to_string(*n), "must be in [2, " + std::to_string(kMaxExperts) + "]");
+  }
+  c.n_expert = int(*n);
+  SLUICE_ASSIGN_OR_RETURN(c.n_expert_used, r.dim("expert_used_count"));
+  if (c.n_expert_used > c.n_expert) {
+    return r.bad("expert_used_count", std::to_string(c.n_expert_used),
+                 "must be at most expert_count = " + std::to_string(c.n_expert));
+  }
+  c.expert_weights_norm = arch.moe.norm_weights;
+  if (r.has("expert_weights_scale")) {
+    auto s = file.get_float(r.key("expert_weights_scale"));
+    if (!s) return s.status();
+    if (!std::isfinite(*s) || *s < 0) return r.bad("expert_weights_scale", std::to_string(*s), "must be finite and >= 0");
+    if (*s != 0) c.expert_weights_scale = float(*s);
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 Result<Config> read_config(const gguf::File& file, const ArchSpec& arch) {
@@ -51,7 +85,25 @@ Result<Config> read_config(const gguf::File& file, const ArchSpec& arch) {
   Reader r(file, arch.name);
   SLUICE_ASSIGN_OR_RETURN(c.n_layer, r.dim("block_count"));
   SLUICE_ASSIGN_OR_RETURN(c.n_embd, r.dim("embedding_length"));
-  SLUICE_ASSIGN_OR_RETURN(c.n_ff, r.dim("feed_forward_length"));
+  SLUICE_RETURN_IF_ERROR(read_experts(file, arch, r, c));
+  if (!c.moe() || r.has("feed_forward_length")) {
+    SLUICE_ASSIGN_OR_RETURN(c.n_ff, r.dim("feed_forward_length"));
+  }
+  if (c.moe()) {
+    // llama (Mixtral) states the expert size as feed_forward_length; Qwen MoE files as
+    // expert_feed_forward_length (llama.cpp falls back to feed_forward_length / expert_used_count).
+    if (r.has("expert_feed_forward_length")) {
+      SLUICE_ASSIGN_OR_RETURN(c.n_ff_exp, r.dim("expert_feed_forward_length"));
+    } else if (c.n_ff > 0) {
+      c.n_ff_exp = arch.name == "llama" ? c.n_ff : c.n_ff / c.n_expert_used;
+    }
+    if (c.n_ff_exp < 1) return r.bad("expert_feed_forward_length", "absent", "needed for a mixture-of-experts model");
+    if (std::any_of(arch.moe_ffn.begin(), arch.moe_ffn.end(),
+                    [](const LayerTensorSpec& t) { return t.tensor == LayerTensor::kGateSh; })) {
+      SLUICE_ASSIGN_OR_RETURN(c.n_ff_shexp, r.dim_or("expert_shared_feed_forward_length", c.n_ff));
+      if (c.n_ff_shexp < 1) return r.bad("expert_shared_feed_forward_length", "absent", "needed for the shared expert");
+    }
+  }
   SLUICE_ASSIGN_OR_RETURN(c.n_head, r.dim("attention.head_count"));
   SLUICE_ASSIGN_OR_RETURN(c.n_head_kv, r.dim_or("attention.head_count_kv", c.n_head));
   SLUICE_ASSIGN_OR_RETURN(c.n_ctx_train, r.dim("context_length"));

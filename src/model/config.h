@@ -2,6 +2,7 @@
 // layer loop can trust every dimension it is given.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -32,6 +33,17 @@ struct Config {
   float rope_freq_base = 10000.0f;  // <arch>.rope.freq_base
   float rope_freq_scale = 1.0f;     // 1 / <arch>.rope.scaling.factor for linear scaling
   backend::RopeMode rope_mode = backend::RopeMode::kNormal;  // from the arch table
+  // Mixture of experts (0 experts: a dense FFN of n_ff).
+  int n_expert = 0;             // <arch>.expert_count
+  int n_expert_used = 0;        // <arch>.expert_used_count (top-k)
+  int n_ff_exp = 0;             // <arch>.expert_feed_forward_length (llama: feed_forward_length)
+  int n_ff_shexp = 0;           // <arch>.expert_shared_feed_forward_length (qwen2moe; 0: none)
+  bool expert_weights_norm = false;  // top-k weights renormalized to sum 1 (from the arch table)
+  float expert_weights_scale = 1.0f; // <arch>.expert_weights_scale (0 or absent: 1)
+
+  bool moe() const { return n_expert > 0; }
+  // Widest FFN hidden activation a layer needs (dense, routed expert or shared expert).
+  int n_ff_max() const { return moe() ? std::max(n_ff_exp, n_ff_shexp) : n_ff; }
 
   int n_embd_q() const { return n_head * head_dim; }
   int n_embd_k() const { return n_head_kv * head_dim; }

@@ -19,8 +19,18 @@ Status Executor::init(backend::Backend& be, const Config& cfg, int n_ctx, int ma
   SLUICE_ASSIGN_OR_RETURN(k_, f32(cfg.n_embd_k()));
   SLUICE_ASSIGN_OR_RETURN(v_, f32(cfg.n_embd_v()));
   SLUICE_ASSIGN_OR_RETURN(attn_, f32(cfg.n_head * cfg.head_dim_v));
-  SLUICE_ASSIGN_OR_RETURN(gate_, f32(cfg.n_ff));
-  SLUICE_ASSIGN_OR_RETURN(up_, f32(cfg.n_ff));
+  SLUICE_ASSIGN_OR_RETURN(gate_, f32(cfg.n_ff_max()));
+  SLUICE_ASSIGN_OR_RETURN(up_, f32(cfg.n_ff_max()));
+  if (cfg.moe()) {
+    SLUICE_ASSIGN_OR_RETURN(logits_, f32(cfg.n_expert));
+    SLUICE_ASSIGN_OR_RETURN(sgate_, f32(1));
+    SLUICE_ASSIGN_OR_RETURN(xg_, f32(cfg.n_embd));
+    SLUICE_ASSIGN_OR_RETURN(ey_, f32(cfg.n_embd));
+    logits_host_.resize(size_t(max_batch) * size_t(cfg.n_expert));
+    sgate_host_.resize(size_t(max_batch));
+    all_rows_.resize(size_t(max_batch));
+    for (int i = 0; i < max_batch; ++i) all_rows_[size_t(i)] = i;
+  }
   return Status::ok();
 }
 
@@ -53,14 +63,77 @@ void Executor::layer(const LayerWeights& L, int l, int64_t n, int pos0) {
   be.attention(q, kv_.k(l), kv_.v(l), attn, ap);
   be.matmul(L.wo.view(), attn, xn);
   be.add(x, xn);
-  // Feed-forward block: x += W_down . (silu(W_gate xn) * (W_up xn)).
   be.rms_norm(x, L.ffn_norm.view(), eps, xn);
+  ffn(L, n);
+}
+
+void Executor::ffn(const LayerWeights& L, int64_t n) {
+  if (L.moe()) return moe_ffn(L, n);
+  // Dense feed-forward block: x += W_down . (silu(W_gate xn) * (W_up xn)).
+  backend::Backend& be = *be_;
+  const Tensor x = x_.first_rows(n), xn = xn_.first_rows(n), gate = gate_.first_rows(n), up = up_.first_rows(n);
   const backend::WeightView gate_up_w[] = {L.w_gate.view(), L.w_up.view()};
   const Tensor gate_up_y[] = {gate, up};
   be.matmul_multi(gate_up_w, xn, gate_up_y);
   be.swiglu(gate, up, gate);
   be.matmul(L.w_down.view(), gate, xn);
   be.add(x, xn);
+}
+
+void Executor::expert(const backend::WeightView& gate_w, const backend::WeightView& up_w,
+                      const backend::WeightView& down_w, const Tensor& in, std::span<const int32_t> rows,
+                      std::span<const float> weights, int64_t n) {
+  backend::Backend& be = *be_;
+  const int64_t m = in.rows;
+  // The hidden buffers are n_ff_max wide; this expert's may be narrower (same row stride).
+  const Tensor g{gate_.data, gate_.dtype, gate_w.ne1, m, gate_.stride};
+  const Tensor u{up_.data, up_.dtype, up_w.ne1, m, up_.stride};
+  const Tensor y = ey_.first_rows(m);
+  const backend::WeightView gate_up_w[] = {gate_w, up_w};
+  const Tensor gate_up_y[] = {g, u};
+  be.matmul_multi(gate_up_w, in, gate_up_y);
+  be.swiglu(g, u, g);
+  be.matmul(down_w, g, y);
+  be.scatter_add_rows(x_.first_rows(n), y, rows, weights);
+}
+
+// Routed experts: the router's logits come to the host (one small download per layer), the host
+// chooses each token's experts (model/moe.h), and each chosen expert runs once on the dense batch
+// of its tokens, its output added into the residual stream scaled by the router weight.
+void Executor::moe_ffn(const LayerWeights& L, int64_t n) {
+  backend::Backend& be = *be_;
+  const Config& c = *cfg_;
+  const Tensor xn = xn_.first_rows(n), logits = logits_.first_rows(n), sgate = sgate_.first_rows(n);
+  const bool shared = L.gate_shexp.present();
+  if (shared) {
+    const backend::WeightView w[] = {L.gate_inp.view(), L.gate_inp_shexp.view()};
+    const Tensor y[] = {logits, sgate};
+    be.matmul_multi(w, xn, y);
+  } else {
+    be.matmul(L.gate_inp.view(), xn, logits);
+  }
+  const std::span<float> lh(logits_host_.data(), size_t(n) * size_t(c.n_expert));
+  be.download(logits, lh.data());
+  route_experts(lh, int(n), c.n_expert, c.n_expert_used, c.expert_weights_norm, c.expert_weights_scale, routing_);
+  group_by_expert(routing_, c.n_expert, batches_);
+  const std::span<const int32_t> all(all_rows_.data(), size_t(n));
+  if (shared) {
+    // qwen2moe's shared expert sees every token, scaled by sigmoid(gate_inp_shexp . xn).
+    be.download(sgate, sgate_host_.data());
+    for (int64_t t = 0; t < n; ++t) sgate_host_[size_t(t)] = 1.0f / (1.0f + std::exp(-sgate_host_[size_t(t)]));
+    expert(L.gate_shexp.view(), L.up_shexp.view(), L.down_shexp.view(), xn, all,
+           std::span<const float>(sgate_host_.data(), size_t(n)), n);
+  }
+  for (const ExpertBatch& b : batches_) {
+    const int64_t m = int64_t(b.rows.size());
+    Tensor in = xn;
+    if (m != n) {  // every token chose this expert: the rows are 0 .. n-1 already
+      in = xg_.first_rows(m);
+      be.gather_rows(xn, b.rows, in);
+    }
+    expert(L.gate_exps.expert(b.expert), L.up_exps.expert(b.expert), L.down_exps.expert(b.expert), in, b.rows,
+           b.weights, n);
+  }
 }
 
 void Executor::move_x(Executor& to, int64_t n, std::span<float> buf) {

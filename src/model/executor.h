@@ -16,6 +16,7 @@
 #include "core/status.h"
 #include "model/config.h"
 #include "model/kv_cache.h"
+#include "model/moe.h"
 #include "model/weights.h"
 
 namespace sluice::model {
@@ -50,6 +51,14 @@ class Executor {
   void mirror_kv(Executor& to, int layer, int64_t n, int pos0, std::span<float> buf);
 
  private:
+  // x += the FFN block of `L` on the normed input xn (dense SwiGLU, or the routed experts).
+  void ffn(const LayerWeights& L, int64_t n);
+  void moe_ffn(const LayerWeights& L, int64_t n);
+  // x[rows] += weights * W_down . (silu(W_gate in) * (W_up in)) for one expert's batch `in` (the
+  // pass has n rows).
+  void expert(const backend::WeightView& gate, const backend::WeightView& up, const backend::WeightView& down,
+              const backend::Tensor& in, std::span<const int32_t> rows, std::span<const float> weights, int64_t n);
+
   backend::Backend* be_ = nullptr;
   const Config* cfg_ = nullptr;
   backend::WeightView rope_freqs_;  // in this backend's memory
@@ -61,8 +70,17 @@ class Executor {
   backend::Tensor k_;     // keys                  [n_head_kv * head_dim]
   backend::Tensor v_;     // values                [n_head_kv * head_dim]
   backend::Tensor attn_;  // attention output      [n_head * head_dim_v]
-  backend::Tensor gate_;  // ffn gate, then swiglu [n_ff]
-  backend::Tensor up_;    // ffn up                [n_ff]
+  backend::Tensor gate_;  // ffn gate, then swiglu [n_ff_max]
+  backend::Tensor up_;    // ffn up                [n_ff_max]
+  // Mixture of experts (Config::moe()).
+  backend::Tensor logits_;  // router logits          [n_expert]
+  backend::Tensor sgate_;   // shared expert's gate   [1]
+  backend::Tensor xg_;      // one expert's rows      [n_embd]
+  backend::Tensor ey_;      // one expert's output    [n_embd]
+  std::vector<float> logits_host_, sgate_host_;
+  MoeRouting routing_;
+  std::vector<ExpertBatch> batches_;
+  std::vector<int32_t> all_rows_;
 };
 
 }  // namespace sluice::model

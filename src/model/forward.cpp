@@ -142,7 +142,8 @@ class LlamaFamilyModel final : public Model {
 
     SLUICE_RETURN_IF_ERROR(src.begin_pass(int(n)));
     // A decode pass over resident weights repeats the same ops every token: one replayable step.
-    const bool step = n == 1 && src.weights_fixed() && !on_layer_ && !host_;
+    // Not for mixtures of experts: routing downloads the router's logits in every layer.
+    const bool step = n == 1 && src.weights_fixed() && !on_layer_ && !host_ && !cfg_.moe();
     if (step) be.begin_step();
     be.get_rows(g.token_embd.view(), ids, main_.x(n));
     Executor* cur = &main_;
@@ -204,9 +205,10 @@ class LlamaFamilyModel final : public Model {
 // embedding table (looked up on the host), the KV cache and the activations, plus a margin for
 // the backend's workspaces.
 uint64_t device_bytes_needed(const Config& cfg, const Weights& w, int n_ctx) {
-  uint64_t bytes = w.bytes_per_token() - w.token_embd.nbytes / uint64_t(std::max<int64_t>(w.token_embd.ne1, 1));
+  uint64_t bytes = w.bytes_total() - w.token_embd.nbytes;
+  if (w.output.data == w.token_embd.data) bytes += w.output.nbytes;  // tied: uploaded as the output
   bytes += uint64_t(n_ctx) * uint64_t(cfg.n_layer) * uint64_t(cfg.n_embd_k() + cfg.n_embd_v()) * 2;
-  bytes += uint64_t(kMaxBatch) * uint64_t(4 * cfg.n_embd + cfg.n_embd_q() + 2 * cfg.n_ff) * 4;
+  bytes += uint64_t(kMaxBatch) * uint64_t(6 * cfg.n_embd + cfg.n_embd_q() + 2 * cfg.n_ff_max() + cfg.n_expert) * 4;
   return bytes + (uint64_t(512) << 20);
 }
 
@@ -248,6 +250,8 @@ Result<Weights> upload_weights(backend::Backend& be, const Weights& host, const 
   Weights dev = host;
   auto up = [&](TensorRef& t) -> Status {
     if (!t.present()) return Status::ok();
+    // Stacked experts whose rows the backend would regroup across expert boundaries stay as they lie.
+    if (be.reads_host_weights() && repacked_bytes(be, t) == 0) return Status::ok();
     auto v = be.upload_weight(t.view());
     if (!v.is_ok()) return Status(v.status().code(), "uploading " + t.name + ": " + v.status().message());
     if (v->data != t.data) file.release(t.data, t.nbytes);
@@ -258,10 +262,7 @@ Result<Weights> upload_weights(backend::Backend& be, const Weights& host, const 
   SLUICE_RETURN_IF_ERROR(up(dev.output));
   SLUICE_RETURN_IF_ERROR(up(dev.rope_freqs));
   for (LayerWeights& L : dev.layers) {
-    for (TensorRef* t : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.wo, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm,
-                         &L.ffn_norm, &L.w_gate, &L.w_up, &L.w_down}) {
-      SLUICE_RETURN_IF_ERROR(up(*t));
-    }
+    for (TensorRef* t : L.tensors()) SLUICE_RETURN_IF_ERROR(up(*t));
   }
   return dev;
 }

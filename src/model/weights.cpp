@@ -1,5 +1,6 @@
 #include "model/weights.h"
 
+#include <algorithm>
 #include <string>
 
 #include "gguf/gguf.h"
@@ -14,28 +15,30 @@ enum class Use {
   kVector,  // norms, biases, rope factors: f32 (the elementwise ops read it directly)
 };
 
-std::string shape_str(int64_t ne0, int64_t ne1) {
+std::string shape_str(int64_t ne0, int64_t ne1, int64_t ne2 = 1) {
   std::vector<uint64_t> shape{uint64_t(ne0)};
-  if (ne1 != 1) shape.push_back(uint64_t(ne1));
+  if (ne1 != 1 || ne2 != 1) shape.push_back(uint64_t(ne1));
+  if (ne2 != 1) shape.push_back(uint64_t(ne2));
   return gguf::shape_string(shape);
 }
 
-// Finds `name` and checks it against the expected shape [ne0, ne1] and its use. When the tensor
-// is absent: error if required, else an empty TensorRef.
+// Finds `name` and checks it against the expected shape [ne0, ne1, ne2] and its use. When the
+// tensor is absent: error if required, else an empty TensorRef.
 Result<TensorRef> resolve(const gguf::File& f, const std::string& name, int64_t ne0, int64_t ne1, Use use,
-                          bool required) {
+                          bool required, int64_t ne2 = 1) {
   const gguf::TensorInfo* info = f.find_tensor(name);
   if (!info) {
     if (!required) return TensorRef{};
-    return invalid_argument(f.path() + ": missing tensor " + name + " (expected shape " + shape_str(ne0, ne1) + ")");
+    return invalid_argument(f.path() + ": missing tensor " + name + " (expected shape " + shape_str(ne0, ne1, ne2) +
+                            ")");
   }
   // Trailing dimensions of 1 are insignificant ([576] == [576, 1]).
-  bool ok = info->shape.size() >= 1 && int64_t(info->shape[0]) == ne0 &&
-            (info->shape.size() >= 2 ? int64_t(info->shape[1]) : 1) == ne1;
-  for (size_t d = 2; d < info->shape.size(); ++d) ok = ok && info->shape[d] == 1;
+  auto dim = [&](size_t d) { return d < info->shape.size() ? int64_t(info->shape[d]) : int64_t{1}; };
+  bool ok = info->shape.size() >= 1 && dim(0) == ne0 && dim(1) == ne1 && dim(2) == ne2;
+  for (size_t d = 3; d < info->shape.size(); ++d) ok = ok && info->shape[d] == 1;
   if (!ok) {
     return invalid_argument(f.path() + ": tensor " + name + " has shape " + gguf::shape_string(info->shape) +
-                            ", expected " + shape_str(ne0, ne1));
+                            ", expected " + shape_str(ne0, ne1, ne2));
   }
   const quant::Kernels& k = quant::kernels(info->type);
   const char* tn = quant::type_name(info->type);
@@ -60,6 +63,7 @@ Result<TensorRef> resolve(const gguf::File& f, const std::string& name, int64_t 
   r.type = info->type;
   r.ne0 = ne0;
   r.ne1 = ne1;
+  r.ne2 = ne2;
   r.data = f.tensor_data(*info);
   r.nbytes = info->nbytes;
   return r;
@@ -69,6 +73,7 @@ struct LayerSlot {
   TensorRef LayerWeights::*field;
   int64_t ne0, ne1;
   Use use;
+  int64_t ne2 = 1;
 };
 
 LayerSlot layer_slot(LayerTensor t, const Config& c) {
@@ -88,6 +93,14 @@ LayerSlot layer_slot(LayerTensor t, const Config& c) {
     case LT::kWGate: return {&LayerWeights::w_gate, c.n_embd, c.n_ff, Use::kMatrix};
     case LT::kWUp: return {&LayerWeights::w_up, c.n_embd, c.n_ff, Use::kMatrix};
     case LT::kWDown: return {&LayerWeights::w_down, c.n_ff, c.n_embd, Use::kMatrix};
+    case LT::kGateInp: return {&LayerWeights::gate_inp, c.n_embd, c.n_expert, Use::kMatrix};
+    case LT::kGateExps: return {&LayerWeights::gate_exps, c.n_embd, c.n_ff_exp, Use::kMatrix, c.n_expert};
+    case LT::kUpExps: return {&LayerWeights::up_exps, c.n_embd, c.n_ff_exp, Use::kMatrix, c.n_expert};
+    case LT::kDownExps: return {&LayerWeights::down_exps, c.n_ff_exp, c.n_embd, Use::kMatrix, c.n_expert};
+    case LT::kGateInpSh: return {&LayerWeights::gate_inp_shexp, c.n_embd, 1, Use::kMatrix};
+    case LT::kGateSh: return {&LayerWeights::gate_shexp, c.n_embd, c.n_ff_shexp, Use::kMatrix};
+    case LT::kUpSh: return {&LayerWeights::up_shexp, c.n_embd, c.n_ff_shexp, Use::kMatrix};
+    case LT::kDownSh: return {&LayerWeights::down_shexp, c.n_ff_shexp, c.n_embd, Use::kMatrix};
   }
   SLUICE_CHECK(false, "unknown layer tensor");
   return {};
@@ -95,15 +108,28 @@ LayerSlot layer_slot(LayerTensor t, const Config& c) {
 
 }  // namespace
 
+int64_t repacked_bytes(const backend::Backend& be, const TensorRef& t) {
+  if (!t.present()) return 0;
+  const int group = quant::kernels(t.type).packed_rows;
+  if (t.ne2 > 1 && (group <= 0 || t.ne1 % group != 0)) return 0;
+  return std::max<int64_t>(be.repacked_bytes(t.view()), 0);
+}
+
 uint64_t Weights::bytes_per_token() const {
   uint64_t b = output_norm.nbytes + output.nbytes + rope_freqs.nbytes;
   if (token_embd.ne1 > 0) b += token_embd.nbytes / uint64_t(token_embd.ne1);
   for (const auto& l : layers) {
-    for (const TensorRef* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm,
-                               &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down}) {
-      b += t->nbytes;
-    }
+    for (const TensorRef* t : l.tensors()) b += t->nbytes;
+    if (n_expert > 0) b -= l.expert_bytes() - l.expert_bytes() / uint64_t(n_expert) * uint64_t(n_expert_used);
   }
+  return b;
+}
+
+uint64_t Weights::bytes_total() const {
+  uint64_t b = token_embd.nbytes + output_norm.nbytes + rope_freqs.nbytes;
+  if (output.data != token_embd.data) b += output.nbytes;
+  for (const auto& l : layers)
+    for (const TensorRef* t : l.tensors()) b += t->nbytes;
   return b;
 }
 
@@ -120,12 +146,17 @@ Result<Weights> load_weights(const gguf::File& file, const ArchSpec& arch, const
   w.layers.resize(size_t(cfg.n_layer));
   for (int i = 0; i < cfg.n_layer; ++i) {
     const std::string prefix = "blk." + std::to_string(i) + ".";
-    for (const LayerTensorSpec& spec : arch.layer_tensors) {
-      const LayerSlot s = layer_slot(spec.tensor, cfg);
-      SLUICE_ASSIGN_OR_RETURN(w.layers[size_t(i)].*s.field,
-                              resolve(file, prefix + layer_tensor_suffix(spec.tensor), s.ne0, s.ne1, s.use, spec.required));
+    for (auto specs : {arch.layer_tensors, cfg.moe() ? arch.moe_ffn : arch.dense_ffn}) {
+      for (const LayerTensorSpec& spec : specs) {
+        const LayerSlot s = layer_slot(spec.tensor, cfg);
+        SLUICE_ASSIGN_OR_RETURN(w.layers[size_t(i)].*s.field,
+                                resolve(file, prefix + layer_tensor_suffix(spec.tensor), s.ne0, s.ne1, s.use,
+                                        spec.required, s.ne2));
+      }
     }
   }
+  w.n_expert = cfg.n_expert;
+  w.n_expert_used = cfg.n_expert_used;
   return w;
 }
 

@@ -3,6 +3,7 @@
 // loop never sees a malformed weight.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -23,12 +24,17 @@ struct TensorRef {
   quant::Type type = quant::Type::kF32;
   int64_t ne0 = 0;                // innermost (contiguous) dimension
   int64_t ne1 = 1;
+  int64_t ne2 = 1;                // experts, for stacked expert tensors (each a [ne0, ne1] matrix)
   const void* data = nullptr;     // into the file mapping; nullptr when absent (optional tensor)
   uint64_t nbytes = 0;
   bool packed = false;            // data is in the backend's packed layout (backend::WeightView)
 
   bool present() const { return data != nullptr; }
-  backend::WeightView view() const { return {type, ne0, ne1, data, packed}; }
+  // The whole tensor as one matrix (stacked experts: ne1 * ne2 rows, expert after expert).
+  backend::WeightView view() const { return {type, ne0, ne1 * ne2, data, packed}; }
+  // Expert e of a stacked expert tensor.
+  backend::WeightView expert(int64_t e) const { return view().rows(e * ne1, ne1); }
+  uint64_t expert_bytes() const { return nbytes / uint64_t(ne2); }
   // Points this tensor at the backend's copy returned by Backend::upload_weight (its memory, and
   // possibly its packed layout).
   void adopt(const backend::WeightView& uploaded) {
@@ -52,7 +58,52 @@ struct LayerWeights {
   TensorRef w_gate;     // [n_embd, n_ff]
   TensorRef w_up;       // [n_embd, n_ff]
   TensorRef w_down;     // [n_ff, n_embd]
+  // Mixture of experts (Config::moe()) in place of w_gate/w_up/w_down.
+  TensorRef gate_inp;       // [n_embd, n_expert]                router
+  TensorRef gate_exps;      // [n_embd, n_ff_exp, n_expert]
+  TensorRef up_exps;        // [n_embd, n_ff_exp, n_expert]
+  TensorRef down_exps;      // [n_ff_exp, n_embd, n_expert]
+  TensorRef gate_inp_shexp; // [n_embd, 1]                       shared expert's gate (qwen2moe)
+  TensorRef gate_shexp;     // [n_embd, n_ff_shexp]
+  TensorRef up_shexp;       // [n_embd, n_ff_shexp]
+  TensorRef down_shexp;     // [n_ff_shexp, n_embd]
+
+  static constexpr size_t kTensors = 22;
+  // Every tensor of the layer (absent ones included), for code that treats them alike: uploads,
+  // streaming copies, byte counts.
+  std::array<TensorRef*, kTensors> tensors();
+  std::array<const TensorRef*, kTensors> tensors() const;
+  bool moe() const { return gate_inp.present(); }
+  // Bytes of the routed experts (the stacked tensors), the part a token reads only in part.
+  uint64_t expert_bytes() const { return gate_exps.nbytes + up_exps.nbytes + down_exps.nbytes; }
 };
+
+// The fields behind LayerWeights::tensors(), as member pointers (for code holding several views
+// of one layer).
+using LayerTensorField = TensorRef LayerWeights::*;
+inline constexpr LayerTensorField kLayerTensorFields[LayerWeights::kTensors] = {
+    &LayerWeights::attn_norm, &LayerWeights::wq,        &LayerWeights::wk,         &LayerWeights::wv,
+    &LayerWeights::wo,        &LayerWeights::bq,        &LayerWeights::bk,         &LayerWeights::bv,
+    &LayerWeights::q_norm,    &LayerWeights::k_norm,    &LayerWeights::ffn_norm,   &LayerWeights::w_gate,
+    &LayerWeights::w_up,      &LayerWeights::w_down,    &LayerWeights::gate_inp,   &LayerWeights::gate_exps,
+    &LayerWeights::up_exps,   &LayerWeights::down_exps, &LayerWeights::gate_inp_shexp, &LayerWeights::gate_shexp,
+    &LayerWeights::up_shexp,  &LayerWeights::down_shexp};
+
+inline std::array<TensorRef*, LayerWeights::kTensors> LayerWeights::tensors() {
+  std::array<TensorRef*, kTensors> t{};
+  for (size_t i = 0; i < kTensors; ++i) t[i] = &(this->*kLayerTensorFields[i]);
+  return t;
+}
+inline std::array<const TensorRef*, LayerWeights::kTensors> LayerWeights::tensors() const {
+  std::array<const TensorRef*, kTensors> t{};
+  for (size_t i = 0; i < kTensors; ++i) t[i] = &(this->*kLayerTensorFields[i]);
+  return t;
+}
+
+// Bytes of `be`'s own layout of t (Backend::repacked_bytes), 0 where it computes on t as it lies.
+// Stacked experts keep the file's layout where a row group of that layout would straddle two
+// experts (TensorRef::expert cuts at expert boundaries).
+int64_t repacked_bytes(const backend::Backend& be, const TensorRef& t);
 
 struct Weights {
   TensorRef token_embd;   // [n_embd, n_vocab]
@@ -60,10 +111,14 @@ struct Weights {
   TensorRef output;       // [n_embd, n_vocab]; token_embd when the file has no output.weight (tied)
   TensorRef rope_freqs;   // [n_rot / 2]                     f32, optional (Llama 3.1 frequency factors)
   std::vector<LayerWeights> layers;  // n_layer
+  int n_expert = 0, n_expert_used = 0;  // mixture of experts (Config)
 
-  // Bytes read from weights per decoded token: every layer matrix and vector, the output matrix
-  // and one row of token_embd.
+  // Bytes read from weights per decoded token: every layer matrix and vector (of the routed
+  // experts, the n_expert_used of n_expert a token picks), the output matrix and one row of
+  // token_embd.
   uint64_t bytes_per_token() const;
+  // Bytes of every weight (the file's tensors; token_embd whole).
+  uint64_t bytes_total() const;
 };
 
 // Where the layer loop gets its weights. The loop asks for layer l's weights right before computing

@@ -69,13 +69,8 @@ bool locate(const std::vector<ReadRun>& runs, uint64_t off, uint64_t n, uint64_t
   return false;
 }
 
-using Field = model::TensorRef model::LayerWeights::*;
-constexpr Field kLayerFields[] = {
-    &model::LayerWeights::attn_norm, &model::LayerWeights::wq,     &model::LayerWeights::wk,
-    &model::LayerWeights::wv,        &model::LayerWeights::wo,     &model::LayerWeights::bq,
-    &model::LayerWeights::bk,        &model::LayerWeights::bv,     &model::LayerWeights::q_norm,
-    &model::LayerWeights::k_norm,    &model::LayerWeights::ffn_norm, &model::LayerWeights::w_gate,
-    &model::LayerWeights::w_up,      &model::LayerWeights::w_down};
+using Field = model::LayerTensorField;
+constexpr const auto& kLayerFields = model::kLayerTensorFields;
 
 // Points `t` at its bytes: the repacked copy in `pack_base` where the unit repacks it (and
 // pack_base is given), else inside a buffer at `base` laid out by `runs`.

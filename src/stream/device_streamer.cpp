@@ -33,13 +33,8 @@ constexpr uint64_t kWeightAlign = 16;
 // no longer be read and are dropped.
 constexpr Mark kMarkHorizon = 960;
 
-using Field = model::TensorRef model::LayerWeights::*;
-constexpr Field kLayerFields[] = {
-    &model::LayerWeights::attn_norm, &model::LayerWeights::wq,     &model::LayerWeights::wk,
-    &model::LayerWeights::wv,        &model::LayerWeights::wo,     &model::LayerWeights::bq,
-    &model::LayerWeights::bk,        &model::LayerWeights::bv,     &model::LayerWeights::q_norm,
-    &model::LayerWeights::k_norm,    &model::LayerWeights::ffn_norm, &model::LayerWeights::w_gate,
-    &model::LayerWeights::w_up,      &model::LayerWeights::w_down};
+using Field = model::LayerTensorField;
+constexpr const auto& kLayerFields = model::kLayerTensorFields;
 
 uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
@@ -382,7 +377,7 @@ Result<std::unique_ptr<DeviceStreamer>> DeviceStreamer::create(const std::string
       uint64_t offset[std::size(kLayerFields)] = {}, total = 0;
       for (size_t f = 0; f < std::size(kLayerFields); ++f) {
         const model::TensorRef& t = s->host_views_[l].*kLayerFields[f];
-        const int64_t bytes = t.present() ? s->host_be_->repacked_bytes(t.view()) : 0;
+        const int64_t bytes = model::repacked_bytes(*s->host_be_, t);
         offset[f] = bytes > 0 ? total : UINT64_MAX;  // UINT64_MAX: computed on as it lies
         if (bytes > 0) total += round_up(uint64_t(bytes), 64);
       }

@@ -212,6 +212,40 @@ TEST_P(Add, MatchesCpuExactly) {
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, Add, kEwCases, ew_name);
 
+// Mixture-of-experts row traffic against the CPU backend: gather exactly; scatter_add within 1e-6
+// (the CPU may fuse its multiply-add), rows not named and padding untouched. 300 rows crosses the
+// 128-row chunks whose indices travel in the kernel's parameters.
+TEST(GatherScatter, MatchesCpu) {
+  SLUICE_SKIP_WITHOUT_GPU();
+  for (const int64_t cols : {int64_t{4096}, int64_t{1001}}) {
+    const int64_t n = 300, pad = 4;
+    HostMat src(n, cols, cols + pad, 1.0f, 41), dst(n, cols, cols + 2 * pad, 1.0f, 42);
+    std::vector<int32_t> rows;
+    std::vector<float> scale;
+    for (int64_t i = 0; i < n; i += 2) rows.push_back(int32_t((i * 7) % n)), scale.push_back(0.01f * float(i) - 1.0f);
+    const int64_t m = int64_t(rows.size());
+    HostMat g(m, cols, cols, 0.0f, 43);
+    DeviceBuffer ds(src.bytes()), dd(dst.bytes()), dg(g.bytes());
+    ds.upload(src.v.data(), src.bytes());
+    dd.upload(dst.v.data(), dst.bytes());
+    expect_ok(cu::gather_rows(ds.get<float>(), src.stride, n, dg.get<float>(), g.stride, rows.data(), m, cols, nullptr));
+    expect_ok(cu::scatter_add_rows(dd.get<float>(), dst.stride, n, dg.get<float>(), g.stride, rows.data(),
+                                   scale.data(), m, cols, nullptr));
+    GPU_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> got_g = download_f32(dg, g.v.size()), got_d = download_f32(dd, dst.v.size());
+    auto cpu = cpu_backend();
+    cpu->gather_rows(src.tensor(), rows, g.tensor());
+    EXPECT_EQ(region_mismatches(got_g, g), 0) << "cols " << cols;
+    cpu->scatter_add_rows(dst.tensor(), g.tensor(), rows, scale);
+    EXPECT_LT(region_error(dst, got_d, dst), 1e-6) << "cols " << cols;
+    EXPECT_EQ(padding_changes(dst, got_d), 0);
+  }
+  // A row outside the source is an error, not a wild read.
+  DeviceBuffer a(64 * 4), b(64 * 4);
+  const int32_t bad[] = {5};
+  EXPECT_FALSE(cu::gather_rows(a.get<float>(), 16, 4, b.get<float>(), 16, bad, 1, 16, nullptr).is_ok());
+}
+
 enum class Alias { kNone, kGate, kUp };
 struct SwigluCase {
   EwCase shape;

@@ -208,6 +208,29 @@ TEST(CpuOps, Elementwise) {
   EXPECT_LT(test::normalized_error(d.data(), ref.data(), d.size()), 1e-6);
 }
 
+// Mixture-of-experts row traffic: gather copies rows exactly; scatter_add adds scale * row into the
+// chosen destination rows only (1e-6: one product and one sum per element, possibly fused).
+TEST(CpuOps, GatherAndScatterAddRows) {
+  Fixture f(2);
+  const int64_t cols = 3000, n = 9;  // wide enough for the threaded path
+  const auto a = test::random_floats(size_t(cols * n), 1, 31), b = test::random_floats(size_t(cols * n), 1, 32);
+  const std::vector<int32_t> rows = {8, 2, 5, 0};
+  const std::vector<float> scale = {0.5f, -1.25f, 2.0f, 0.125f};
+  const Tensor src = f.f32(cols, n, a), dst = f.f32(cols, n, b), g = f.f32(cols, int64_t(rows.size()), {});
+  f.be->gather_rows(src, rows, g);
+  const auto got = f.get(g);
+  for (size_t i = 0; i < rows.size(); ++i)
+    ASSERT_EQ(0, std::memcmp(got.data() + i * cols, a.data() + rows[i] * cols, size_t(cols) * 4)) << i;
+  f.be->scatter_add_rows(dst, g, rows, scale);
+  const auto d = f.get(dst);
+  std::vector<float> ref = b;
+  for (size_t i = 0; i < rows.size(); ++i)
+    for (int64_t c = 0; c < cols; ++c) ref[size_t(rows[i] * cols + c)] += scale[i] * a[size_t(rows[i] * cols + c)];
+  EXPECT_LT(test::normalized_error(d.data(), ref.data(), d.size()), 1e-6);
+  for (int64_t r : {1, 3, 4, 6, 7})  // rows no expert wrote stay bit-identical
+    EXPECT_EQ(0, std::memcmp(d.data() + r * cols, b.data() + r * cols, size_t(cols) * 4)) << r;
+}
+
 TEST(CpuOps, GetRowsDequantizes) {
   Fixture f(2);
   const int64_t k = 256, n = 50;

@@ -3,6 +3,7 @@
 // tensor, wrong shape or type, unknown architecture, inconsistent hyper-parameters).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -23,14 +24,18 @@ struct Spec {
   int hd() const { return n_embd / n_head; }
   bool bias = false, qk_norm = false, tied = false, freq_factors = false;
   bool neox = false;
+  // Mixture of experts: n_expert > 0 replaces the dense FFN with a router and stacked experts of
+  // n_ff rows each (written as <arch>.feed_forward_length for llama, expert_feed_forward_length
+  // otherwise); n_ff_shexp > 0 adds qwen2moe's gated shared expert.
+  int n_expert = 0, n_used = 0, n_ff_shexp = 0;
+  bool norm_w = false;
 };
 
 // name -> (shape ne0 first, f32 values)
 using Tensors = std::map<std::string, std::pair<std::vector<uint64_t>, std::vector<float>>>;
 
-Tensors make_tensors(const Spec& s) {
+Tensors make_tensors(const Spec& s, uint64_t salt = 100) {
   Tensors t;
-  uint64_t salt = 100;
   auto add = [&](const std::string& name, std::vector<uint64_t> shape, float scale, float offset = 0) {
     uint64_t n = 1;
     for (auto d : shape) n *= d;
@@ -60,6 +65,21 @@ Tensors make_tensors(const Spec& s) {
       add(p + "attn_k_norm.weight", {uint64_t(s.hd())}, 0.1f, 1.0f);
     }
     add(p + "ffn_norm.weight", {e}, 0.1f, 1.0f);
+    if (s.n_expert > 0) {
+      const uint64_t f = uint64_t(s.n_ff), x = uint64_t(s.n_expert);
+      add(p + "ffn_gate_inp.weight", {e, x}, 0.5f);
+      add(p + "ffn_gate_exps.weight", {e, f, x}, 0.2f);
+      add(p + "ffn_up_exps.weight", {e, f, x}, 0.2f);
+      add(p + "ffn_down_exps.weight", {f, e, x}, 0.2f);
+      if (s.n_ff_shexp > 0) {
+        const uint64_t fs = uint64_t(s.n_ff_shexp);
+        add(p + "ffn_gate_inp_shexp.weight", {e}, 0.3f);
+        add(p + "ffn_gate_shexp.weight", {e, fs}, 0.2f);
+        add(p + "ffn_up_shexp.weight", {e, fs}, 0.2f);
+        add(p + "ffn_down_shexp.weight", {fs, e}, 0.2f);
+      }
+      continue;
+    }
     add(p + "ffn_gate.weight", {e, uint64_t(s.n_ff)}, 0.2f);
     add(p + "ffn_up.weight", {e, uint64_t(s.n_ff)}, 0.2f);
     add(p + "ffn_down.weight", {uint64_t(s.n_ff), e}, 0.2f);
@@ -77,7 +97,13 @@ std::string write_model(const Spec& s, const Tensors& t, const std::string& tag,
   w.add(a + ".block_count", gguf::Value::u32(uint32_t(s.n_layer)));
   w.add(a + ".context_length", gguf::Value::u32(uint32_t(s.n_ctx)));
   w.add(a + ".embedding_length", gguf::Value::u32(uint32_t(s.n_embd)));
-  w.add(a + ".feed_forward_length", gguf::Value::u32(uint32_t(s.n_ff)));
+  w.add(a + (s.n_expert > 0 && a != "llama" ? ".expert_feed_forward_length" : ".feed_forward_length"),
+        gguf::Value::u32(uint32_t(s.n_ff)));
+  if (s.n_expert > 0) {
+    w.add(a + ".expert_count", gguf::Value::u32(uint32_t(s.n_expert)));
+    w.add(a + ".expert_used_count", gguf::Value::u32(uint32_t(s.n_used)));
+  }
+  if (s.n_ff_shexp > 0) w.add(a + ".expert_shared_feed_forward_length", gguf::Value::u32(uint32_t(s.n_ff_shexp)));
   w.add(a + ".attention.head_count", gguf::Value::u32(uint32_t(s.n_head)));
   w.add(a + ".attention.head_count_kv", gguf::Value::u32(uint32_t(s.n_head_kv)));
   w.add(a + ".attention.layer_norm_rms_epsilon", gguf::Value::f32(1e-5f));
@@ -104,8 +130,12 @@ std::string write_model(const Spec& s, const Tensors& t, const std::string& tag,
 }
 
 // Independent scalar forward pass (double accumulation, f32 weights, f32 cache): logits of every
-// position for tokens at positions 0..n-1.
-std::vector<float> reference_forward(const Spec& s, const Tensors& t, const std::vector<int32_t>& toks) {
+// position for tokens at positions 0..n-1. For mixtures of experts, *min_margin receives the
+// smallest router logit gap between a token's last chosen expert and the next one: below the
+// implementation's own logit error a different (equally valid) expert may be chosen.
+std::vector<float> reference_forward(const Spec& s, const Tensors& t, const std::vector<int32_t>& toks,
+                                     double* min_margin = nullptr) {
+  if (min_margin) *min_margin = 1e300;
   const int E = s.n_embd, H = s.n_head, KVH = s.n_head_kv, D = s.hd(), F = s.n_ff, V = s.n_vocab;
   const int n = int(toks.size());
   auto W = [&](const std::string& name) -> const std::vector<float>& { return t.at(name).second; };
@@ -138,8 +168,25 @@ std::vector<float> reference_forward(const Spec& s, const Tensors& t, const std:
     std::memcpy(&x[size_t(p * E)], &W("token_embd.weight")[size_t(toks[size_t(p)] * E)], size_t(E) * 4);
   std::vector<std::vector<float>> K(size_t(s.n_layer)), Vc(size_t(s.n_layer));
   auto buf = [](int len) { return std::vector<float>(static_cast<size_t>(len)); };
-  std::vector<float> xn = buf(E), q = buf(H * D), k = buf(KVH * D), v = buf(KVH * D), att = buf(H * D), o = buf(E),
-                     g = buf(F), u = buf(F);
+  std::vector<float> xn = buf(E), q = buf(H * D), k = buf(KVH * D), v = buf(KVH * D), att = buf(H * D), o = buf(E);
+  // y += scale * W_down . (silu(W_gate x) * (W_up x)) with [f, E] gate/up and [E, f] down matrices.
+  auto swiglu_ffn = [&](const float* wg, const float* wu, const float* wd, int f, const float* xin, double scale,
+                        float* y) {
+    std::vector<double> h(static_cast<size_t>(f));
+    for (int r = 0; r < f; ++r) {
+      double a = 0, b = 0;
+      for (int i = 0; i < E; ++i) {
+        a += double(wg[size_t(r) * size_t(E) + size_t(i)]) * xin[i];
+        b += double(wu[size_t(r) * size_t(E) + size_t(i)]) * xin[i];
+      }
+      h[size_t(r)] = float(a) / (1 + std::exp(-double(float(a)))) * float(b);
+    }
+    for (int o2 = 0; o2 < E; ++o2) {
+      double acc = 0;
+      for (int r = 0; r < f; ++r) acc += double(wd[size_t(o2) * size_t(f) + size_t(r)]) * float(h[size_t(r)]);
+      y[o2] += float(scale * float(acc));
+    }
+  };
   for (int l = 0; l < s.n_layer; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     for (int pos = 0; pos < n; ++pos) {
@@ -183,11 +230,41 @@ std::vector<float> reference_forward(const Spec& s, const Tensors& t, const std:
       matvec(W(p + "attn_output.weight"), att.data(), H * D, E, o.data());
       for (int i = 0; i < E; ++i) xp[i] += o[size_t(i)];
       norm(xp, W(p + "ffn_norm.weight").data(), E, xn.data());
-      matvec(W(p + "ffn_gate.weight"), xn.data(), E, F, g.data());
-      matvec(W(p + "ffn_up.weight"), xn.data(), E, F, u.data());
-      for (int i = 0; i < F; ++i) g[size_t(i)] = float(g[size_t(i)] / (1 + std::exp(-double(g[size_t(i)]))) * u[size_t(i)]);
-      matvec(W(p + "ffn_down.weight"), g.data(), F, E, o.data());
-      for (int i = 0; i < E; ++i) xp[i] += o[size_t(i)];
+      if (s.n_expert == 0) {
+        swiglu_ffn(W(p + "ffn_gate.weight").data(), W(p + "ffn_up.weight").data(), W(p + "ffn_down.weight").data(), F,
+                   xn.data(), 1.0, xp);
+        continue;
+      }
+      // Router: softmax over all experts, the n_used most probable, weights renormalized (norm_w).
+      const int X = s.n_expert;
+      std::vector<float> z = buf(X);
+      matvec(W(p + "ffn_gate_inp.weight"), xn.data(), E, X, z.data());
+      std::vector<double> pr(static_cast<size_t>(X));
+      double mx = -1e300, sum = 0;
+      for (int e = 0; e < X; ++e) mx = std::max(mx, double(z[size_t(e)]));
+      for (int e = 0; e < X; ++e) sum += pr[size_t(e)] = std::exp(double(z[size_t(e)]) - mx);
+      std::vector<int> order(static_cast<size_t>(X));
+      for (int e = 0; e < X; ++e) order[size_t(e)] = e;
+      std::sort(order.begin(), order.end(), [&](int a, int b) { return pr[size_t(a)] > pr[size_t(b)]; });
+      if (min_margin && s.n_used < X) {
+        *min_margin = std::min(*min_margin, double(z[size_t(order[size_t(s.n_used - 1)])]) -
+                                                double(z[size_t(order[size_t(s.n_used)])]));
+      }
+      double wsum = 0;
+      for (int k = 0; k < s.n_used; ++k) wsum += pr[size_t(order[size_t(k)])] / sum;
+      for (int k = 0; k < s.n_used; ++k) {
+        const int ex = order[size_t(k)];
+        const double wk = pr[size_t(ex)] / sum / (s.norm_w ? wsum : 1.0);
+        const size_t off = size_t(ex) * size_t(F) * size_t(E);
+        swiglu_ffn(W(p + "ffn_gate_exps.weight").data() + off, W(p + "ffn_up_exps.weight").data() + off,
+                   W(p + "ffn_down_exps.weight").data() + off, F, xn.data(), wk, xp);
+      }
+      if (s.n_ff_shexp > 0) {
+        double gs = 0;
+        for (int i = 0; i < E; ++i) gs += double(W(p + "ffn_gate_inp_shexp.weight")[size_t(i)]) * xn[size_t(i)];
+        swiglu_ffn(W(p + "ffn_gate_shexp.weight").data(), W(p + "ffn_up_shexp.weight").data(),
+                   W(p + "ffn_down_shexp.weight").data(), s.n_ff_shexp, xn.data(), 1.0 / (1.0 + std::exp(-gs)), xp);
+      }
     }
   }
   std::vector<float> logits(size_t(n * V));
@@ -220,8 +297,20 @@ std::vector<Case> cases() {
   qwen3.arch = "qwen3";
   qwen3.qk_norm = true;
   qwen3.neox = true;
-  return {{"llama", llama}, {"llama_tied", tied}, {"llama_freq_factors", factors},
-          {"mistral", mistral}, {"qwen2", qwen2}, {"qwen3", qwen3}};
+  // Mixtral: llama with 4 experts, top-2, renormalized weights.
+  Spec mixtral = llama;
+  mixtral.n_expert = 4, mixtral.n_used = 2, mixtral.norm_w = true, mixtral.n_ff = 48;
+  // Qwen3-MoE: QK-norm, 8 experts, top-3, renormalized.
+  Spec qwen3moe = qwen3;
+  qwen3moe.arch = "qwen3moe";
+  qwen3moe.n_expert = 8, qwen3moe.n_used = 3, qwen3moe.norm_w = true, qwen3moe.n_ff = 32;
+  // Qwen2-MoE: biases, 6 experts, top-2, raw softmax weights, plus the gated shared expert.
+  Spec qwen2moe = qwen2;
+  qwen2moe.arch = "qwen2moe";
+  qwen2moe.n_expert = 6, qwen2moe.n_used = 2, qwen2moe.n_ff = 32, qwen2moe.n_ff_shexp = 80;
+  return {{"llama", llama},       {"llama_tied", tied}, {"llama_freq_factors", factors},
+          {"mistral", mistral},   {"qwen2", qwen2},     {"qwen3", qwen3},
+          {"mixtral", mixtral},   {"qwen3moe", qwen3moe}, {"qwen2moe", qwen2moe}};
 }
 
 // The whole layer loop against the scalar reference, all positions of a 12-token prompt.
@@ -230,17 +319,25 @@ std::vector<Case> cases() {
 TEST(ModelSynthetic, ForwardMatchesScalarReference) {
   for (const Case& c : cases()) {
     SCOPED_TRACE(c.name);
-    const Tensors t = make_tensors(c.spec);
+    std::vector<int32_t> toks;
+    for (int i = 0; i < 12; ++i) toks.push_back((i * 7 + 3) % c.spec.n_vocab);
+    // Random weights whose routing has no near-tie (margin 1e-2 >> the 5e-3-level logit error).
+    Tensors t;
+    std::vector<float> ref;
+    for (uint64_t salt = 100;; salt += 1000) {
+      t = make_tensors(c.spec, salt);
+      double margin = 0;
+      ref = reference_forward(c.spec, t, toks, &margin);
+      if (margin > 1e-2) break;
+      ASSERT_LT(salt, 100u + 20 * 1000) << "no tie-free routing in 20 draws";
+    }
     const std::string path = write_model(c.spec, t, c.name);
     LoadOptions opts;
     opts.n_threads = 2;
     auto m = Model::load(path, opts);
     ASSERT_TRUE(m.is_ok()) << m.status().message();
-    std::vector<int32_t> toks;
-    for (int i = 0; i < 12; ++i) toks.push_back((i * 7 + 3) % c.spec.n_vocab);
     std::vector<float> logits(toks.size() * size_t(c.spec.n_vocab));
     ASSERT_TRUE((*m)->eval(toks, logits).is_ok());
-    const auto ref = reference_forward(c.spec, t, toks);
     EXPECT_LT(test::normalized_error(logits.data(), ref.data(), ref.size()), 5e-3);
     std::filesystem::remove(path);
   }
@@ -315,6 +412,81 @@ TEST(ModelSynthetic, QuantizedModelLoadsAndRuns) {
   }
   const auto ref = reference_forward(s, deq, {1, 2, 3});
   EXPECT_LT(test::normalized_error(logits.data(), ref.data() + 2 * s.n_vocab, size_t(s.n_vocab)), 0.1);
+}
+
+TEST(ModelSynthetic, ExpertErrorsAreNamed) {
+  Spec mix;
+  mix.n_expert = 4, mix.n_used = 2, mix.norm_w = true;
+  Tensors t = make_tensors(mix);
+  // Top-k larger than the expert count.
+  expect_error(load_status(write_model(mix, t, "moe_k", {{"llama.expert_used_count", gguf::Value::u32(5)}})),
+               ErrorCode::kInvalidArgument, {"llama.expert_used_count", "5", "expert_count"});
+  // Experts on an architecture without them.
+  Spec mistral = mix;
+  mistral.arch = "mistral";
+  expect_error(load_status(write_model(mistral, t, "moe_arch")), ErrorCode::kUnsupported,
+               {"mistral.expert_count", "not supported"});
+  // A stacked expert tensor of the wrong expert count names both shapes.
+  Tensors bad = t;
+  bad["blk.1.ffn_up_exps.weight"] = {{64, 96, 3}, test::random_floats(64 * 96 * 3)};
+  expect_error(load_status(write_model(mix, bad, "moe_shape")), ErrorCode::kInvalidArgument,
+               {"blk.1.ffn_up_exps.weight", "[64, 96, 3]", "[64, 96, 4]"});
+  // A router missing.
+  bad = t;
+  bad.erase("blk.0.ffn_gate_inp.weight");
+  expect_error(load_status(write_model(mix, bad, "moe_router")), ErrorCode::kInvalidArgument,
+               {"blk.0.ffn_gate_inp.weight", "missing"});
+  // qwen3moe without an expert count.
+  Spec q;
+  q.arch = "qwen3moe", q.qk_norm = true, q.neox = true;
+  expect_error(load_status(write_model(q, make_tensors(q), "moe_none")), ErrorCode::kInvalidArgument,
+               {"qwen3moe.expert_count"});
+}
+
+// Stacked experts quantized (the CPU backend cuts each expert out of its packed layout where the
+// format has one): the whole model against the scalar reference on the dequantized weights.
+TEST(ModelSynthetic, QuantizedExpertsMatchReference) {
+  for (const quant::Type type : {quant::Type::kQ4_K, quant::Type::kQ8_0, quant::Type::kQ6_K}) {
+    SCOPED_TRACE(quant::type_name(type));
+    Spec s;
+    s.arch = "qwen3moe", s.qk_norm = true, s.neox = true;
+    s.n_embd = 256, s.n_ff = 32, s.n_expert = 8, s.n_used = 2, s.norm_w = true;
+    const std::vector<int32_t> toks = {1, 5, 9, 2, 7, 3};
+    // The reference sees the dequantized weights; 8-bit activations move router logits by ~1e-2,
+    // so weights are drawn until every routing decision has a margin of 0.1.
+    Tensors t, deq;
+    std::map<std::string, quant::Type> types;
+    std::vector<float> ref;
+    for (uint64_t salt = 100;; salt += 1000) {
+      t = make_tensors(s, salt);
+      types.clear();
+      for (const auto& [name, tv] : t)
+        if (name.find("_exps") != std::string::npos && tv.first[0] % 256 == 0) types[name] = type;
+      deq = t;
+      for (auto& [name, tv] : deq) {
+        auto it = types.find(name);
+        if (it == types.end()) continue;
+        const int64_t ne0 = int64_t(tv.first[0]);
+        std::vector<uint8_t> row(size_t(quant::row_bytes(it->second, ne0)));
+        for (size_t off = 0; off < tv.second.size(); off += size_t(ne0)) {
+          quant::kernels(it->second).quantize_row(tv.second.data() + off, row.data(), ne0);
+          quant::kernels(it->second).dequantize_row(row.data(), tv.second.data() + off, ne0);
+        }
+      }
+      double margin = 0;
+      ref = reference_forward(s, deq, toks, &margin);
+      if (margin > 0.1) break;
+      ASSERT_LT(salt, 100u + 50 * 1000) << "no tie-free routing in 50 draws";
+    }
+    const std::string path = write_model(s, t, "moe_quant", {}, types);
+    auto m = Model::load(path, {});
+    std::filesystem::remove(path);
+    ASSERT_TRUE(m.is_ok()) << m.status().message();
+    std::vector<float> logits(toks.size() * size_t(s.n_vocab));
+    ASSERT_TRUE((*m)->eval(toks, logits).is_ok());
+    // 0.1 as for the dense quantized model above (8-bit activations; wiring errors give ~1).
+    EXPECT_LT(test::normalized_error(logits.data(), ref.data(), ref.size()), 0.1);
+  }
 }
 
 TEST(ModelSynthetic, UnknownArchitecture) {

@@ -387,6 +387,13 @@ class LateCopyBackend final : public backend::Backend {
   void add_bias(const backend::Tensor& y, const backend::WeightView& b) override { cpu_->add_bias(y, b); }
   void add(const backend::Tensor& d, const backend::Tensor& s) override { cpu_->add(d, s); }
   void swiglu(const backend::Tensor& g, const backend::Tensor& u, const backend::Tensor& d) override { cpu_->swiglu(g, u, d); }
+  void gather_rows(const backend::Tensor& s, std::span<const int32_t> r, const backend::Tensor& d) override {
+    cpu_->gather_rows(s, r, d);
+  }
+  void scatter_add_rows(const backend::Tensor& d, const backend::Tensor& s, std::span<const int32_t> r,
+                        std::span<const float> w) override {
+    cpu_->scatter_add_rows(d, s, r, w);
+  }
   void rope(const backend::Tensor& x, const backend::RopeParams& p, int pos0) override { cpu_->rope(x, p, pos0); }
   void store_rows(const backend::Tensor& s, const backend::Tensor& c, int64_t p) override { cpu_->store_rows(s, c, p); }
   void attention(const backend::Tensor& q, const backend::Tensor& k, const backend::Tensor& v, const backend::Tensor& o,

@@ -8,6 +8,8 @@
 #     -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF
 #   cmake --build build-cpu --target llama llama-quantize
 # usage: tools/golden/make_fixtures.sh LLAMA_CPP_SRC LLAMA_CPP_BUILD [SLUICE_BIN]
+# ONLY=REGEX regenerates only the fixtures whose name matches (e.g. ONLY='moe' for the MoE models),
+# leaving the others as committed.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -22,6 +24,7 @@ g++ -O2 -std=c++17 -I"$src/include" -I"$src/ggml/include" "$here/llama_fixture.c
   -Wl,--start-group $libs -Wl,--end-group -fopenmp -lpthread -ldl -o "$tool"
 
 gen() {  # gen NAME MODEL PROMPTS N_GEN
+  if [ -n "${ONLY:-}" ] && ! [[ $1 =~ $ONLY ]]; then return 0; fi
   "$tool" "$2" "$3" "$4" "$out/$1.json" "$out/$1.logits.f32" 2>/dev/null
   sha=$(sha256sum "$2" | cut -d' ' -f1)
   python3 - "$out/$1.json" "$sha" "$(basename "$2")" <<'PY'
@@ -46,6 +49,7 @@ trap 'rm -rf "$tmp"' EXIT
 while read -r name args; do
   [ -z "$name" ] && continue
   case "$name" in \#*) continue ;; esac
+  if [ -n "${ONLY:-}" ] && ! [[ $name =~ $ONLY ]]; then continue; fi
   # shellcheck disable=SC2086
   "$sluice" synth $args -o "$tmp/$name.gguf" >/dev/null
   gen "$name" "$tmp/$name.gguf" "$here/prompts_synth.txt" 64

@@ -205,6 +205,38 @@ void CpuBackend::add(const Tensor& dst, const Tensor& src) {
   });
 }
 
+void CpuBackend::gather_rows(const Tensor& src, std::span<const int32_t> rows, const Tensor& dst) {
+  check_f32(src, "gather_rows src");
+  check_f32(dst, "gather_rows dst");
+  SLUICE_CHECK(src.cols == dst.cols && dst.rows == int64_t(rows.size()), "gather_rows: shape mismatch");
+  for_rows(dst.rows, 1, dst.rows * dst.cols, [&](int64_t s, int64_t e, int) {
+    for (int64_t i = s; i < e; ++i) {
+      const int32_t r = rows[size_t(i)];
+      SLUICE_CHECK(r >= 0 && r < src.rows, "gather_rows: row outside the source");
+      std::memcpy(row_f32(dst, i), row_f32(src, r), size_t(dst.cols) * sizeof(float));
+    }
+  });
+}
+
+void CpuBackend::scatter_add_rows(const Tensor& dst, const Tensor& src, std::span<const int32_t> rows,
+                                  std::span<const float> scale) {
+  check_f32(src, "scatter_add_rows src");
+  check_f32(dst, "scatter_add_rows dst");
+  SLUICE_CHECK(src.cols == dst.cols && src.rows == int64_t(rows.size()) && rows.size() == scale.size(),
+               "scatter_add_rows: shape mismatch");
+  // Rows are distinct, so threads never write the same destination row.
+  for_rows(src.rows, 1, src.rows * src.cols, [&](int64_t s, int64_t e, int) {
+    for (int64_t i = s; i < e; ++i) {
+      const int32_t r = rows[size_t(i)];
+      SLUICE_CHECK(r >= 0 && r < dst.rows, "scatter_add_rows: row outside the destination");
+      float* d = row_f32(dst, r);
+      const float* a = row_f32(src, i);
+      const float w = scale[size_t(i)];
+      for (int64_t c = 0; c < dst.cols; ++c) d[c] += w * a[c];
+    }
+  });
+}
+
 void CpuBackend::swiglu(const Tensor& gate, const Tensor& up, const Tensor& dst) {
   check_f32(gate, "swiglu gate");
   check_f32(up, "swiglu up");

@@ -75,6 +75,9 @@ class CpuBackend final : public Backend {
   void add_bias(const Tensor& y, const WeightView& b) override;
   void add(const Tensor& dst, const Tensor& src) override;
   void swiglu(const Tensor& gate, const Tensor& up, const Tensor& dst) override;
+  void gather_rows(const Tensor& src, std::span<const int32_t> rows, const Tensor& dst) override;
+  void scatter_add_rows(const Tensor& dst, const Tensor& src, std::span<const int32_t> rows,
+                        std::span<const float> scale) override;
   void rope(const Tensor& x, const RopeParams& p, int pos0) override;
   void store_rows(const Tensor& src, const Tensor& cache, int64_t pos0) override;
   void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out,

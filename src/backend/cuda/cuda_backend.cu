@@ -329,6 +329,24 @@ class CudaBackend final : public Backend {
     must(cuda::add(f32(dst), dst.stride, f32(src), src.stride, dst.rows, dst.cols, stream_), "add");
   }
 
+  void gather_rows(const Tensor& src, std::span<const int32_t> rows, const Tensor& dst) override {
+    SLUICE_CHECK(src.cols == dst.cols && dst.rows == int64_t(rows.size()), "gather_rows: shape mismatch");
+    invalidate_q8();
+    must(cuda::gather_rows(f32(src), src.stride, src.rows, f32(dst), dst.stride, rows.data(), dst.rows, dst.cols,
+                           stream_),
+         "gather_rows");
+  }
+
+  void scatter_add_rows(const Tensor& dst, const Tensor& src, std::span<const int32_t> rows,
+                        std::span<const float> scale) override {
+    SLUICE_CHECK(src.cols == dst.cols && src.rows == int64_t(rows.size()) && rows.size() == scale.size(),
+                 "scatter_add_rows: shape mismatch");
+    invalidate_q8();
+    must(cuda::scatter_add_rows(f32(dst), dst.stride, dst.rows, f32(src), src.stride, rows.data(), scale.data(),
+                                src.rows, src.cols, stream_),
+         "scatter_add_rows");
+  }
+
   void swiglu(const Tensor& gate, const Tensor& up, const Tensor& dst) override {
     SLUICE_CHECK(gate.cols == up.cols && gate.cols == dst.cols && gate.rows == up.rows && gate.rows == dst.rows,
                  "swiglu: shape mismatch");

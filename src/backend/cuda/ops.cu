@@ -433,6 +433,92 @@ Status add(float* dst, int64_t dst_stride, const float* src, int64_t src_stride,
   return launch_rowwise(AddOp{dst, dst_stride, src, src_stride}, rows, cols, vec4, stream);
 }
 
+namespace {
+
+// Row lists travel in the kernel's parameters (kIndexChunk rows per launch), so gathers and
+// scatters need no device buffer, no copy and no synchronization with the host's routing.
+constexpr int kIndexChunk = 128;
+
+struct GatherOp {  // dst[i][c] = src[rows[i]][c]
+  float* dst;
+  int64_t dst_stride;
+  const float* src;
+  int64_t src_stride;
+  int32_t rows[kIndexChunk];
+  template <int V>
+  __device__ void apply(int64_t r, int64_t c) const {
+    float a[V];
+    load_v<V>(src + int64_t(rows[r]) * src_stride + c, a);
+    store_v<V>(dst + r * dst_stride + c, a);
+  }
+};
+
+struct ScatterAddOp {  // dst[rows[i]][c] += scale[i] * src[i][c]
+  float* dst;
+  int64_t dst_stride;
+  const float* src;
+  int64_t src_stride;
+  int32_t rows[kIndexChunk];
+  float scale[kIndexChunk];
+  template <int V>
+  __device__ void apply(int64_t r, int64_t c) const {
+    float a[V], d[V];
+    float* out = dst + int64_t(rows[r]) * dst_stride + c;
+    load_v<V>(out, a);
+    load_v<V>(src + r * src_stride + c, d);
+#pragma unroll
+    for (int k = 0; k < V; ++k) a[k] = __fadd_rn(a[k], __fmul_rn(scale[r], d[k]));
+    store_v<V>(out, a);
+  }
+};
+
+}  // namespace
+
+Status gather_rows(const float* src, int64_t src_stride, int64_t src_rows, float* dst, int64_t dst_stride,
+                   const int32_t* rows, int64_t n, int64_t cols, cudaStream_t stream) {
+  SLUICE_RETURN_IF_ERROR(check_rows("gather_rows", n, cols));
+  if (n == 0 || cols == 0) return Status::ok();
+  SLUICE_RETURN_IF_ERROR(check_stride("gather_rows", "src", src, src_stride, cols));
+  SLUICE_RETURN_IF_ERROR(check_stride("gather_rows", "dst", dst, dst_stride, cols));
+  const bool vec4 = cols % 4 == 0 && vec4_ok(src, src_stride) && vec4_ok(dst, dst_stride);
+  for (int64_t i0 = 0; i0 < n; i0 += kIndexChunk) {
+    const int64_t m = std::min<int64_t>(kIndexChunk, n - i0);
+    GatherOp op{dst + i0 * dst_stride, dst_stride, src, src_stride, {}};
+    for (int64_t i = 0; i < m; ++i) {
+      if (rows[i0 + i] < 0 || rows[i0 + i] >= src_rows) {
+        return invalid_argument("gather_rows: row " + std::to_string(rows[i0 + i]) + " outside [0, " +
+                                std::to_string(src_rows) + ")");
+      }
+      op.rows[i] = rows[i0 + i];
+    }
+    SLUICE_RETURN_IF_ERROR(launch_rowwise(op, m, cols, vec4, stream));
+  }
+  return Status::ok();
+}
+
+Status scatter_add_rows(float* dst, int64_t dst_stride, int64_t dst_rows, const float* src, int64_t src_stride,
+                        const int32_t* rows, const float* scale, int64_t n, int64_t cols, cudaStream_t stream) {
+  SLUICE_RETURN_IF_ERROR(check_rows("scatter_add_rows", n, cols));
+  if (n == 0 || cols == 0) return Status::ok();
+  SLUICE_RETURN_IF_ERROR(check_stride("scatter_add_rows", "src", src, src_stride, cols));
+  SLUICE_RETURN_IF_ERROR(check_stride("scatter_add_rows", "dst", dst, dst_stride, cols));
+  const bool vec4 = cols % 4 == 0 && vec4_ok(src, src_stride) && vec4_ok(dst, dst_stride);
+  for (int64_t i0 = 0; i0 < n; i0 += kIndexChunk) {
+    const int64_t m = std::min<int64_t>(kIndexChunk, n - i0);
+    ScatterAddOp op{dst, dst_stride, src + i0 * src_stride, src_stride, {}, {}};
+    for (int64_t i = 0; i < m; ++i) {
+      if (rows[i0 + i] < 0 || rows[i0 + i] >= dst_rows) {
+        return invalid_argument("scatter_add_rows: row " + std::to_string(rows[i0 + i]) + " outside [0, " +
+                                std::to_string(dst_rows) + ")");
+      }
+      op.rows[i] = rows[i0 + i];
+      op.scale[i] = scale[i0 + i];
+    }
+    SLUICE_RETURN_IF_ERROR(launch_rowwise(op, m, cols, vec4, stream));
+  }
+  return Status::ok();
+}
+
 Status swiglu(const float* gate, int64_t gate_stride, const float* up, int64_t up_stride, float* dst,
               int64_t dst_stride, int64_t rows, int64_t cols, cudaStream_t stream) {
   SLUICE_RETURN_IF_ERROR(check_rows("swiglu", rows, cols));

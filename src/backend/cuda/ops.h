@@ -41,6 +41,13 @@ Status add_bias(float* y, int64_t stride, int64_t rows, int64_t cols, const floa
 Status add(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows, int64_t cols,
            cudaStream_t stream);
 
+// dst[i] = src[rows[i]] for i < n (rows: host array, values in [0, src_rows)).
+Status gather_rows(const float* src, int64_t src_stride, int64_t src_rows, float* dst, int64_t dst_stride,
+                   const int32_t* rows, int64_t n, int64_t cols, cudaStream_t stream);
+// dst[rows[i]] += scale[i] * src[i] for i < n (rows, scale: host arrays; rows distinct).
+Status scatter_add_rows(float* dst, int64_t dst_stride, int64_t dst_rows, const float* src, int64_t src_stride,
+                        const int32_t* rows, const float* scale, int64_t n, int64_t cols, cudaStream_t stream);
+
 // dst = silu(gate) * up, elementwise. dst may alias gate or up.
 Status swiglu(const float* gate, int64_t gate_stride, const float* up, int64_t up_stride, float* dst,
               int64_t dst_stride, int64_t rows, int64_t cols, cudaStream_t stream);
