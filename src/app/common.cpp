@@ -125,6 +125,22 @@ Result<bool> device_streaming_requested(const ModelFlags& mf, const StreamFlags&
   return true;
 }
 
+// Whether the file is a mixture of experts (<arch>.expert_count > 0).
+Result<bool> is_moe(const std::string& path) {
+  SLUICE_ASSIGN_OR_RETURN(gguf::File file, gguf::File::open(path));
+  SLUICE_ASSIGN_OR_RETURN(std::string arch, file.get_string("general.architecture"));
+  if (!file.find(arch + ".expert_count")) return false;
+  SLUICE_ASSIGN_OR_RETURN(uint64_t n, file.get_uint(arch + ".expert_count"));
+  return n > 0;
+}
+
+Result<stream::MissPolicy> miss_policy(const StreamFlags& sf) {
+  if (sf.expert_misses == "cost") return stream::MissPolicy::kCostModel;
+  if (sf.expert_misses == "cpu") return stream::MissPolicy::kCpu;
+  if (sf.expert_misses == "copy") return stream::MissPolicy::kCopy;
+  return invalid_argument("--expert-misses '" + sf.expert_misses + "': expected cost, cpu or copy");
+}
+
 Result<LoadedModel> load_device_streamed(const ModelFlags& mf, const StreamFlags& sf) {
   LoadedModel lm;
   if (!sf.trace_path.empty()) {
@@ -139,6 +155,21 @@ Result<LoadedModel> load_device_streamed(const ModelFlags& mf, const StreamFlags
   lo.backend = model::BackendKind::kCuda;
   lo.cuda_graphs = mf.graphs;
   lo.layer_source = stream::device_streaming_source(mf.model_path, o, &lm.device_streamer);
+  SLUICE_ASSIGN_OR_RETURN(const bool moe, is_moe(mf.model_path));
+  if (moe) {
+    // Mixtures of experts: everything but the routed experts resident, experts cached in VRAM and
+    // computed by the CPU or copied on a miss (stream/expert_streamer.h).
+    stream::ExpertStreamOptions eo;
+    eo.vram_budget = o.vram_budget;
+    eo.ram_budget = o.ram_budget;
+    eo.n_ctx = mf.n_ctx;
+    eo.host_cpu.n_threads = mf.n_threads;
+    SLUICE_ASSIGN_OR_RETURN(eo.policy, miss_policy(sf));
+    if (!sf.expert_cache.empty()) {
+      SLUICE_ASSIGN_OR_RETURN(eo.cache_bytes, stream::parse_byte_size(sf.expert_cache));
+    }
+    lo.layer_source = stream::expert_streaming_source(eo, &lm.expert_streamer);
+  }
   auto m = model::Model::load(mf.model_path, lo);
   lm.load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!m.is_ok()) return m.status();
@@ -232,6 +263,9 @@ Result<LoadedModel> load_model(const ModelFlags& mf, const StreamFlags& sf) {
 }
 
 Status finish_stream(FILE* out, LoadedModel& lm, const decode::Timings& t) {
+  if (lm.expert_streamer) {
+    std::fprintf(out, "%s\n%s\n", lm.expert_streamer->describe().c_str(), lm.expert_streamer->stats_line().c_str());
+  }
   if (lm.device_streamer) {
     stream::DeviceStreamer& ds = *lm.device_streamer;
     ds.collect();  // the run ended with a sync: every mark of the last pass has passed

@@ -18,6 +18,7 @@
 #include "model/tokenizer.h"
 #include "stream/cpu_streamer.h"
 #include "stream/device_streamer.h"
+#include "stream/expert_streamer.h"
 #include "stream/probe.h"
 #include "stream/trace.h"
 
@@ -56,6 +57,7 @@ struct LoadedModel {
   std::unique_ptr<model::Model> model;
   stream::CpuLayerStreamer* streamer = nullptr;  // owned by model; null without --ram-budget
   stream::DeviceStreamer* device_streamer = nullptr;  // owned by model; the device pipeline (--vram-budget)
+  stream::ExpertStreamer* expert_streamer = nullptr;  // owned by model; MoE expert placement (--vram-budget)
   std::optional<stream::DiskProbe> probe;        // when streaming without --no-probe
   double load_s = 0;                              // wall time of the load (probe included)
 };

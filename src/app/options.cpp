@@ -49,6 +49,12 @@ void add_stream_flags(CLI::App& app, StreamFlags& f) {
   app.add_flag("--no-hybrid", f.no_hybrid,
                "with --vram-budget: copy every streamed layer to the GPU (pure streaming) instead of letting the CPU "
                "compute some pinned-RAM layers where they lie");
+  app.add_option("--expert-misses", f.expert_misses,
+                 "mixture of experts with --vram-budget: where an expert missing from the VRAM cache runs: cost (CPU or "
+                 "copied to the GPU, whichever the cost model says finishes first; prefill copies), cpu, copy")
+      ->check(CLI::IsMember({"cost", "cpu", "copy"}));
+  app.add_option("--expert-cache", f.expert_cache,
+                 "mixture of experts with --vram-budget: cap the VRAM expert cache at SIZE (default: what the budget leaves)");
 }
 
 void add_sampling_flags(CLI::App& app, SamplingFlags& f) {

@@ -33,6 +33,10 @@ struct StreamFlags {
   std::string trace_path;  // --trace FILE: per-layer access trace (CSV), needs --ram-budget
   bool no_probe = false;   // --no-probe: planner uses the default disk bandwidth (tests, scripts)
   bool no_hybrid = false;  // --no-hybrid: the device pipeline copies every streamed layer (no CPU executor)
+  // Mixtures of experts with --vram-budget (stream/expert_streamer.h): where a cache miss runs
+  // (cost: CPU or copy by the cost model; cpu; copy) and a cap on the VRAM expert cache.
+  std::string expert_misses = "cost";
+  std::string expert_cache;
 };
 
 struct SamplingFlags {

@@ -1,5 +1,7 @@
 #include "model/executor.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 
 namespace sluice::model {
@@ -34,7 +36,7 @@ Status Executor::init(backend::Backend& be, const Config& cfg, int n_ctx, int ma
   return Status::ok();
 }
 
-void Executor::layer(const LayerWeights& L, int l, int64_t n, int pos0) {
+Status Executor::layer(const LayerWeights& L, int l, int64_t n, int pos0) {
   SLUICE_CHECK(kv_.has(l), "executor: layer has no KV cache on this executor");
   backend::Backend& be = *be_;
   const Config& c = *cfg_;
@@ -64,11 +66,11 @@ void Executor::layer(const LayerWeights& L, int l, int64_t n, int pos0) {
   be.matmul(L.wo.view(), attn, xn);
   be.add(x, xn);
   be.rms_norm(x, L.ffn_norm.view(), eps, xn);
-  ffn(L, n);
+  return ffn(L, l, n);
 }
 
-void Executor::ffn(const LayerWeights& L, int64_t n) {
-  if (L.moe()) return moe_ffn(L, n);
+Status Executor::ffn(const LayerWeights& L, int l, int64_t n) {
+  if (L.moe()) return moe_ffn(L, l, n);
   // Dense feed-forward block: x += W_down . (silu(W_gate xn) * (W_up xn)).
   backend::Backend& be = *be_;
   const Tensor x = x_.first_rows(n), xn = xn_.first_rows(n), gate = gate_.first_rows(n), up = up_.first_rows(n);
@@ -78,6 +80,7 @@ void Executor::ffn(const LayerWeights& L, int64_t n) {
   be.swiglu(gate, up, gate);
   be.matmul(L.w_down.view(), gate, xn);
   be.add(x, xn);
+  return Status::ok();
 }
 
 void Executor::expert(const backend::WeightView& gate_w, const backend::WeightView& up_w,
@@ -100,7 +103,7 @@ void Executor::expert(const backend::WeightView& gate_w, const backend::WeightVi
 // Routed experts: the router's logits come to the host (one small download per layer), the host
 // chooses each token's experts (model/moe.h), and each chosen expert runs once on the dense batch
 // of its tokens, its output added into the residual stream scaled by the router weight.
-void Executor::moe_ffn(const LayerWeights& L, int64_t n) {
+Status Executor::moe_ffn(const LayerWeights& L, int l, int64_t n) {
   backend::Backend& be = *be_;
   const Config& c = *cfg_;
   const Tensor xn = xn_.first_rows(n), logits = logits_.first_rows(n), sgate = sgate_.first_rows(n);
@@ -124,16 +127,76 @@ void Executor::moe_ffn(const LayerWeights& L, int64_t n) {
     expert(L.gate_shexp.view(), L.up_shexp.view(), L.down_shexp.view(), xn, all,
            std::span<const float>(sgate_host_.data(), size_t(n)), n);
   }
-  for (const ExpertBatch& b : batches_) {
+  if (placement_) {
+    sites_.resize(batches_.size());
+    SLUICE_RETURN_IF_ERROR(placement_->place(l, int(n), batches_, sites_));
+    // The host's experts read the normed rows: fetch them now, while this backend's queue holds
+    // nothing the download would wait for (a GPU has one compute queue).
+    if (std::any_of(sites_.begin(), sites_.end(), [](const ExpertPlacement::Site& s) { return s.host; })) {
+      xn_host_.resize(size_t(n * c.n_embd));
+      be.download(xn, xn_host_.data());
+    }
+  }
+  host_batches_.clear();
+  for (size_t i = 0; i < batches_.size(); ++i) {
+    if (placement_ && sites_[i].host) {
+      host_batches_.push_back(i);
+      continue;
+    }
+    const ExpertBatch& b = batches_[i];
     const int64_t m = int64_t(b.rows.size());
     Tensor in = xn;
     if (m != n) {  // every token chose this expert: the rows are 0 .. n-1 already
       in = xg_.first_rows(m);
       be.gather_rows(xn, b.rows, in);
     }
-    expert(L.gate_exps.expert(b.expert), L.up_exps.expert(b.expert), L.down_exps.expert(b.expert), in, b.rows,
-           b.weights, n);
+    if (placement_) {
+      expert(sites_[i].gate, sites_[i].up, sites_[i].down, in, b.rows, b.weights, n);
+    } else {
+      expert(L.gate_exps.expert(b.expert), L.up_exps.expert(b.expert), L.down_exps.expert(b.expert), in, b.rows,
+             b.weights, n);
+    }
   }
+  if (!placement_) return Status::ok();
+  // The host computes its experts while this backend runs the ones just issued.
+  double host_s = 0;
+  if (!host_batches_.empty()) {
+    SLUICE_CHECK(host_ != nullptr, "executor: a placement gave the host experts but there is no host executor");
+    const auto t0 = std::chrono::steady_clock::now();
+    host_->host_experts(*this, n);
+    host_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  placement_->done(l, host_s);
+  return Status::ok();
+}
+
+void Executor::host_experts(Executor& main, int64_t n) {
+  backend::Backend& be = *be_;
+  const int64_t e = cfg_->n_embd;
+  SLUICE_CHECK(handoff_.size() >= size_t(n * e) && main.handoff_.size() >= size_t(n * e),
+               "executor: hand-off buffer too small");
+  // The normed rows: the main backend is idle here (routing waited for it) except for the
+  // experts it was just given, which this download does not need to wait for on a host backend
+  // but does on a GPU (one queue): so the rows were fetched before (see below).
+  be.upload(xn_.first_rows(n), main.xn_host_.data());
+  if (zeros_.size() < size_t(n * e)) zeros_.assign(size_t(n * e), 0.0f);
+  const Tensor acc = x_.first_rows(n), xn = xn_.first_rows(n);
+  be.upload(acc, zeros_.data());
+  for (size_t i : main.host_batches_) {
+    const ExpertBatch& b = main.batches_[i];
+    const ExpertPlacement::Site& site = main.sites_[i];
+    const int64_t m = int64_t(b.rows.size());
+    Tensor in = xn;
+    if (m != n) {
+      in = xg_.first_rows(m);
+      be.gather_rows(xn, b.rows, in);
+    }
+    expert(site.gate, site.up, site.down, in, b.rows, b.weights, n);
+  }
+  be.download(acc, handoff_.data());
+  const Tensor dst = main.ey_.first_rows(n);
+  main.be_->upload(dst, handoff_.data());
+  main.be_->add(main.x_.first_rows(n), dst);
 }
 
 void Executor::move_x(Executor& to, int64_t n, std::span<float> buf) {

@@ -38,8 +38,18 @@ class Executor {
   backend::Tensor xn(int64_t n) const { return xn_.first_rows(n); }
 
   // x += attention block + feed-forward block of `L` for n tokens at positions [pos0, pos0 + n).
-  // The layer's K/V rows are stored into this executor's cache (has_kv(layer) must hold).
-  void layer(const LayerWeights& L, int layer, int64_t n, int pos0);
+  // The layer's K/V rows are stored into this executor's cache (has_kv(layer) must hold). Errors
+  // come only from an expert placement.
+  Status layer(const LayerWeights& L, int layer, int64_t n, int pos0);
+
+  // Mixture of experts: routed experts run where `placement` says, those it gives the host on
+  // `host` (another executor, which needs no KV cache for it); `buf` carries activations between
+  // them (as for move_x). nullptr placement: every expert runs here.
+  void set_experts(ExpertPlacement* placement, Executor* host, std::span<float> buf) {
+    placement_ = placement;
+    host_ = host;
+    handoff_ = buf;
+  }
 
   // The residual stream of the last n rows computed here, copied into `to`'s x through the host
   // buffer `buf` (n * max(n_embd, n_embd_k, n_embd_v) floats at least). Pinned memory there: a
@@ -52,8 +62,11 @@ class Executor {
 
  private:
   // x += the FFN block of `L` on the normed input xn (dense SwiGLU, or the routed experts).
-  void ffn(const LayerWeights& L, int64_t n);
-  void moe_ffn(const LayerWeights& L, int64_t n);
+  Status ffn(const LayerWeights& L, int layer, int64_t n);
+  Status moe_ffn(const LayerWeights& L, int layer, int64_t n);
+  // The host's share of a placed MoE layer: its experts on the normed rows in handoff_, summed
+  // into this (host) executor's x, then added into `main`'s x.
+  void host_experts(Executor& main, int64_t n);
   // x[rows] += weights * W_down . (silu(W_gate in) * (W_up in)) for one expert's batch `in` (the
   // pass has n rows).
   void expert(const backend::WeightView& gate, const backend::WeightView& up, const backend::WeightView& down,
@@ -81,6 +94,13 @@ class Executor {
   MoeRouting routing_;
   std::vector<ExpertBatch> batches_;
   std::vector<int32_t> all_rows_;
+  ExpertPlacement* placement_ = nullptr;
+  Executor* host_ = nullptr;
+  std::span<float> handoff_;
+  std::vector<ExpertPlacement::Site> sites_;
+  std::vector<size_t> host_batches_;  // indices into batches_ of the host's experts
+  std::vector<float> zeros_;
+  std::vector<float> xn_host_;  // the normed rows the host's experts read
 };
 
 }  // namespace sluice::model

@@ -63,7 +63,7 @@ class LlamaFamilyModel final : public Model {
       std::vector<bool> layers(size_t(cfg_.n_layer));
       bool any = false;
       for (int l = 0; l < cfg_.n_layer; ++l) any |= layers[size_t(l)] = src_->host_capable(l);
-      if (any) {
+      if (any || src_->experts()) {
         host_ = std::make_unique<Executor>();
         SLUICE_RETURN_IF_ERROR(host_->init(*host.backend, cfg_, n_ctx, kMaxBatch, layers, host.rope_freqs));
         // Activations cross between the executors through memory the main backend copies from
@@ -72,6 +72,11 @@ class LlamaFamilyModel final : public Model {
         SLUICE_ASSIGN_OR_RETURN(void* buf, be_->alloc_staging(int64_t(floats * sizeof(float))));
         handoff_ = std::span<float>(static_cast<float*>(buf), floats);
       }
+    }
+    if (ExpertPlacement* p = src_->experts()) {
+      SLUICE_CHECK(host_ != nullptr, "an expert placement needs the source's host executor");
+      main_.set_experts(p, host_.get(), handoff_);
+      host_->set_experts(nullptr, nullptr, handoff_);
     }
     SLUICE_ASSIGN_OR_RETURN(logits_, be_->alloc(backend::DType::kF32, cfg_.n_vocab, kLogitRows));
     return Status::ok();
@@ -154,7 +159,7 @@ class LlamaFamilyModel final : public Model {
         cur = e;
       }
       SLUICE_ASSIGN_OR_RETURN(const LayerWeights* lw, src.acquire(l));
-      e->layer(*lw, l, n, pos0);
+      SLUICE_RETURN_IF_ERROR(e->layer(*lw, l, n, pos0));
       if (host_ && host_->has_kv(l)) {
         // Both executors keep this layer's cache: the other one gets the new rows too.
         e->mirror_kv(e == &main_ ? *host_ : main_, l, n, pos0, handoff_);

@@ -12,6 +12,9 @@
 #include <span>
 #include <vector>
 
+#include "backend/backend.h"
+#include "core/status.h"
+
 namespace sluice::model {
 
 struct MoeRouting {
@@ -35,5 +38,25 @@ struct ExpertBatch {
 // One batch per expert that at least one token chose, in ascending expert order (a deterministic
 // order of accumulation, the same on every backend). Reuses `out`'s storage.
 void group_by_expert(const MoeRouting& r, int n_expert, std::vector<ExpertBatch>& out);
+
+// Where the routed experts of a layer run, decided per pass once the routing is known. Without a
+// placement every expert runs on the executor computing the layer, from the layer's stacked
+// tensors. A placement (stream/expert_streamer) keeps some experts in the main backend's memory
+// and has the host CPU compute the others where they lie, in parallel with the main backend.
+class ExpertPlacement {
+ public:
+  virtual ~ExpertPlacement() = default;
+  struct Site {
+    bool host = false;                   // the host executor computes it (views in host memory)
+    backend::WeightView gate, up, down;  // the expert's matrices where its executor reads them
+  };
+  // One site per batch, called before any expert of `layer` runs in this pass (n_tokens rows). It
+  // may enqueue copies on the main backend; the main backend's compute issued after place()
+  // is ordered after them. Views stay valid until done(layer).
+  virtual Status place(int layer, int n_tokens, std::span<const ExpertBatch> batches, std::span<Site> sites) = 0;
+  // Every expert of `layer` has been issued (the main backend's may still run); host_seconds is
+  // the host's time computing its experts (0 when it had none), for the placement's cost model.
+  virtual void done(int layer, double host_seconds) = 0;
+};
 
 }  // namespace sluice::model

@@ -12,6 +12,7 @@
 #include "core/status.h"
 #include "model/arch.h"
 #include "model/config.h"
+#include "model/moe.h"
 
 namespace sluice::gguf {
 class File;
@@ -158,6 +159,10 @@ class LayerSource {
   // Whether `layer` runs on the host executor in the current pass (decided by begin_pass); its
   // acquire() then returns views the host executor can read.
   virtual bool on_host(int layer) const { return false; }
+  // Mixture of experts: where each pass's routed experts run (nullptr: with their layer, from the
+  // acquired layer's stacked tensors). With a placement, acquire() need not return the stacked
+  // expert tensors, and the host executor computes the experts the placement gives it.
+  virtual ExpertPlacement* experts() { return nullptr; }
 };
 
 // Resolves and validates every tensor of `arch` in `file` against `cfg`. Errors name the tensor

@@ -1,0 +1,398 @@
+#include "stream/expert_streamer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "gguf/gguf.h"
+#include "stream/plan.h"
+
+namespace sluice::stream {
+namespace {
+
+using Mark = backend::Backend::Mark;
+
+// The layer loop's fixed sizes (model/forward.cpp), which size its activation buffers, and the
+// default context cap for n_ctx = 0.
+constexpr uint64_t kMaxBatch = 512;
+constexpr uint64_t kLogitRows = 16;
+constexpr int kDefaultMaxCtx = 4096;
+// Matrices inside a slot start at multiples of this (the CUDA GEMV's 16-byte loads, with room).
+constexpr uint64_t kSlotAlign = 256;
+// Backend marks are recycled after 1024 newer ones (cuda_backend.cu): a mark older than this
+// horizon has long passed and is not waited on (its event may already name a newer point).
+constexpr Mark kMarkHorizon = 900;
+
+uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+uint64_t physical_ram() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? uint64_t(pages) * uint64_t(page) : (16ull << 30);
+}
+
+bool is_expert_field(model::LayerTensorField f) {
+  return f == &model::LayerWeights::gate_exps || f == &model::LayerWeights::up_exps ||
+         f == &model::LayerWeights::down_exps;
+}
+
+constexpr model::LayerTensorField kExpertFields[3] = {&model::LayerWeights::gate_exps, &model::LayerWeights::up_exps,
+                                                      &model::LayerWeights::down_exps};
+
+}  // namespace
+
+ExpertStreamer::~ExpertStreamer() {
+  // Copies may still read pinned memory the backend owns; let the device finish first.
+  be_.sync();
+}
+
+Result<std::unique_ptr<ExpertStreamer>> ExpertStreamer::create(const gguf::File& file, const model::Weights& w,
+                                                               backend::Backend& be, const ExpertStreamOptions& opts) {
+  const bool host = be.reads_host_weights();
+  if (host && !opts.allow_host_backend) {
+    return unsupported(std::string("expert placement keeps experts in a backend's own memory; the ") + be.name() +
+                       " backend computes on host memory");
+  }
+  if (w.layers.empty() || w.n_expert < 2 || !std::all_of(w.layers.begin(), w.layers.end(), [](const auto& l) {
+        return l.moe();
+      })) {
+    return invalid_argument(file.path() + ": expert placement needs a mixture-of-experts model (every layer routed)");
+  }
+  if (opts.prefill_batch < 1) return invalid_argument("prefill_batch must be >= 1");
+  std::unique_ptr<ExpertStreamer> s(new ExpertStreamer(be));
+  s->host_backend_ = host;
+  s->prefill_batch_ = opts.prefill_batch;
+  s->policy_ = opts.policy;
+  s->h2d_bw_ = opts.h2d_bytes_per_s;
+  s->cpu_bw_ = opts.cpu_bytes_per_s;
+  s->n_layer_ = int(w.layers.size());
+  s->n_expert_ = w.n_expert;
+  const size_t n_layer = w.layers.size();
+
+  // Resident: the output head and small vectors, and every layer tensor but the routed experts.
+  auto upload = [&](model::TensorRef& t) -> Status {
+    if (!t.present()) return Status::ok();
+    auto v = be.upload_weight(t.view());
+    if (!v.is_ok()) return Status(v.status().code(), "uploading " + t.name + ": " + v.status().message());
+    s->resident_bytes_ += t.nbytes;
+    t.adopt(*v);
+    return Status::ok();
+  };
+  s->globals_ = w;
+  s->globals_.layers.clear();
+  for (model::TensorRef* t : {&s->globals_.output_norm, &s->globals_.output, &s->globals_.rope_freqs}) {
+    SLUICE_RETURN_IF_ERROR(upload(*t));
+  }
+  s->layers_ = w.layers;
+  for (model::LayerWeights& L : s->layers_) {
+    for (model::LayerTensorField f : model::kLayerTensorFields) {
+      if (is_expert_field(f)) {
+        L.*f = {};
+      } else {
+        SLUICE_RETURN_IF_ERROR(upload(L.*f));
+      }
+    }
+  }
+
+  // Host: every expert in pinned memory (the copy engine's source), and the CPU's packed layout
+  // where the RAM budget allows a second copy.
+  uint64_t expert_bytes = 0, packed_need = 0;
+  s->host_be_ = backend::make_cpu_backend(opts.host_cpu);
+  s->host_rope_freqs_ = w.rope_freqs.view();
+  for (const model::LayerWeights& L : w.layers) {
+    for (model::LayerTensorField f : kExpertFields) {
+      expert_bytes += round_up((L.*f).nbytes, 4096);
+      packed_need += uint64_t(model::repacked_bytes(*s->host_be_, L.*f));
+    }
+  }
+  const uint64_t ram_budget = opts.ram_budget ? opts.ram_budget : physical_ram() / 4 * 3;
+  if (expert_bytes > ram_budget) {
+    return invalid_argument("the experts need " + format_bytes(expert_bytes) + " of pinned host memory, the RAM budget is " +
+                            format_bytes(ram_budget) + " (raise --ram-budget)");
+  }
+  const bool pack = packed_need > 0 && expert_bytes + packed_need <= ram_budget;
+  s->host_pinned_ = w.layers;
+  s->host_cpu_ = w.layers;
+  for (size_t l = 0; l < n_layer; ++l) {
+    for (model::LayerTensorField f : kExpertFields) {
+      const model::TensorRef& src = w.layers[l].*f;
+      auto p = be.alloc_staging(int64_t(round_up(src.nbytes, 4096)));
+      if (!p.is_ok()) {
+        return Status(p.status().code(), "pinned copy of " + src.name + ": " + p.status().message());
+      }
+      std::memcpy(*p, src.data, src.nbytes);
+      file.release(src.data, src.nbytes);  // the pinned copy replaces the file's pages
+      s->pinned_bytes_ += round_up(src.nbytes, 4096);
+      model::TensorRef& pin = s->host_pinned_[l].*f;
+      pin.data = *p;
+      pin.packed = false;
+      model::TensorRef& cpu = s->host_cpu_[l].*f;
+      cpu = pin;
+      if (const int64_t pb = pack ? model::repacked_bytes(*s->host_be_, pin) : 0; pb > 0) {
+        SLUICE_ASSIGN_OR_RETURN(HostBlock block, alloc_host_block(size_t(pb), "the CPU's packed experts"));
+        cpu.adopt(s->host_be_->repack_weight(pin.view(), block.get()));
+        s->packed_bytes_ += uint64_t(pb);
+        s->packed_blocks_.push_back(std::move(block));
+      }
+    }
+  }
+
+  // The cache: slots of one expert, matrices at fixed offsets sized for the largest layer.
+  uint64_t gate_max = 0, up_max = 0, down_max = 0;
+  for (const model::LayerWeights& L : w.layers) {
+    gate_max = std::max(gate_max, L.gate_exps.expert_bytes());
+    up_max = std::max(up_max, L.up_exps.expert_bytes());
+    down_max = std::max(down_max, L.down_exps.expert_bytes());
+  }
+  s->off_up_ = round_up(gate_max, kSlotAlign);
+  s->off_down_ = s->off_up_ + round_up(up_max, kSlotAlign);
+  s->slot_bytes_ = s->off_down_ + round_up(down_max, kSlotAlign);
+
+  // Backend memory the model needs besides weights (as model/forward.cpp allocates it; n_ctx 0
+  // means at most kDefaultMaxCtx positions).
+  const int n_ctx = opts.n_ctx;
+  const model::LayerWeights& L0 = w.layers[0];
+  const uint64_t n_embd = uint64_t(L0.attn_norm.ne0), n_embd_k = uint64_t(L0.wk.ne1), n_embd_v = uint64_t(L0.wv.ne1);
+  const uint64_t n_q = uint64_t(L0.wq.ne1), n_ff = uint64_t(std::max(L0.gate_exps.ne1, L0.gate_shexp.ne1));
+  const uint64_t ctx = uint64_t(n_ctx > 0 ? n_ctx : kDefaultMaxCtx);
+  const uint64_t kv_bytes = ctx * n_layer * (n_embd_k + n_embd_v) * 2;
+  const uint64_t act_bytes = kMaxBatch * (6 * n_embd + n_q + n_embd_k + n_embd_v + n_q + 2 * n_ff + uint64_t(w.n_expert)) * 4 +
+                             kLogitRows * uint64_t(w.token_embd.ne1) * 4;
+  const uint64_t reserved = kv_bytes + act_bytes + opts.workspace_bytes;
+  uint64_t avail = 0;
+  if (host) {
+    avail = opts.cache_bytes ? opts.cache_bytes : uint64_t(n_layer) * uint64_t(w.n_expert) * s->slot_bytes_;
+  } else {
+    const uint64_t budget = opts.vram_budget ? opts.vram_budget : uint64_t(std::max<int64_t>(be.free_memory(), 0)) + s->resident_bytes_;
+    const uint64_t need = s->resident_bytes_ + reserved + s->slot_bytes_;
+    if (budget < need) {
+      return invalid_argument("the VRAM budget " + format_bytes(budget) + " cannot hold the resident part of the model (" +
+                              format_bytes(s->resident_bytes_) + "), KV cache, activations and workspace (" +
+                              format_bytes(reserved) + ") and one expert slot (" + format_bytes(s->slot_bytes_) +
+                              "): at least " + format_bytes(need) + " is needed");
+    }
+    avail = budget - s->resident_bytes_ - reserved;
+    if (opts.cache_bytes) avail = std::min(avail, opts.cache_bytes);
+    // What the backend really has left (other processes may hold memory).
+    if (const int64_t free = be.free_memory(); free >= 0) avail = std::min(avail, uint64_t(free) > reserved ? uint64_t(free) - reserved : 0);
+  }
+  const uint64_t n_slots = std::min<uint64_t>(avail / s->slot_bytes_, uint64_t(n_layer) * uint64_t(w.n_expert));
+  if (n_slots < 1 && opts.policy != MissPolicy::kCpu) {
+    return invalid_argument("no room for an expert slot (" + format_bytes(s->slot_bytes_) + ") in the VRAM budget");
+  }
+  s->slots_.resize(size_t(n_slots));
+  for (Slot& slot : s->slots_) {
+    auto p = be.alloc_slot(int64_t(s->slot_bytes_));
+    if (!p.is_ok()) return Status(p.status().code(), "expert cache slot: " + p.status().message());
+    slot.base = *p;
+  }
+  const size_t keys = n_layer * size_t(w.n_expert);
+  s->where_.assign(keys, -1);
+  s->freq_.assign(keys, 0.0);
+  s->last_use_.assign(keys, 0);
+  s->stats_.layer_uses.assign(n_layer, 0);
+  s->stats_.layer_hits.assign(n_layer, 0);
+  // Initial contents: the same number of experts in every layer (expert-major), until routing
+  // statistics say otherwise.
+  size_t next = 0;
+  for (int e = 0; e < w.n_expert && next < s->slots_.size(); ++e) {
+    for (size_t l = 0; l < n_layer && next < s->slots_.size(); ++l) s->fill(s->slots_[next++], int(l) * w.n_expert + e);
+  }
+  be.sync();
+  return s;
+}
+
+ExpertStreamer::HostExpert ExpertStreamer::host_expert(int key) const {
+  const int l = key / n_expert_, e = key % n_expert_;
+  HostExpert h;
+  for (int i = 0; i < 3; ++i) {
+    h.copy[i] = (host_pinned_[size_t(l)].*kExpertFields[i]).expert(e);
+    h.cpu[i] = (host_cpu_[size_t(l)].*kExpertFields[i]).expert(e);
+  }
+  return h;
+}
+
+void ExpertStreamer::fill(Slot& slot, int key) {
+  if (slot.key >= 0) where_[size_t(slot.key)] = -1;
+  const HostExpert h = host_expert(key);
+  uint8_t* base = static_cast<uint8_t*>(slot.base);
+  const uint64_t off[3] = {0, off_up_, off_down_};
+  // The copy may start once the compute that last read the slot is done.
+  const Mark after = slot.free_mark;
+  Mark m = 0;
+  for (int i = 0; i < 3; ++i) m = be_.copy_to_slot(base + off[i], h.copy[i].data, h.copy[i].ne1 * h.copy[i].row_bytes(), after);
+  slot.copy_mark = m;
+  slot.key = key;
+  where_[size_t(key)] = int(&slot - slots_.data());
+}
+
+model::ExpertPlacement::Site ExpertStreamer::slot_site(const Slot& slot, int key) const {
+  const HostExpert h = host_expert(key);
+  const uint8_t* base = static_cast<const uint8_t*>(slot.base);
+  Site site;
+  site.gate = {h.copy[0].type, h.copy[0].ne0, h.copy[0].ne1, base, false};
+  site.up = {h.copy[1].type, h.copy[1].ne0, h.copy[1].ne1, base + off_up_, false};
+  site.down = {h.copy[2].type, h.copy[2].ne0, h.copy[2].ne1, base + off_down_, false};
+  return site;
+}
+
+int ExpertStreamer::victim() const {
+  int best = -1;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& s = slots_[i];
+    if (s.busy == stamp_) continue;  // read by the layer being placed
+    if (s.key < 0) return int(i);
+    if (best < 0) {
+      best = int(i);
+      continue;
+    }
+    const int k = s.key, b = slots_[size_t(best)].key;
+    if (freq_[size_t(k)] < freq_[size_t(b)] || (freq_[size_t(k)] == freq_[size_t(b)] && last_use_[size_t(k)] < last_use_[size_t(b)])) {
+      best = int(i);
+    }
+  }
+  return best;
+}
+
+Status ExpertStreamer::begin_pass(int n_tokens) {
+  pass_tokens_ = n_tokens;
+  ++stats_.passes;
+  if (n_tokens == 1) ++stats_.decode_passes;
+  return Status::ok();
+}
+
+Status ExpertStreamer::place(int layer, int n_tokens, std::span<const model::ExpertBatch> batches,
+                             std::span<Site> sites) {
+  SLUICE_CHECK(sites.size() == batches.size(), "place: one site per batch");
+  ++stamp_;
+  busy_slots_.clear();
+  layer_cpu_bytes_ = 0;
+  const bool decode = n_tokens < prefill_batch_;
+  const bool one = n_tokens == 1;
+  // Marks at or below `old` passed long ago (and may have been recycled): not waited on.
+  Mark newest = 0;
+  for (const Slot& sl : slots_) newest = std::max({newest, sl.copy_mark, sl.free_mark});
+  const Mark old = newest > kMarkHorizon ? newest - kMarkHorizon : 0;
+  std::vector<size_t> misses;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    const int key = layer * n_expert_ + batches[i].expert;
+    freq_[size_t(key)] += 1;
+    last_use_[size_t(key)] = stamp_;
+    const HostExpert h = host_expert(key);
+    const uint64_t bytes = uint64_t(h.copy[0].ne1 * h.copy[0].row_bytes() + h.copy[1].ne1 * h.copy[1].row_bytes() +
+                                    h.copy[2].ne1 * h.copy[2].row_bytes());
+    ++stats_.uses;
+    ++stats_.layer_uses[size_t(layer)];
+    if (one) ++stats_.decode_uses;
+    if (const int w = where_[size_t(key)]; w >= 0) {
+      Slot& slot = slots_[size_t(w)];
+      slot.busy = stamp_;
+      busy_slots_.push_back(w);
+      if (slot.copy_mark > old) be_.compute_wait(slot.copy_mark);
+      sites[i] = slot_site(slot, key);
+      ++stats_.hits;
+      ++stats_.layer_hits[size_t(layer)];
+      stats_.hit_bytes += bytes;
+      if (one) ++stats_.decode_hits, stats_.decode_hit_bytes += bytes;
+      continue;
+    }
+    misses.push_back(i);
+  }
+  // Misses: each to the executor that would finish it first (a copy also brings it into the cache).
+  double t_cpu = 0, t_copy = 0;
+  for (size_t i : misses) {
+    const int key = layer * n_expert_ + batches[i].expert;
+    const HostExpert h = host_expert(key);
+    const uint64_t bytes = uint64_t(h.copy[0].ne1 * h.copy[0].row_bytes() + h.copy[1].ne1 * h.copy[1].row_bytes() +
+                                    h.copy[2].ne1 * h.copy[2].row_bytes());
+    // The CPU reads the expert once per pass; more rows cost it compute (about 4 rows per read at
+    // its GEMV rate before it is compute-bound).
+    const double rows = double(batches[i].rows.size());
+    const double cpu_cost = double(bytes) / cpu_bw_ * std::max(1.0, rows / 4.0);
+    const double copy_cost = double(bytes) / h2d_bw_;
+    bool copy = policy_ == MissPolicy::kCopy || (policy_ == MissPolicy::kCostModel && !decode) ||
+                (policy_ == MissPolicy::kCostModel && t_copy + copy_cost < t_cpu + cpu_cost);
+    const int v = copy ? victim() : -1;
+    if (copy && v < 0) copy = false;
+    if (copy) {
+      Slot& slot = slots_[size_t(v)];
+      if (slot.free_mark <= old) slot.free_mark = 0;
+      fill(slot, key);
+      slot.busy = stamp_;
+      busy_slots_.push_back(v);
+      be_.compute_wait(slot.copy_mark);
+      sites[i] = slot_site(slot, key);
+      t_copy += copy_cost;
+      ++stats_.copy_misses;
+      stats_.copy_bytes += bytes;
+      if (one) ++stats_.decode_copy, stats_.decode_copy_bytes += bytes;
+    } else {
+      sites[i] = {true, h.cpu[0], h.cpu[1], h.cpu[2]};
+      t_cpu += cpu_cost;
+      layer_cpu_bytes_ += bytes;
+      ++stats_.cpu_misses;
+      stats_.cpu_bytes += bytes;
+      if (one) ++stats_.decode_cpu, stats_.decode_cpu_bytes += bytes;
+    }
+  }
+  return Status::ok();
+}
+
+void ExpertStreamer::done(int layer, double host_seconds) {
+  (void)layer;
+  if (!busy_slots_.empty()) {
+    const Mark m = be_.compute_mark();
+    for (int w : busy_slots_) slots_[size_t(w)].free_mark = m;
+  }
+  stats_.host_seconds += host_seconds;
+  if (pass_tokens_ == 1) stats_.decode_host_seconds += host_seconds;
+  // The CPU's rate as measured on single-token passes refines the cost model.
+  if (pass_tokens_ == 1 && host_seconds > 0 && layer_cpu_bytes_ > 0) {
+    cpu_bw_ = 0.8 * cpu_bw_ + 0.2 * (double(layer_cpu_bytes_) / host_seconds);
+  }
+}
+
+std::string ExpertStreamer::describe() const {
+  const int total = n_layer_ * n_expert_;
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "experts: resident part %s in VRAM; cache %d of %d experts (%.0f%%, %s slots); host: %s pinned%s; "
+                "cost model: CPU %.1f GB/s, H2D %.1f GB/s",
+                format_bytes(resident_bytes_).c_str(), int(slots_.size()), total,
+                100.0 * double(slots_.size()) / double(std::max(total, 1)), format_bytes(slot_bytes_).c_str(),
+                format_bytes(pinned_bytes_).c_str(),
+                packed_bytes_ ? (", CPU packed copy " + format_bytes(packed_bytes_)).c_str() : "", cpu_bw_ / 1e9,
+                h2d_bw_ / 1e9);
+  return buf;
+}
+
+std::string ExpertStreamer::stats_line() const {
+  const ExpertStats& s = stats_;
+  const double tok = double(std::max<uint64_t>(s.decode_passes, 1));
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "experts (decode): %llu uses, hit rate %.1f%%; per token: VRAM %.1f MB, CPU %.1f MB (%.1f ms), copied "
+                "%.1f MB; CPU share %.1f%% of expert uses",
+                (unsigned long long)s.decode_uses,
+                100.0 * double(s.decode_hits) / double(std::max<uint64_t>(s.decode_uses, 1)),
+                double(s.decode_hit_bytes) / tok / 1e6, double(s.decode_cpu_bytes) / tok / 1e6,
+                s.decode_host_seconds / tok * 1e3, double(s.decode_copy_bytes) / tok / 1e6,
+                100.0 * double(s.decode_cpu) / double(std::max<uint64_t>(s.decode_uses, 1)));
+  return buf;
+}
+
+std::function<Result<std::unique_ptr<model::LayerSource>>(const gguf::File&, const model::Weights&, backend::Backend&)>
+expert_streaming_source(const ExpertStreamOptions& opts, ExpertStreamer** out) {
+  return [opts, out](const gguf::File& file, const model::Weights& w,
+                     backend::Backend& be) -> Result<std::unique_ptr<model::LayerSource>> {
+    ExpertStreamOptions o = opts;
+    if (!be.reads_host_weights()) {
+      if (auto h2d = backend::cuda_h2d_bandwidth(0); h2d.is_ok()) o.h2d_bytes_per_s = *h2d;
+    }
+    SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<ExpertStreamer> s, ExpertStreamer::create(file, w, be, o));
+    if (out) *out = s.get();
+    return std::unique_ptr<model::LayerSource>(std::move(s));
+  };
+}
+
+}  // namespace sluice::stream

@@ -1,0 +1,152 @@
+// Expert placement for mixture-of-experts models larger than the GPU's memory (docs/STREAMING.md,
+// "Mixture of experts"). Everything but the routed experts (attention, norms, routers, shared
+// experts, output head) is resident in backend memory. The routed experts:
+//   - a VRAM expert cache: slots of one expert each (gate, up and down matrices), filled at load
+//     and re-filled by copies from pinned host memory; eviction by measured use frequency, then
+//     recency (an expert used in the current layer is never evicted);
+//   - every expert in pinned host memory (the copy engine's source), and for the host CPU in its
+//     packed layout where the RAM budget allows (else the pinned bytes as they lie);
+//   - per pass, once the router has spoken (model::ExpertPlacement::place): a cached expert runs
+//     on the GPU; a missed one either runs on the host CPU, in parallel with the GPU computing the
+//     cached ones, or is copied into a cache slot and runs on the GPU, whichever the cost model
+//     says finishes first (misses are assigned longest first to the executor that would finish it
+//     earliest: CPU at its measured GB/s, copy engine at the measured H2D GB/s). Passes of
+//     prefill_batch tokens or more copy every miss (one copy serves the whole batch).
+// The host never waits for the device: copies are ordered after the compute that last read the
+// slot through backend marks, and compute after the copy.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/status.h"
+#include "model/model.h"
+#include "model/weights.h"
+#include "stream/host_memory.h"
+
+namespace sluice::gguf {
+class File;
+}
+
+namespace sluice::stream {
+
+enum class MissPolicy {
+  kCostModel,  // decode: CPU or copy by predicted finish time; prefill: copy
+  kCpu,        // every miss on the CPU (llama.cpp's --n-cpu-moe, with a cache)
+  kCopy,       // every miss copied into the cache (pure streaming of experts)
+};
+
+struct ExpertStreamOptions {
+  uint64_t vram_budget = 0;  // 0: the backend's free memory at load
+  uint64_t ram_budget = 0;   // pinned expert copies + the CPU's packed copies; 0: 3/4 of RAM
+  int n_ctx = 0;             // KV cache positions (0: the model's default)
+  uint64_t workspace_bytes = 512ull << 20;
+  int prefill_batch = 32;
+  backend::CpuOptions host_cpu;  // the host executor (threads: physical cores by default)
+  MissPolicy policy = MissPolicy::kCostModel;
+  // Cost-model starting points in bytes/s; the CPU's is refined from its measured expert times.
+  double h2d_bytes_per_s = 25e9;
+  double cpu_bytes_per_s = 40e9;
+  uint64_t cache_bytes = 0;   // tests and sweeps: cap the expert cache (0: what the budget leaves)
+  bool allow_host_backend = false;  // tests: run on the CPU backend (streaming calls synchronous)
+};
+
+struct ExpertStats {
+  uint64_t passes = 0, decode_passes = 0;
+  uint64_t uses = 0, hits = 0, cpu_misses = 0, copy_misses = 0;          // expert executions
+  uint64_t decode_uses = 0, decode_hits = 0, decode_cpu = 0, decode_copy = 0;
+  uint64_t hit_bytes = 0, cpu_bytes = 0, copy_bytes = 0;                  // expert bytes read
+  uint64_t decode_hit_bytes = 0, decode_cpu_bytes = 0, decode_copy_bytes = 0;
+  double host_seconds = 0, decode_host_seconds = 0;
+  std::vector<uint64_t> layer_uses, layer_hits;  // per layer
+};
+
+class ExpertStreamer final : public model::LayerSource, public model::ExpertPlacement {
+ public:
+  static Result<std::unique_ptr<ExpertStreamer>> create(const gguf::File& file, const model::Weights& w,
+                                                        backend::Backend& be, const ExpertStreamOptions& opts);
+  ~ExpertStreamer() override;
+
+  // LayerSource: every layer resident but its routed experts.
+  const model::Weights& globals() const override { return globals_; }
+  Status begin_pass(int n_tokens) override;
+  Result<const model::LayerWeights*> acquire(int layer) override { return &layers_[size_t(layer)]; }
+  void release(int) override {}
+  bool release_needs_sync() const override { return false; }
+  HostExecutor host_executor() override { return {host_be_.get(), host_rope_freqs_}; }
+  model::ExpertPlacement* experts() override { return this; }
+
+  // ExpertPlacement.
+  Status place(int layer, int n_tokens, std::span<const model::ExpertBatch> batches,
+               std::span<Site> sites) override;
+  void done(int layer, double host_seconds) override;
+
+  const ExpertStats& stats() const { return stats_; }
+  int cache_slots() const { return int(slots_.size()); }
+  int n_experts_total() const { return n_layer_ * n_expert_; }
+  uint64_t resident_bytes() const { return resident_bytes_; }
+  uint64_t slot_bytes() const { return slot_bytes_; }
+  uint64_t pinned_bytes() const { return pinned_bytes_; }
+  uint64_t packed_bytes() const { return packed_bytes_; }
+  double cpu_bytes_per_s() const { return cpu_bw_; }
+  double h2d_bytes_per_s() const { return h2d_bw_; }
+  // One paragraph: resident part, cache slots and their share of all experts, host copies.
+  std::string describe() const;
+  // "experts: ..." summary of stats() (hit rate, per-tier bytes per token, CPU vs GPU share).
+  std::string stats_line() const;
+
+ private:
+  explicit ExpertStreamer(backend::Backend& be) : be_(be) {}
+  struct Slot {
+    void* base = nullptr;
+    int key = -1;                          // layer * n_expert + expert held; -1: empty
+    backend::Backend::Mark copy_mark = 0;  // end of the copy that filled it
+    backend::Backend::Mark free_mark = 0;  // compute mark after the last layer that read it
+    uint64_t busy = 0;                     // layer stamp of the pass that reads it now
+  };
+  // The three matrices of expert `key` in host memory: where the copy engine reads (pinned) and
+  // where the CPU computes (packed where made, else the pinned bytes).
+  struct HostExpert {
+    backend::WeightView copy[3], cpu[3];
+  };
+  HostExpert host_expert(int key) const;
+  Site slot_site(const Slot& s, int key) const;
+  int victim() const;
+  void fill(Slot& s, int key);
+
+  backend::Backend& be_;
+  std::unique_ptr<backend::Backend> host_be_;
+  backend::WeightView host_rope_freqs_;
+  model::Weights globals_;
+  std::vector<model::LayerWeights> layers_;      // resident views (routed experts absent)
+  std::vector<model::LayerWeights> host_pinned_; // stacked experts in pinned memory
+  std::vector<model::LayerWeights> host_cpu_;    // stacked experts as the CPU reads them
+  std::vector<HostBlock> packed_blocks_;
+  int n_layer_ = 0, n_expert_ = 0;
+  uint64_t slot_bytes_ = 0, resident_bytes_ = 0, pinned_bytes_ = 0, packed_bytes_ = 0;
+  uint64_t off_up_ = 0, off_down_ = 0;           // matrix offsets inside a slot
+  std::vector<Slot> slots_;
+  std::vector<int> where_;                       // key -> slot, -1: not cached
+  std::vector<double> freq_;                     // key -> uses (decayed)
+  std::vector<uint64_t> last_use_;               // key -> layer stamp of its last use
+  uint64_t stamp_ = 0;                           // increases every place()
+  int pass_tokens_ = 0;
+  bool host_backend_ = false;
+  int prefill_batch_ = 32;
+  MissPolicy policy_ = MissPolicy::kCostModel;
+  double h2d_bw_ = 25e9, cpu_bw_ = 40e9;
+  uint64_t layer_cpu_bytes_ = 0;                 // host bytes of the layer being placed
+  std::vector<int> busy_slots_;
+  ExpertStats stats_;
+};
+
+// The layer source factory for model::LoadOptions::layer_source. *out (optional) receives the
+// streamer (owned by the model).
+std::function<Result<std::unique_ptr<model::LayerSource>>(const gguf::File&, const model::Weights&, backend::Backend&)>
+expert_streaming_source(const ExpertStreamOptions& opts, ExpertStreamer** out);
+
+}  // namespace sluice::stream

@@ -1,0 +1,204 @@
+// Expert placement (stream/expert_streamer.h) on the CPU backend, whose streaming calls run
+// synchronously: a mixture-of-experts model with a small expert cache, misses on the host
+// executor, copied into the cache, or both, must compute what the resident model computes.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "gguf/gguf.h"
+#include "model/model.h"
+#include "quant/quant.h"
+#include "stream/expert_streamer.h"
+#include "test_util.h"
+
+namespace sluice::stream {
+namespace {
+
+constexpr int kE = 256, kF = 256, kX = 8, kK = 2, kL = 3, kV = 64;
+
+// A llama with 8 experts (top-2) per layer, experts in `type`, the rest Q8_0 / F32.
+std::string write_moe(quant::Type type, const std::string& tag) {
+  gguf::Writer w;
+  w.add("general.architecture", gguf::Value::str("llama"));
+  w.add("llama.block_count", gguf::Value::u32(kL));
+  w.add("llama.context_length", gguf::Value::u32(256));
+  w.add("llama.embedding_length", gguf::Value::u32(kE));
+  w.add("llama.feed_forward_length", gguf::Value::u32(kF));
+  w.add("llama.attention.head_count", gguf::Value::u32(4));
+  w.add("llama.attention.head_count_kv", gguf::Value::u32(2));
+  w.add("llama.attention.layer_norm_rms_epsilon", gguf::Value::f32(1e-5f));
+  w.add("llama.expert_count", gguf::Value::u32(kX));
+  w.add("llama.expert_used_count", gguf::Value::u32(kK));
+  std::vector<std::vector<uint8_t>> data;
+  uint64_t salt = 500;
+  auto add = [&](const std::string& name, quant::Type t, std::vector<uint64_t> shape, float scale, float offset) {
+    ASSERT_TRUE(w.add_tensor(name, t, shape).is_ok()) << name;
+    uint64_t n = 1;
+    for (uint64_t d : shape) n *= d;
+    std::vector<float> v = test::random_floats(n, scale, ++salt);
+    for (float& x : v) x += offset;
+    const int64_t ne0 = int64_t(shape[0]), rb = quant::row_bytes(t, ne0);
+    std::vector<uint8_t> bytes(size_t(rb) * (n / shape[0]));
+    for (uint64_t r = 0; r < n / shape[0]; ++r)
+      quant::kernels(t).quantize_row(v.data() + r * uint64_t(ne0), bytes.data() + r * uint64_t(rb), ne0);
+    data.push_back(std::move(bytes));
+  };
+  using T = quant::Type;
+  add("token_embd.weight", T::kQ8_0, {kE, kV}, 1.0f, 0);
+  add("output_norm.weight", T::kF32, {kE}, 0.1f, 1.0f);
+  add("output.weight", T::kQ8_0, {kE, kV}, 0.2f, 0);
+  for (int l = 0; l < kL; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    add(p + "attn_norm.weight", T::kF32, {kE}, 0.1f, 1.0f);
+    add(p + "attn_q.weight", T::kQ8_0, {kE, kE}, 0.2f, 0);
+    add(p + "attn_k.weight", T::kQ8_0, {kE, kE / 2}, 0.2f, 0);
+    add(p + "attn_v.weight", T::kQ8_0, {kE, kE / 2}, 0.2f, 0);
+    add(p + "attn_output.weight", T::kQ8_0, {kE, kE}, 0.2f, 0);
+    add(p + "ffn_norm.weight", T::kF32, {kE}, 0.1f, 1.0f);
+    add(p + "ffn_gate_inp.weight", T::kF32, {kE, kX}, 0.5f, 0);
+    add(p + "ffn_gate_exps.weight", type, {kE, kF, kX}, 0.2f, 0);
+    add(p + "ffn_up_exps.weight", type, {kE, kF, kX}, 0.2f, 0);
+    add(p + "ffn_down_exps.weight", type, {kF, kE, kX}, 0.2f, 0);
+  }
+  const std::string path = std::filesystem::temp_directory_path().string() + "/sluice_moe_" + tag + "_" +
+                           std::to_string(::getpid()) + ".gguf";
+  EXPECT_TRUE(w.write(path, data).is_ok());
+  return path;
+}
+
+// Prefill of 40 tokens (a "prefill" pass: >= prefill_batch) then 12 greedy decode steps; the
+// logits of every step.
+std::vector<std::vector<float>> run(model::Model& m) {
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 40; ++i) prompt.push_back((i * 11 + 5) % kV);
+  std::vector<std::vector<float>> out;
+  std::vector<float> logits(kV);
+  EXPECT_TRUE(m.eval(prompt, logits).is_ok());
+  out.push_back(logits);
+  for (int s = 0; s < 12; ++s) {
+    const int32_t tok = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    EXPECT_TRUE(m.eval(std::span<const int32_t>(&tok, 1), logits).is_ok());
+    out.push_back(logits);
+  }
+  return out;
+}
+
+model::LoadOptions cpu_opts() {
+  model::LoadOptions o;
+  o.backend = model::BackendKind::kCpu;
+  o.n_threads = 2;
+  o.n_ctx = 128;
+  return o;
+}
+
+struct Placed {
+  std::unique_ptr<model::Model> model;
+  ExpertStreamer* streamer = nullptr;
+};
+
+Placed load_placed(const std::string& path, MissPolicy policy, int cache_experts) {
+  ExpertStreamOptions eo;
+  eo.allow_host_backend = true;
+  eo.policy = policy;
+  eo.host_cpu.n_threads = 2;
+  eo.n_ctx = 128;
+  // One slot's bytes: three matrices of one expert, at 256-byte offsets.
+  eo.cache_bytes = uint64_t(cache_experts) * 3 * ((uint64_t(quant::row_bytes(quant::Type::kQ8_0, kE)) * kF + 255) / 256 * 256);
+  model::LoadOptions o = cpu_opts();
+  Placed p;
+  o.layer_source = expert_streaming_source(eo, &p.streamer);
+  auto m = model::Model::load(path, o);
+  EXPECT_TRUE(m.is_ok()) << m.status().message();
+  if (m.is_ok()) p.model = std::move(m).value();
+  return p;
+}
+
+// Every policy against the resident model: same greedy tokens, logits within 1e-4 (the host's
+// experts are summed apart and then added, so float sums associate differently).
+TEST(StreamExperts, PlacementsComputeWhatTheResidentModelComputes) {
+  const std::string path = write_moe(quant::Type::kQ8_0, "policies");
+  auto resident = model::Model::load(path, cpu_opts());
+  ASSERT_TRUE(resident.is_ok()) << resident.status().message();
+  const auto want = run(**resident);
+  for (const MissPolicy policy : {MissPolicy::kCostModel, MissPolicy::kCpu, MissPolicy::kCopy}) {
+    SCOPED_TRACE(int(policy));
+    Placed p = load_placed(path, policy, 5);  // 5 of 24 experts cached
+    ASSERT_TRUE(p.model && p.streamer);
+    const auto got = run(*p.model);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t s = 0; s < got.size(); ++s) {
+      EXPECT_LT(test::normalized_error(got[s].data(), want[s].data(), want[s].size()), 1e-4) << "step " << s;
+      EXPECT_EQ(std::max_element(got[s].begin(), got[s].end()) - got[s].begin(),
+                std::max_element(want[s].begin(), want[s].end()) - want[s].begin())
+          << "step " << s;
+    }
+    const ExpertStats& st = p.streamer->stats();
+    EXPECT_EQ(p.streamer->cache_slots(), 5);
+    EXPECT_EQ(st.uses, st.hits + st.cpu_misses + st.copy_misses);
+    EXPECT_EQ(st.decode_uses, uint64_t(12 * kL * kK));
+    EXPECT_GT(st.hits, 0u);
+    if (policy == MissPolicy::kCpu) {
+      EXPECT_EQ(st.copy_misses, 0u);
+      EXPECT_GT(st.cpu_misses, 0u);
+    }
+    if (policy == MissPolicy::kCopy) {
+      // Decode needs at most 2 experts per layer, fewer than the slots; a 40-token prefill may
+      // route to more distinct experts than there are slots, and those run on the CPU.
+      EXPECT_EQ(st.decode_cpu, 0u);
+      EXPECT_GT(st.copy_misses, 0u);
+    }
+    if (policy == MissPolicy::kCostModel) {
+      // Prefill copies its misses; decode sends some to the CPU.
+      EXPECT_GT(st.copy_misses, 0u);
+      EXPECT_GT(st.decode_cpu, 0u);
+    }
+  }
+  std::filesystem::remove(path);
+}
+
+// With the whole model's experts cached, every decode use is a hit and nothing is copied again.
+TEST(StreamExperts, FullCacheOnlyHits) {
+  const std::string path = write_moe(quant::Type::kQ8_0, "full");
+  Placed p = load_placed(path, MissPolicy::kCostModel, kL * kX);
+  ASSERT_TRUE(p.model);
+  run(*p.model);
+  const ExpertStats& st = p.streamer->stats();
+  EXPECT_EQ(st.hits, st.uses);
+  EXPECT_EQ(st.cpu_misses + st.copy_misses, 0u);
+  std::filesystem::remove(path);
+}
+
+TEST(StreamExperts, ErrorsAreClear) {
+  const std::string path = write_moe(quant::Type::kQ8_0, "errors");
+  // No room for one expert slot, and misses that would need copies.
+  ExpertStreamOptions eo;
+  eo.allow_host_backend = true;
+  eo.cache_bytes = 1000;
+  model::LoadOptions o = cpu_opts();
+  o.layer_source = expert_streaming_source(eo, nullptr);
+  auto m = model::Model::load(path, o);
+  ASSERT_FALSE(m.is_ok());
+  EXPECT_NE(m.status().message().find("expert slot"), std::string::npos) << m.status().message();
+  // A RAM budget below the experts' size names both.
+  eo.cache_bytes = 0;
+  eo.ram_budget = 1 << 20;
+  o.layer_source = expert_streaming_source(eo, nullptr);
+  m = model::Model::load(path, o);
+  ASSERT_FALSE(m.is_ok());
+  EXPECT_NE(m.status().message().find("--ram-budget"), std::string::npos) << m.status().message();
+  // The CPU backend without the test switch: not a backend with its own memory.
+  eo.ram_budget = 0;
+  eo.allow_host_backend = false;
+  o.layer_source = expert_streaming_source(eo, nullptr);
+  m = model::Model::load(path, o);
+  ASSERT_FALSE(m.is_ok());
+  EXPECT_EQ(m.status().code(), ErrorCode::kUnsupported);
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace sluice::stream
