@@ -174,17 +174,39 @@ Result<std::unique_ptr<ExpertStreamer>> ExpertStreamer::create(const gguf::File&
     avail = budget - s->resident_bytes_ - reserved;
     if (opts.cache_bytes) avail = std::min(avail, opts.cache_bytes);
     // What the backend really has left (other processes may hold memory).
-    if (const int64_t free = be.free_memory(); free >= 0) avail = std::min(avail, uint64_t(free) > reserved ? uint64_t(free) - reserved : 0);
+    // What the backend really has left (other processes may hold memory), less a margin for the
+    // allocator's own overheads (cuBLAS handles, graph memory).
+    constexpr uint64_t kMargin = 256ull << 20;
+    if (const int64_t free = be.free_memory(); free >= 0) {
+      avail = std::min(avail, uint64_t(free) > reserved + kMargin ? uint64_t(free) - reserved - kMargin : 0);
+    }
   }
-  const uint64_t n_slots = std::min<uint64_t>(avail / s->slot_bytes_, uint64_t(n_layer) * uint64_t(w.n_expert));
-  if (n_slots < 1 && opts.policy != MissPolicy::kCpu) {
+  uint64_t n_slots = std::min<uint64_t>(avail / s->slot_bytes_, uint64_t(n_layer) * uint64_t(w.n_expert));
+  // Slots come in blocks of up to kSlotBlock bytes: one allocation per slot would round each
+  // small expert up to the allocator's granule (2 MiB on CUDA) and waste a third of the cache. A
+  // block that cannot be had is retried smaller; the cache keeps what was allocated.
+  constexpr uint64_t kSlotBlock = 256ull << 20;
+  const uint64_t per_block = std::max<uint64_t>(1, kSlotBlock / s->slot_bytes_);
+  for (uint64_t made = 0; made < n_slots;) {
+    uint64_t want = std::min(per_block, n_slots - made);
+    Result<void*> p = be.alloc_slot(int64_t(want * s->slot_bytes_));
+    while (!p.is_ok() && want > 1) {
+      want /= 2;
+      p = be.alloc_slot(int64_t(want * s->slot_bytes_));
+    }
+    if (!p.is_ok()) {
+      n_slots = made;
+      break;
+    }
+    for (uint64_t i = 0; i < want; ++i) {
+      Slot slot;
+      slot.base = static_cast<uint8_t*>(*p) + i * s->slot_bytes_;
+      s->slots_.push_back(slot);
+    }
+    made += want;
+  }
+  if (s->slots_.empty() && opts.policy != MissPolicy::kCpu) {
     return invalid_argument("no room for an expert slot (" + format_bytes(s->slot_bytes_) + ") in the VRAM budget");
-  }
-  s->slots_.resize(size_t(n_slots));
-  for (Slot& slot : s->slots_) {
-    auto p = be.alloc_slot(int64_t(s->slot_bytes_));
-    if (!p.is_ok()) return Status(p.status().code(), "expert cache slot: " + p.status().message());
-    slot.base = *p;
   }
   const size_t keys = n_layer * size_t(w.n_expert);
   s->where_.assign(keys, -1);

@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,8 @@
 #include "gpu_util.h"
 #include "model/config.h"
 #include "model/model.h"
+#include "quant/quant.h"
+#include "stream/expert_streamer.h"
 
 namespace sluice::test::gpu {
 namespace {
@@ -39,6 +42,7 @@ struct Case {
   uint32_t dim, heads, kv_heads, head_dim, ffn, layers;
   bool rope_scaling = false;
   bool tied = false;
+  uint32_t experts = 0, experts_used = 0;  // mixture of experts (ffn = per expert)
 };
 
 std::string synth_model(const Case& c) {
@@ -54,6 +58,8 @@ std::string synth_model(const Case& c) {
   s.ctx = 4096;
   s.rope_scaling = c.rope_scaling;
   s.tied_output = c.tied;
+  s.experts = c.experts;
+  s.experts_used = c.experts_used;
   EXPECT_TRUE(app::validate(s).is_ok());
   auto mix = app::parse_type_mix(c.mix);
   EXPECT_TRUE(mix.is_ok()) << c.mix;
@@ -197,6 +203,11 @@ const std::vector<Case>& cases() {
       {"llama_q5_k", "llama", "q5_k", 256, 4, 2, 0, 512, 2},
       {"llama_bf16", "llama", "bf16", 256, 4, 2, 0, 512, 2},
       {"llama_f32", "llama", "f32", 256, 4, 2, 0, 512, 2},
+      // Mixtures of experts: routing is decided on the host from each backend's router logits, so
+      // a near-tie may pick another expert on one backend (the greedy rule's near-tie applies).
+      {"mixtral_f16", "llama", "f16", 512, 8, 2, 0, 512, 2, false, false, 8, 2},
+      {"qwen3moe_q8_0", "qwen3", "q8_0", 512, 4, 2, 128, 256, 2, false, false, 16, 4},
+      {"mixtral_q4km", "llama", "q4_k_m", 512, 8, 2, 0, 512, 2, false, false, 8, 2},
   };
   return kCases;
 }
@@ -214,6 +225,74 @@ TEST_P(ModelParity, HiddenStatesLogitsAndGreedyMatchCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Synthetic, ModelParity, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return info.param.name; });
+
+// Expert placement on the GPU (stream/expert_streamer.h): a cache of 6 of the 16 experts, misses on
+// the CPU, copied, or either by the cost model, against the same model resident on the GPU, both
+// fed the resident run's greedy tokens. The host computes some experts (F16 weights: CPU and GPU
+// agree to ~1e-3), so a router near-tie may pick another expert at a step: at most 2 of the 17
+// steps may exceed the float bound 1e-2 (a wrong slot, copy order or hand-off breaks them all).
+TEST(ExpertPlacementGpu, MatchesResident) {
+  SLUICE_SKIP_WITHOUT_GPU();
+  const Case c{"mixtral_place", "llama", "f16", 512, 8, 2, 0, 512, 2, false, false, 8, 2};
+  const std::string path = synth_model(c);
+  std::vector<int32_t> tokens;  // the resident run's greedy continuation
+  stream::ExpertStreamer* es = nullptr;  // the placed run's streamer, alive while its model is
+  stream::ExpertStats stats;
+  std::string line;
+  int slots = 0;
+  auto run = [&](std::function<Result<std::unique_ptr<model::LayerSource>>(const gguf::File&, const model::Weights&,
+                                                                            backend::Backend&)> src) {
+    model::LoadOptions lo;
+    lo.backend = model::BackendKind::kCuda;
+    lo.n_ctx = 256;
+    lo.layer_source = std::move(src);
+    auto m = model::Model::load(path, lo);
+    EXPECT_TRUE(m.is_ok()) << m.status().message();
+    std::vector<std::vector<float>> out;
+    if (!m.is_ok()) return out;
+    std::vector<float> logits(size_t((*m)->n_vocab()));
+    const auto prompt = prompt_ids(40, (*m)->n_vocab(), 21);
+    EXPECT_TRUE((*m)->eval(prompt, logits).is_ok());
+    out.push_back(logits);
+    const bool first = tokens.empty();
+    for (int i = 0; i < 16; ++i) {
+      if (first) tokens.push_back(argmax(logits.data(), int(logits.size())));
+      EXPECT_TRUE((*m)->eval(std::span<const int32_t>(&tokens[size_t(i)], 1), logits).is_ok());
+      out.push_back(logits);
+    }
+    if (es) stats = es->stats(), line = es->stats_line(), slots = es->cache_slots();
+    return out;
+  };
+  const auto want = run(nullptr);
+  for (const stream::MissPolicy policy : {stream::MissPolicy::kCostModel, stream::MissPolicy::kCpu,
+                                          stream::MissPolicy::kCopy}) {
+    SCOPED_TRACE(int(policy));
+    stream::ExpertStreamOptions eo;
+    eo.policy = policy;
+    eo.n_ctx = 256;
+    // Six slots: one expert's three F16 [512, 512] matrices each.
+    eo.cache_bytes = 6 * 3 * uint64_t(quant::row_bytes(quant::Type::kF16, 512)) * 512;
+    const auto got = run(stream::expert_streaming_source(eo, &es));
+    es = nullptr;
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(slots, 6);
+    int over = 0;
+    double worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double err = normalized_error(got[i].data(), want[i].data(), want[i].size());
+      over += err > 1e-2;
+      worst = std::max(worst, err);
+    }
+    std::printf("[placement] policy %d: %d of %zu steps above 1e-2 (worst %.3g); %s\n", int(policy), over, got.size(),
+                worst, line.c_str());
+    EXPECT_LE(over, 2);
+    const stream::ExpertStats& st = stats;
+    EXPECT_EQ(st.uses, st.hits + st.cpu_misses + st.copy_misses);
+    if (policy == stream::MissPolicy::kCpu) EXPECT_GT(st.cpu_misses, 0u);
+    if (policy == stream::MissPolicy::kCopy) EXPECT_GT(st.copy_misses, 0u);
+  }
+  std::filesystem::remove(path);
+}
 
 // A real model: SLUICE_GPU_REAL_MODEL names a GGUF (scripts/gpu-check.sh passes a depth-truncated
 // SmolLM2 that fits a carried build), else models/ holds the default model.
