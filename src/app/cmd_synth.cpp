@@ -8,20 +8,21 @@
 namespace sluice::app {
 
 int cmd_synth(int argc, char** argv) {
-  CLI::App app{"Write a random-but-valid GGUF of a named shape (llama-3-8b, llama-3-70b, mixtral-8x7b, tiny, "
-               "custom); options override the shape's dimensions",
+  std::string names;
+  for (const auto& n : shape_names()) names += (names.empty() ? "" : " | ") + n;
+  CLI::App app{"Write a random-but-valid GGUF of a named shape (" + names + "); options override the shape's dimensions",
                "sluice synth"};
   std::string shape_name, out, type = "q4_k_m";
   uint64_t seed = 1;
   unsigned threads = 0;
-  std::optional<uint32_t> layers, dim, ffn, heads, kv_heads, head_dim, vocab, experts, experts_used, ctx;
-  std::optional<float> rope_theta;
+  std::optional<uint32_t> layers, dim, ffn, heads, kv_heads, head_dim, vocab, experts, experts_used, shared_ffn, ctx;
+  std::optional<float> rope_theta, route_skew;
   std::optional<std::string> arch;
   bool rope_scaling = false, tied = false;
-  app.add_option("shape", shape_name, "llama-3-8b | llama-3-70b | mixtral-8x7b | tiny | custom")->required();
+  app.add_option("shape", shape_name, names)->required();
   app.add_option("-o,--output", out, "output GGUF file")->required();
   app.add_option("--type", type, "q4_k_m (default), q6_k, q8_0, f16, or any format name");
-  app.add_option("--arch", arch, "llama | qwen2 | qwen3");
+  app.add_option("--arch", arch, "llama | qwen2 | qwen3 (with --experts: mixtral-style llama, qwen2moe, qwen3moe)");
   app.add_option("--layers", layers, "number of layers");
   app.add_option("--dim", dim, "embedding dimension");
   app.add_option("--ffn", ffn, "feed-forward dimension (per expert for MoE)");
@@ -31,6 +32,10 @@ int cmd_synth(int argc, char** argv) {
   app.add_option("--vocab", vocab, "vocabulary size");
   app.add_option("--experts", experts, "experts per layer (0 = dense)");
   app.add_option("--experts-used", experts_used, "experts used per token");
+  app.add_option("--shared-ffn", shared_ffn, "qwen2moe: the shared expert's feed-forward dimension");
+  app.add_option("--route-skew", route_skew,
+                 "MoE: Zipf exponent S of expert popularity (rank r gets ~r^-S of the selections, per layer; "
+                 "default 0: unbiased random router)");
   app.add_option("--ctx", ctx, "context length");
   app.add_option("--rope-theta", rope_theta, "rope frequency base");
   app.add_flag("--rope-scaling", rope_scaling, "llama-3.1-style rope scaling (rope_freqs.weight)");
@@ -59,7 +64,13 @@ int cmd_synth(int argc, char** argv) {
   if (vocab) s.vocab = *vocab;
   if (experts) s.experts = *experts;
   if (experts_used) s.experts_used = *experts_used;
+  if (shared_ffn) s.shared_ffn = *shared_ffn;
+  if (route_skew) s.route_skew = *route_skew;
   if (experts && *experts > 0 && !experts_used && s.experts_used == 0) s.experts_used = std::min(2u, *experts);
+  // A named MoE shape made dense (--experts 0) or moved to another architecture drops the
+  // expert settings it brought, unless they were given too (then validate() names the clash).
+  if (experts && *experts == 0 && !experts_used) s.experts_used = 0;
+  if (((experts && *experts == 0) || (arch && *arch != "qwen2")) && !shared_ffn) s.shared_ffn = 0;
   if (ctx) s.ctx = *ctx;
   if (rope_theta) s.rope_theta = *rope_theta;
   s.rope_scaling = s.rope_scaling || rope_scaling;
@@ -76,11 +87,13 @@ int cmd_synth(int argc, char** argv) {
     return kExitBadInput;
   }
   if (plan->fallbacks) {
-    std::fprintf(stderr, "sluice synth: %u tensors use Q8_0/F16 instead (row length not a multiple of %s's block)\n",
-                 plan->fallbacks, quant::type_name(mix->base));
+    std::fprintf(stderr,
+                 "sluice synth: %u tensors fall back to another format as llama.cpp's quantizer does (row length "
+                 "not a multiple of the format's block)\n",
+                 plan->fallbacks);
   }
   SynthStats stats;
-  Status st = write_synth(*plan, out, seed, threads, &stats);
+  Status st = write_synth(*plan, out, seed, threads, &stats, core::progress_bar("writing " + out));
   if (!st.is_ok()) {
     std::fprintf(stderr, "sluice synth: %s\n", st.message().c_str());
     return st.code() == ErrorCode::kInvalidArgument ? kExitBadInput : kExitFailure;

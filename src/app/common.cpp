@@ -10,6 +10,7 @@
 
 #include "app/commands.h"
 #include "backend/backend.h"
+#include "core/progress.h"
 #include "quant/quant.h"
 
 namespace sluice::app {
@@ -53,6 +54,7 @@ Result<std::unique_ptr<model::Model>> load_weights(const ModelFlags& f, double& 
   opts.n_threads = f.n_threads;
   opts.backend = backend_kind(f);
   opts.cuda_graphs = f.graphs;
+  opts.on_load_progress = core::progress_bar("loading " + f.model_path);
   auto m = model::Model::load(f.model_path, opts);
   seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return m;
@@ -149,6 +151,7 @@ Result<LoadedModel> load_device_streamed(const ModelFlags& mf, const StreamFlags
   const auto t0 = std::chrono::steady_clock::now();
   SLUICE_ASSIGN_OR_RETURN(stream::DeviceStreamOptions o, device_options(mf, sf, lm.probe));
   o.trace = lm.trace.get();
+  o.on_load_progress = core::progress_bar("pinning layers of " + mf.model_path);
   model::LoadOptions lo;
   lo.n_ctx = mf.n_ctx;
   lo.n_threads = mf.n_threads;
@@ -249,6 +252,7 @@ Result<LoadedModel> load_model(const ModelFlags& mf, const StreamFlags& sf) {
   SLUICE_ASSIGN_OR_RETURN(stream::CpuStreamOptions o, stream_options(mf, sf, lm.probe));
   o.ram_budget = *budget;
   o.trace = lm.trace.get();
+  o.on_load_progress = core::progress_bar("loading resident layers of " + mf.model_path);
   model::LoadOptions lo;
   lo.n_ctx = mf.n_ctx;
   lo.n_threads = mf.n_threads;

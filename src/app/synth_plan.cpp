@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <unordered_set>
 
@@ -61,7 +62,10 @@ std::vector<std::string> byte_tokens() {
 
 }  // namespace
 
-std::vector<std::string> shape_names() { return {"llama-3-8b", "llama-3-70b", "mixtral-8x7b", "tiny", "custom"}; }
+std::vector<std::string> shape_names() {
+  return {"llama-3-8b",      "llama-3-70b",    "mixtral-8x7b", "qwen3-30b-a3b",
+          "qwen3-235b-a22b", "qwen2moe-a2.7b", "tiny",         "custom"};
+}
 
 Result<SynthShape> named_shape(std::string_view name) {
   SynthShape s;
@@ -75,6 +79,18 @@ Result<SynthShape> named_shape(std::string_view name) {
   } else if (name == "mixtral-8x7b") {
     s.layers = 32, s.dim = 4096, s.ffn = 14336, s.heads = 32, s.kv_heads = 8, s.vocab = 32000;
     s.experts = 8, s.experts_used = 2, s.rope_theta = 1000000.0f, s.ctx = 32768;
+  } else if (name == "qwen3-30b-a3b") {  // Qwen3-30B-A3B's config.json
+    s.arch = "qwen3", s.layers = 48, s.dim = 2048, s.heads = 32, s.kv_heads = 4, s.head_dim = 128;
+    s.experts = 128, s.experts_used = 8, s.ffn = 768, s.vocab = 151936;
+    s.rope_theta = 1000000.0f, s.ctx = 40960, s.rms_eps = 1e-6f;
+  } else if (name == "qwen3-235b-a22b") {
+    s.arch = "qwen3", s.layers = 94, s.dim = 4096, s.heads = 64, s.kv_heads = 4, s.head_dim = 128;
+    s.experts = 128, s.experts_used = 8, s.ffn = 1536, s.vocab = 151936;
+    s.rope_theta = 1000000.0f, s.ctx = 40960, s.rms_eps = 1e-6f;
+  } else if (name == "qwen2moe-a2.7b") {  // Qwen1.5-MoE-A2.7B
+    s.arch = "qwen2", s.layers = 24, s.dim = 2048, s.heads = 16, s.kv_heads = 16;
+    s.experts = 60, s.experts_used = 4, s.ffn = 1408, s.shared_ffn = 5632, s.vocab = 151936;
+    s.rope_theta = 1000000.0f, s.ctx = 8192, s.rms_eps = 1e-6f;
   } else if (name == "tiny") {
     s.layers = 2, s.dim = 256, s.ffn = 512, s.heads = 4, s.kv_heads = 2, s.vocab = 1024;
   } else if (name != "custom") {
@@ -107,7 +123,30 @@ Status validate(const SynthShape& s) {
     return bad("experts-used", s.experts_used, "must be in 1..--experts");
   }
   if (s.experts == 0 && s.experts_used != 0) return bad("experts-used", s.experts_used, "needs --experts");
-  if (s.experts > 0 && s.arch == "qwen2") return invalid_argument("--arch qwen2 with --experts is not supported");
+  // llama.cpp's qwen2 and qwen2moe build q and the attention output n_embd wide.
+  if (s.arch == "qwen2" && uint64_t{s.heads} * s.n_embd_head() != s.dim) {
+    return bad("head-dim", s.n_embd_head(), "qwen2 needs --heads x head dim == --dim (llama.cpp's qwen2 attention is --dim wide)");
+  }
+  const bool qwen2moe = s.arch == "qwen2" && s.experts > 0;
+  if (qwen2moe && s.shared_ffn == 0) {
+    return invalid_argument("--shared-ffn: qwen2moe (--arch qwen2 with --experts) needs its shared expert's size (> 0)");
+  }
+  if (!qwen2moe && s.shared_ffn != 0) {
+    return bad("shared-ffn", s.shared_ffn, "only qwen2moe (--arch qwen2 with --experts) has a shared expert");
+  }
+  if (s.shared_ffn > 262144) return bad("shared-ffn", s.shared_ffn, "must be at most 262144");
+  if (!(s.route_skew >= 0) || s.route_skew > 8) {  // NaN too
+    char v[32];
+    std::snprintf(v, sizeof v, "%g", double(s.route_skew));
+    return invalid_argument(std::string("--route-skew ") + v + ": must be in 0..8 (a Zipf exponent)");
+  }
+  if (s.route_skew > 0 && s.experts == 0) {
+    return invalid_argument("--route-skew: needs --experts (it biases the MoE router)");
+  }
+  if (s.route_skew > 0 && s.dim < 4 * kRouteDims) {
+    return bad("dim", s.dim, "--route-skew reserves " + std::to_string(kRouteDims) +
+                                 " residual dims and needs --dim >= " + std::to_string(4 * kRouteDims));
+  }
   if (s.ctx < 1) return bad("ctx", s.ctx, "must be positive");
   if (!(s.rope_theta > 0) || !std::isfinite(s.rope_theta)) return invalid_argument("--rope-theta must be positive");
   return Status::ok();
@@ -167,10 +206,47 @@ void add_tokenizer(std::vector<KeyValue>& kv, uint32_t vocab, const std::string&
   kv.push_back({"tokenizer.ggml.add_bos_token", Value::boolean(true)});
 }
 
+std::vector<double> route_targets(uint32_t experts, uint32_t experts_used, double exponent) {
+  std::vector<double> p(experts);
+  for (uint32_t r = 0; r < experts; ++r) p[r] = std::pow(double(r + 1), -exponent);
+  // Water-filling: cap at 1/k, hand the excess to the uncapped ranks in proportion, repeat (a
+  // rank capped stays capped, since every step only raises the others).
+  const double cap = 1.0 / std::max<uint32_t>(experts_used, 1);
+  std::vector<bool> capped(experts, false);
+  for (uint32_t iter = 0; iter <= experts; ++iter) {
+    double fixed = 0, free = 0;  // shares of the capped ranks, and of the others before scaling
+    for (uint32_t r = 0; r < experts; ++r) {
+      if (capped[r]) {
+        fixed += cap;
+      } else {
+        free += p[r];
+      }
+    }
+    const double scale = free > 0 ? (1.0 - fixed) / free : 0;
+    bool changed = false;
+    for (uint32_t r = 0; r < experts; ++r) {
+      if (capped[r]) continue;
+      p[r] *= scale;
+      if (p[r] > cap * (1 + 1e-12)) capped[r] = changed = true;
+    }
+    for (uint32_t r = 0; r < experts; ++r) {
+      if (capped[r]) p[r] = cap;
+    }
+    if (!changed) break;
+  }
+  return p;
+}
+
 Result<SynthPlan> make_plan(const SynthShape& s, const TypeMix& mix, uint64_t seed) {
   SLUICE_RETURN_IF_ERROR(validate(s));
   SynthPlan plan;
-  const std::string arch = (s.arch == "qwen3" && s.experts > 0) ? "qwen3moe" : s.arch;
+  const bool moe = s.experts > 0;
+  const std::string arch = !moe ? s.arch : s.arch == "qwen3" ? "qwen3moe" : s.arch == "qwen2" ? "qwen2moe" : s.arch;
+  // qwen2moe and qwen3moe size their experts with their own keys; llama (Mixtral) with
+  // feed_forward_length.
+  const bool expert_key = arch == "qwen3moe" || arch == "qwen2moe";
+  const bool skew = moe && s.route_skew > 0;
+  if (skew) plan.skew = RouteSkew{s.route_skew, kRouteDims, s.experts, s.experts_used};
   const uint32_t hd = s.n_embd_head();
   auto& kv = plan.metadata;
   auto a = [&](const std::string& k) { return arch + "." + k; };
@@ -181,8 +257,18 @@ Result<SynthPlan> make_plan(const SynthShape& s, const TypeMix& mix, uint64_t se
   kv.push_back({a("context_length"), Value::u32(s.ctx)});
   kv.push_back({a("embedding_length"), Value::u32(s.dim)});
   kv.push_back({a("block_count"), Value::u32(s.layers)});
-  kv.push_back({a(s.experts > 0 && arch == "qwen3moe" ? "expert_feed_forward_length" : "feed_forward_length"),
-                Value::u32(s.ffn)});
+  if (expert_key) {
+    // feed_forward_length is what converters copy from the HF intermediate_size; llama.cpp's
+    // qwen2moe/qwen3moe graphs do not read it when the expert keys are present. The values
+    // are the real models': Qwen3-MoE's intermediate_size is expert size x experts used (6144,
+    // 12288), Qwen1.5-MoE's equals its shared expert (5632), and llama.cpp falls back to exactly
+    // those relations when a key is missing.
+    kv.push_back({a("feed_forward_length"), Value::u32(arch == "qwen2moe" ? s.shared_ffn : s.ffn * s.experts_used)});
+    kv.push_back({a("expert_feed_forward_length"), Value::u32(s.ffn)});
+    if (arch == "qwen2moe") kv.push_back({a("expert_shared_feed_forward_length"), Value::u32(s.shared_ffn)});
+  } else {
+    kv.push_back({a("feed_forward_length"), Value::u32(s.ffn)});
+  }
   kv.push_back({a("attention.head_count"), Value::u32(s.heads)});
   kv.push_back({a("attention.head_count_kv"), Value::u32(s.kv_heads)});
   kv.push_back({a("rope.freq_base"), Value::f32(s.rope_theta)});
@@ -193,44 +279,67 @@ Result<SynthPlan> make_plan(const SynthShape& s, const TypeMix& mix, uint64_t se
     kv.push_back({a("attention.value_length"), Value::u32(hd)});
   }
   kv.push_back({a("vocab_size"), Value::u32(s.vocab)});
-  if (s.experts > 0) {
+  if (moe) {
     kv.push_back({a("expert_count"), Value::u32(s.experts)});
     kv.push_back({a("expert_used_count"), Value::u32(s.experts_used)});
   }
+  // Not a llama.cpp key (readers ignore it): says the routers are biased (RouteSkew).
+  if (skew) kv.push_back({"sluice.synth.route_skew", Value::f32(s.route_skew)});
   add_tokenizer(kv, s.vocab, s.vocab >= 128000 && arch == "llama" ? "llama-bpe" : "default", seed);
 
+  // A row that is not a whole number of the format's blocks falls back as llama.cpp's quantizer
+  // does (tensor_type_fallback), then to F16.
   auto pick = [&](Type want, uint64_t ne0) {
     auto fits = [&](Type t) { return ne0 % static_cast<uint64_t>(quant::traits(t).block_elems) == 0; };
     if (fits(want)) return want;
     ++plan.fallbacks;
-    return fits(Type::kQ8_0) ? Type::kQ8_0 : Type::kF16;
+    Type next = Type::kQ8_0;
+    switch (want) {
+      case Type::kQ2_K:
+      case Type::kQ3_K: next = Type::kQ4_0; break;
+      case Type::kQ4_K: next = Type::kQ5_0; break;
+      case Type::kQ5_K: next = Type::kQ5_1; break;
+      default: break;  // Q6_K -> Q8_0; 32-element formats that do not fit go on to F16
+    }
+    return fits(next) ? next : Type::kF16;
   };
-  // q4_k_m gives attn_v and ffn_down more bits in the first and last eighth of the layers and
-  // every third layer between, as llama.cpp's Q4_K_M does; output.weight always.
+  // q4_k_m follows llama.cpp's choices for LLAMA_FTYPE_MOSTLY_Q4_K_M (llama-quant.cpp): output
+  // Q6_K; attn_v and every ffn_down* (ffn_down, ffn_down_exps, ffn_down_shexp; the layer is the
+  // one in the name) Q6_K in the first and last eighth of the layers and every third layer
+  // between; with exactly 8 experts (Mixtral) attn_v and attn_k Q8_0 in every layer and
+  // attn_output Q5_K. Not followed, so dense files keep their bytes: llama.cpp's Q5_K attn_v in
+  // the other layers of a model it types 70B (llama, 80 layers), and a tied token_embd taking
+  // the output's Q6_K.
   auto more_bits = [&](uint32_t l) {
     const uint32_t n = s.layers;
     return l < n / 8 || l >= 7 * n / 8 || (l - n / 8) % 3 == 2;
   };
-  auto matrix = [&](const std::string& name, std::vector<uint64_t> shape, bool promote) {
-    const Type want = (mix.k_m && promote) ? Type::kQ6_K : mix.base;
+  const bool mixtral8 = s.experts == 8;
+  auto matrix = [&](const std::string& name, std::vector<uint64_t> shape, Type km_type,
+                    Reserved reserved = Reserved::kNone) {
+    const Type want = mix.k_m ? km_type : mix.base;
     const float scale = 1.0f / std::sqrt(static_cast<float>(shape[0]));
-    plan.tensors.push_back({name, pick(want, shape[0]), std::move(shape), TensorKind::kMatrix, scale});
+    plan.tensors.push_back({name, pick(want, shape[0]), std::move(shape), TensorKind::kMatrix, scale,
+                            skew ? reserved : Reserved::kNone});
   };
-  auto f32 = [&](const std::string& name, uint64_t n, TensorKind kind, float scale) {
-    plan.tensors.push_back({name, Type::kF32, {n}, kind, scale});
+  auto f32 = [&](const std::string& name, uint64_t n, TensorKind kind, float scale,
+                 Reserved reserved = Reserved::kNone) {
+    plan.tensors.push_back({name, Type::kF32, {n}, kind, scale, skew ? reserved : Reserved::kNone});
   };
+  const Type q4 = Type::kQ4_K, q6 = Type::kQ6_K;
   const uint64_t q_dim = uint64_t{s.heads} * hd, kv_dim = uint64_t{s.kv_heads} * hd;
-  matrix("token_embd.weight", {s.dim, s.vocab}, false);
+  matrix("token_embd.weight", {s.dim, s.vocab}, q4, Reserved::kEmbedRows);
   if (s.rope_scaling) f32("rope_freqs.weight", hd / 2, TensorKind::kRopeFreqs, 0);
   f32("output_norm.weight", s.dim, TensorKind::kNorm, 0.05f);
-  if (!s.tied_output) matrix("output.weight", {s.dim, s.vocab}, true);
+  if (!s.tied_output) matrix("output.weight", {s.dim, s.vocab}, q6);
   for (uint32_t l = 0; l < s.layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
+    const Type down = more_bits(l) ? q6 : q4;
     f32(p + "attn_norm.weight", s.dim, TensorKind::kNorm, 0.05f);
-    matrix(p + "attn_q.weight", {s.dim, q_dim}, false);
-    matrix(p + "attn_k.weight", {s.dim, kv_dim}, false);
-    matrix(p + "attn_v.weight", {s.dim, kv_dim}, more_bits(l));
-    matrix(p + "attn_output.weight", {q_dim, s.dim}, false);
+    matrix(p + "attn_q.weight", {s.dim, q_dim}, q4);
+    matrix(p + "attn_k.weight", {s.dim, kv_dim}, mixtral8 ? Type::kQ8_0 : q4);
+    matrix(p + "attn_v.weight", {s.dim, kv_dim}, mixtral8 ? Type::kQ8_0 : down);
+    matrix(p + "attn_output.weight", {q_dim, s.dim}, mixtral8 ? Type::kQ5_K : q4, Reserved::kZeroRows);
     if (s.arch == "qwen2") {
       f32(p + "attn_q.bias", q_dim, TensorKind::kBias, 0.02f);
       f32(p + "attn_k.bias", kv_dim, TensorKind::kBias, 0.02f);
@@ -240,18 +349,28 @@ Result<SynthPlan> make_plan(const SynthShape& s, const TypeMix& mix, uint64_t se
       f32(p + "attn_q_norm.weight", hd, TensorKind::kNorm, 0.05f);
       f32(p + "attn_k_norm.weight", hd, TensorKind::kNorm, 0.05f);
     }
-    f32(p + "ffn_norm.weight", s.dim, TensorKind::kNorm, 0.05f);
-    if (s.experts == 0) {
-      matrix(p + "ffn_gate.weight", {s.dim, s.ffn}, false);
-      matrix(p + "ffn_up.weight", {s.dim, s.ffn}, false);
-      matrix(p + "ffn_down.weight", {s.ffn, s.dim}, more_bits(l));
-    } else {
-      // The router stays F32, as llama.cpp's quantizer leaves it.
-      plan.tensors.push_back({p + "ffn_gate_inp.weight", Type::kF32, {s.dim, s.experts}, TensorKind::kMatrix,
+    f32(p + "ffn_norm.weight", s.dim, TensorKind::kNorm, 0.05f, Reserved::kUnitGains);
+    if (!moe) {
+      matrix(p + "ffn_gate.weight", {s.dim, s.ffn}, q4);
+      matrix(p + "ffn_up.weight", {s.dim, s.ffn}, q4);
+      matrix(p + "ffn_down.weight", {s.ffn, s.dim}, down);
+      continue;
+    }
+    // The router stays F32, as llama.cpp's quantizer leaves it (and route skew computes it).
+    plan.tensors.push_back({p + "ffn_gate_inp.weight", Type::kF32, {s.dim, s.experts},
+                            skew ? TensorKind::kRouter : TensorKind::kMatrix,
+                            1.0f / std::sqrt(static_cast<float>(s.dim)), Reserved::kNone, int(l)});
+    matrix(p + "ffn_gate_exps.weight", {s.dim, s.ffn, s.experts}, q4);
+    matrix(p + "ffn_up_exps.weight", {s.dim, s.ffn, s.experts}, q4);
+    matrix(p + "ffn_down_exps.weight", {s.ffn, s.dim, s.experts}, down, Reserved::kZeroRows);
+    if (arch == "qwen2moe") {
+      // The shared expert's gate: sigmoid(w . x) scales its output; 1-D, so F32 (llama.cpp
+      // quantizes only 2-D and 3-D tensors).
+      plan.tensors.push_back({p + "ffn_gate_inp_shexp.weight", Type::kF32, {s.dim}, TensorKind::kMatrix,
                               1.0f / std::sqrt(static_cast<float>(s.dim))});
-      matrix(p + "ffn_gate_exps.weight", {s.dim, s.ffn, s.experts}, false);
-      matrix(p + "ffn_up_exps.weight", {s.dim, s.ffn, s.experts}, false);
-      matrix(p + "ffn_down_exps.weight", {s.ffn, s.dim, s.experts}, more_bits(l));
+      matrix(p + "ffn_gate_shexp.weight", {s.dim, s.shared_ffn}, q4);
+      matrix(p + "ffn_up_shexp.weight", {s.dim, s.shared_ffn}, q4);
+      matrix(p + "ffn_down_shexp.weight", {s.shared_ffn, s.dim}, down, Reserved::kZeroRows);
     }
   }
   return plan;

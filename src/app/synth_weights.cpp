@@ -4,10 +4,12 @@
 // pseudo-random offsets: every block is a valid block of the format with finite scales, and the
 // cost per byte is a memcpy. Runs are keyed by (seed, tensor, run index), so the output does not
 // depend on the thread count or chunking.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <numeric>
 #include <thread>
 
 #include "app/synth.h"
@@ -80,6 +82,113 @@ Pool make_pool(quant::Type type, float scale, uint64_t elems, uint64_t seed, uns
   return p;
 }
 
+// Gaussian-ish (sum of four uniforms), std 1.
+float gauss(uint64_t h) {
+  float s = 0;
+  for (int k = 0; k < 4; ++k) s += unit(h = splitmix(h));
+  return s * 0.8660254f;
+}
+
+// ---- route skew (RouteSkew in synth.h) ---------------------------------------------------------
+
+// token_embd's reserved dims: dim 0 holds kRouteConst x the embedding's std in every row (the
+// carrier of the per-expert bias), dims 1.. the token's code (std as the other entries).
+constexpr float kRouteConst = 2.0f;
+// Tokens the biases are calibrated on (spread over the vocabulary: enough that the rarest of 128
+// experts at S = 1.5 still gets ~50 selections), and fitting iterations (40 at steps 0.5 then
+// 0.25 reach the sampling noise of 4096 tokens in a numpy model of this fit; step 1 oscillates).
+constexpr uint32_t kCalibTokens = 4096;
+constexpr int kCalibIters = 40;
+
+struct RouteCodes {
+  uint64_t span = 0;        // leading elements of each token_embd row that are re-quantized
+  uint64_t span_bytes = 0;  // their bytes (a whole number of blocks)
+  std::vector<uint8_t> bytes;  // vocab x span_bytes
+  std::vector<float> code;     // dequantized reserved dims, vocab x dims (what the model reads)
+};
+
+// Each row's leading span (the reserved dims rounded up to a whole block) is generated and
+// quantized here instead of coming from the pool, so its reserved dims are known exactly.
+RouteCodes make_route_codes(const SynthTensor& embd, uint32_t dims, uint64_t seed, unsigned threads) {
+  const auto& tt = quant::traits(embd.type);
+  const auto* k = quant::kernels_for(embd.type, quant::Isa::kRef);  // same bytes on every CPU
+  const uint64_t ne0 = embd.shape[0], vocab = embd.shape[1], be = uint64_t(tt.block_elems);
+  RouteCodes rc;
+  rc.span = std::min(ne0, (dims + be - 1) / be * be);
+  rc.span_bytes = uint64_t(quant::row_bytes(embd.type, int64_t(rc.span)));
+  rc.bytes.resize(vocab * rc.span_bytes);
+  rc.code.resize(vocab * dims);
+  parallel_for(vocab, threads, [&](uint64_t begin, uint64_t end) {
+    std::vector<float> f(rc.span), back(rc.span);
+    for (uint64_t t = begin; t < end; ++t) {
+      const uint64_t h = splitmix(seed ^ 0xC0DEull ^ (t * 0x9E3779B97F4A7C15ull));
+      for (uint64_t j = 0; j < rc.span; ++j) f[j] = embd.scale * gauss(splitmix(h ^ (j + 1)));
+      f[0] = kRouteConst * embd.scale;
+      k->quantize_row(f.data(), rc.bytes.data() + t * rc.span_bytes, int64_t(rc.span));
+      k->dequantize_row(rc.bytes.data() + t * rc.span_bytes, back.data(), int64_t(rc.span));
+      std::copy(back.begin(), back.begin() + dims, rc.code.begin() + int64_t(t * dims));
+    }
+  });
+  return rc;
+}
+
+// One layer's router restricted to the reserved dims: experts x dims, row e = [bias_e / carrier,
+// code weights]. The code weights are random with std 1 / (embedding std x sqrt(dims - 1)), so the
+// code part of a logit has std ~1 over tokens; the biases are fitted so that the top-k selections
+// of the calibration tokens follow the targets, in log space (a bias moves its expert's share
+// about exponentially; damped so the rare tail, where the slope is steep, does not overshoot).
+std::vector<float> calibrate_router(const RouteSkew& rs, const RouteCodes& rc, float embd_scale, uint64_t vocab,
+                                    uint64_t layer_seed) {
+  const uint32_t E = rs.experts, K = rs.experts_used, D = rs.dims;
+  // Which expert has which popularity rank in this layer.
+  std::vector<uint32_t> perm(E);
+  std::iota(perm.begin(), perm.end(), 0u);
+  uint64_t h = layer_seed;
+  for (uint32_t i = E - 1; i > 0; --i) std::swap(perm[i], perm[(h = splitmix(h)) % (i + 1)]);
+  const std::vector<double> share = route_targets(E, K, rs.exponent);
+
+  std::vector<float> w(uint64_t{E} * D);
+  const float code_w = 1.0f / (embd_scale * std::sqrt(float(D - 1)));
+  for (uint32_t e = 0; e < E; ++e) {
+    for (uint32_t j = 1; j < D; ++j) w[uint64_t{e} * D + j] = code_w * gauss(splitmix(layer_seed ^ (uint64_t{e} * D + j)));
+  }
+  const uint64_t T = std::min<uint64_t>(vocab, kCalibTokens);
+  const float carrier = kRouteConst * embd_scale;
+  std::vector<float> noise(T * E), a(T);
+  for (uint64_t i = 0; i < T; ++i) {
+    const float* c = rc.code.data() + (i * vocab / T) * D;
+    a[i] = c[0] / carrier;  // ~1; quantization moves it a little per token
+    for (uint32_t e = 0; e < E; ++e) {
+      float n = 0;
+      for (uint32_t j = 1; j < D; ++j) n += w[uint64_t{e} * D + j] * c[j];
+      noise[i * E + e] = n;
+    }
+  }
+  std::vector<double> want(E), bias(E);
+  for (uint32_t r = 0; r < E; ++r) {
+    want[perm[r]] = share[r] * double(T) * K;
+    bias[perm[r]] = std::log(share[r] * E);
+  }
+  std::vector<uint32_t> count(E);
+  std::vector<float> logit(E), sorted(E);
+  for (int it = 0; it < kCalibIters; ++it) {
+    std::fill(count.begin(), count.end(), 0u);
+    for (uint64_t i = 0; i < T; ++i) {
+      for (uint32_t e = 0; e < E; ++e) logit[e] = float(bias[e]) * a[i] + noise[i * E + e];
+      sorted = logit;
+      std::nth_element(sorted.begin(), sorted.begin() + (K - 1), sorted.end(), std::greater<float>());
+      const float kth = sorted[K - 1];
+      for (uint32_t e = 0; e < E; ++e) count[e] += logit[e] >= kth;
+    }
+    const double step = it < kCalibIters / 2 ? 0.5 : 0.25;
+    for (uint32_t e = 0; e < E; ++e) {
+      bias[e] += step * std::clamp(std::log((want[e] + 0.5) / (count[e] + 0.5)), -2.0, 2.0);
+    }
+  }
+  for (uint32_t e = 0; e < E; ++e) w[uint64_t{e} * D] = float(bias[e]) / carrier;
+  return w;
+}
+
 // llama-3.1 rope scaling factors (factor 8, low/high frequency factors 1 and 4, original
 // context 8192): llama.cpp divides each rotary frequency by these.
 float rope_factor(uint64_t i, uint32_t head_dim, float theta) {
@@ -96,12 +205,37 @@ float rope_factor(uint64_t i, uint32_t head_dim, float theta) {
 }  // namespace
 
 Status write_synth(const SynthPlan& plan, const std::string& path, uint64_t seed, unsigned threads,
-                   SynthStats* stats) {
+                   SynthStats* stats, const core::ProgressFn& on_progress) {
   const auto t0 = std::chrono::steady_clock::now();
   if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
   gguf::Writer w;
   for (const auto& kv : plan.metadata) w.add(kv.key, kv.value);
   for (const auto& t : plan.tensors) SLUICE_RETURN_IF_ERROR(w.add_tensor(t.name, t.type, t.shape));
+
+  // Route skew: the token codes and every layer's router (RouteSkew).
+  const RouteSkew& rs = plan.skew;
+  RouteCodes codes;
+  std::map<int, std::vector<float>> routers;  // layer -> experts x dims
+  if (rs.exponent > 0) {
+    const SynthTensor* embd = nullptr;
+    std::vector<int> layers;
+    for (const auto& t : plan.tensors) {
+      if (t.reserved == Reserved::kEmbedRows) embd = &t;
+      if (t.kind == TensorKind::kRouter) layers.push_back(t.layer);
+    }
+    if (!embd || rs.dims < 2 || rs.experts_used < 1 || rs.experts_used > rs.experts) {
+      return invalid_argument("route skew: the plan has no token_embd or a bad expert count");
+    }
+    codes = make_route_codes(*embd, rs.dims, seed, threads);
+    std::vector<std::vector<float>> fitted(layers.size());
+    parallel_for(layers.size(), threads, [&](uint64_t begin, uint64_t end) {
+      for (uint64_t i = begin; i < end; ++i) {
+        fitted[i] = calibrate_router(rs, codes, embd->scale, embd->shape[1],
+                                     splitmix(seed ^ 0x5047E7ull ^ (uint64_t(layers[i]) * 0xD1B54A32D192ED03ull)));
+      }
+    });
+    for (size_t i = 0; i < layers.size(); ++i) routers[layers[i]] = std::move(fitted[i]);
+  }
 
   // One pool per (format, scale) class of matrix tensors, no larger than the class needs.
   std::map<std::pair<quant::Type, float>, uint64_t> class_elems;
@@ -125,7 +259,7 @@ Status write_synth(const SynthPlan& plan, const std::string& path, uint64_t seed
     }
   }
 
-  Status st = w.write(path, [&](size_t index, uint64_t offset, uint8_t* dst, uint64_t nbytes) -> Status {
+  auto fill_tensor = [&](size_t index, uint64_t offset, uint8_t* dst, uint64_t nbytes) -> Status {
     const SynthTensor& t = plan.tensors[index];
     const uint64_t tensor_salt = splitmix(seed ^ (index * 0x9E3779B97F4A7C15ull) ^ 0x5EED);
     if (t.kind == TensorKind::kMatrix) {
@@ -140,16 +274,35 @@ Status write_synth(const SynthPlan& plan, const std::string& path, uint64_t seed
           std::memcpy(dst + (lo - first) * bb, pool.bytes.data() + src * bb, (hi - lo) * bb);
         }
       });
+      if (t.reserved == Reserved::kEmbedRows || t.reserved == Reserved::kZeroRows) {
+        const uint64_t rb = uint64_t(quant::row_bytes(t.type, int64_t(t.shape[0])));
+        for (uint64_t row = offset / rb; row < (offset + nbytes) / rb; ++row) {
+          uint8_t* d = dst + (row * rb - offset);
+          if (t.reserved == Reserved::kEmbedRows) {
+            std::memcpy(d, codes.bytes.data() + row * codes.span_bytes, codes.span_bytes);
+          } else if (row % t.shape[1] < rs.dims) {
+            std::memset(d, 0, rb);  // an all-zero block is zero in every format
+          }
+        }
+      }
       return Status::ok();
     }
     // Small F32 vectors: computed directly.
     auto* out = reinterpret_cast<float*>(dst);
     const uint64_t first = offset / 4, n = nbytes / 4;
+    const float* router = t.kind == TensorKind::kRouter ? routers.at(t.layer).data() : nullptr;
     for (uint64_t i = 0; i < n; ++i) {
       const uint64_t e = first + i;
       float v = 0;
       switch (t.kind) {
-        case TensorKind::kNorm: v = 1.0f + t.scale * unit(splitmix(tensor_salt ^ e)); break;
+        case TensorKind::kNorm:
+          v = t.reserved == Reserved::kUnitGains && e < rs.dims ? 1.0f : 1.0f + t.scale * unit(splitmix(tensor_salt ^ e));
+          break;
+        case TensorKind::kRouter: {
+          const uint64_t col = e % t.shape[0], expert = e / t.shape[0];
+          v = col < rs.dims ? router[expert * rs.dims + col] : 0.0f;
+          break;
+        }
         case TensorKind::kBias: v = t.scale * unit(splitmix(tensor_salt ^ e)); break;
         case TensorKind::kRopeFreqs: v = rope_factor(e, static_cast<uint32_t>(t.shape[0] * 2), theta); break;
         case TensorKind::kMatrix: break;
@@ -157,8 +310,20 @@ Status write_synth(const SynthPlan& plan, const std::string& path, uint64_t seed
       std::memcpy(out + i, &v, sizeof v);
     }
     return Status::ok();
+  };
+  uint64_t header = 0;
+  if (on_progress) {
+    SLUICE_ASSIGN_OR_RETURN(std::vector<uint8_t> hb, w.header_bytes());
+    header = hb.size();
+    on_progress(0, w.file_bytes());
+  }
+  Status st = w.write(path, [&](size_t index, uint64_t offset, uint8_t* dst, uint64_t nbytes) -> Status {
+    Status s = fill_tensor(index, offset, dst, nbytes);
+    if (s.is_ok() && on_progress) on_progress(header + w.tensors()[index].offset + offset + nbytes, w.file_bytes());
+    return s;
   });
   SLUICE_RETURN_IF_ERROR(st);
+  if (on_progress) on_progress(w.file_bytes(), w.file_bytes());
   if (stats) {
     stats->bytes = w.file_bytes();
     stats->tensors = plan.tensors.size();

@@ -8,6 +8,7 @@
 #include <span>
 #include <string>
 
+#include "core/progress.h"
 #include "core/status.h"
 
 namespace sluice::gguf {
@@ -56,6 +57,9 @@ struct LoadOptions {
   // Debugging and parity tests: called after every layer with the residual stream of the pass
   // (tokens x n_embd floats, downloaded; slows the pass, and turns graph replay off).
   std::function<void(int layer, std::span<const float> hidden)> on_layer;
+  // Optional: (bytes copied so far, bytes to copy) while the resident weights are copied into the
+  // backend's memory at load (upload_weights), so the app can draw a progress bar (issue 13).
+  core::ProgressFn on_load_progress;
 };
 
 class Model {

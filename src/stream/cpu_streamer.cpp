@@ -367,18 +367,31 @@ Result<std::unique_ptr<CpuLayerStreamer>> CpuLayerStreamer::create(const std::st
   {
     const auto load_start = FileReader::Clock::now();
     std::vector<FileReader::Ticket> tickets;
+    std::vector<uint64_t> ticket_bytes;  // progress: bytes each read brings
+    uint64_t total = 0, done = 0;
+    for (const UnitLayout* u : units) {
+      for (const ReadRun& r : u->kept_runs) total += r.len;
+      for (const PackedTensor& p : u->packed) total += uint64_t(p.shape.row_bytes()) * uint64_t(p.shape.ne1);
+    }
+    auto progress = [&](uint64_t bytes) {
+      done += bytes;
+      if (opts.on_load_progress && total) opts.on_load_progress(done, total);
+    };
+    progress(0);
     auto read_unit = [&](const UnitLayout& u, uint8_t* base) -> Status {
       for (const ReadRun& r : u.kept_runs) {
         SLUICE_ASSIGN_OR_RETURN(FileReader::Ticket t, rd.submit(r.offset, r.len, base + r.dst));
         tickets.push_back(t);
+        ticket_bytes.push_back(r.len);
       }
       return Status::ok();
     };
     Status st;
     for (size_t i = 0; i < units.size() && st.is_ok(); ++i) st = read_unit(*units[i], rbase + unit_at[i].kept);
-    for (FileReader::Ticket t : tickets) {  // wait for all, even after an error: buffers must not be freed under a read
-      Status ws = rd.wait(t);
+    for (size_t i = 0; i < tickets.size(); ++i) {  // wait for all, even after an error: buffers must not be freed under a read
+      Status ws = rd.wait(tickets[i]);
       if (st.is_ok()) st = ws;
+      if (st.is_ok()) progress(ticket_bytes[i]);
     }
     SLUICE_RETURN_IF_ERROR(st);
 
@@ -400,6 +413,7 @@ Result<std::unique_ptr<CpuLayerStreamer>> CpuLayerStreamer::create(const std::st
         for (const PackedTensor& p : units[i]->packed) {
           SLUICE_RETURN_IF_ERROR(
               s->pack_from_file(p, rbase + unit_at[i].packed + p.dst, staging, staging_bytes));
+          progress(uint64_t(p.shape.row_bytes()) * uint64_t(p.shape.ne1));
         }
       }
     }

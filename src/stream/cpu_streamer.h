@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "core/progress.h"
 #include "core/status.h"
 #include "model/model.h"
 #include "model/weights.h"
@@ -47,6 +48,9 @@ struct CpuStreamOptions {
   // Optional access trace (not owned; must outlive the streamer): start-up reads ("load"), each
   // slot read ("disk slot K"), stalls ("stall") and each layer's compute ("cpu").
   TraceWriter* trace = nullptr;
+  // Optional: (bytes so far, bytes in all) while the RAM-resident tensors are read (and repacked)
+  // at start-up.
+  core::ProgressFn on_load_progress;
 };
 
 // One aligned read of a unit: file bytes [offset, offset + len) land at unit buffer + dst.

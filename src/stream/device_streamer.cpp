@@ -313,7 +313,12 @@ Result<std::unique_ptr<DeviceStreamer>> DeviceStreamer::create(const std::string
   {
     const auto t0 = Clock::now();
     std::vector<FileReader::Ticket> tickets;
-    uint64_t loaded = 0;
+    std::vector<uint64_t> ticket_bytes;  // progress: bytes each read brings
+    uint64_t loaded = 0, total = 0, done = 0;
+    for (size_t j = 0; j < s->streamed_.size(); ++j) {
+      if (s->c_index_[j] < 0) total += s->layout_.layers[size_t(s->streamed_[j])].bytes;
+    }
+    if (opts.on_load_progress && total) opts.on_load_progress(0, total);
     Status st;
     for (size_t j = 0; j < s->streamed_.size() && st.is_ok(); ++j) {
       if (s->c_index_[j] >= 0) continue;
@@ -335,11 +340,14 @@ Result<std::unique_ptr<DeviceStreamer>> DeviceStreamer::create(const std::string
           break;
         }
         tickets.push_back(*t);
+        ticket_bytes.push_back(r.len);
       }
     }
-    for (FileReader::Ticket t : tickets) {  // all of them, even after an error: no read may outlive this
-      Status ws = rd.wait(t);
+    for (size_t i = 0; i < tickets.size(); ++i) {  // all of them, even after an error: no read may outlive this
+      Status ws = rd.wait(tickets[i]);
       if (st.is_ok()) st = std::move(ws);
+      done += ticket_bytes[i];
+      if (st.is_ok() && opts.on_load_progress) opts.on_load_progress(done, total);
     }
     SLUICE_RETURN_IF_ERROR(st);
     if (s->trace_ && loaded) {

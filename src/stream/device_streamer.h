@@ -61,6 +61,8 @@ struct DeviceStreamOptions {
   // Optional access trace (not owned; must outlive the streamer): "h2d slot K" copies, "disk
   // staging K" reads, "stall" host waits, "load" start-up reads.
   TraceWriter* trace = nullptr;
+  // Optional: (bytes so far, bytes in all) while the pinned-RAM (B) layers are read at start-up.
+  core::ProgressFn on_load_progress;
 
   // Hybrid execution: during passes of fewer than prefill_batch tokens (decode), the host CPU
   // computes the pinned-RAM (B) layers the planner gives it (allow_cpu_executor, from measured

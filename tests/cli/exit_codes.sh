@@ -34,9 +34,19 @@ expect 2 "--type 'q9'" "$sluice" synth tiny --type q9 -o "$tmp/x.gguf"
 expect 2 "--kv-heads 3" "$sluice" synth tiny --kv-heads 3 -o "$tmp/x.gguf"
 expect 2 "output" "$sluice" synth tiny
 expect 1 "cannot create" "$sluice" synth tiny -o "$tmp/no/such/dir/x.gguf"
+expect 2 "--shared-ffn: qwen2moe" "$sluice" synth tiny --arch qwen2 --experts 4 -o "$tmp/x.gguf"
+expect 2 "--shared-ffn 512: only qwen2moe" "$sluice" synth tiny --experts 4 --shared-ffn 512 -o "$tmp/x.gguf"
+expect 2 "--route-skew: needs --experts" "$sluice" synth tiny --route-skew 1 -o "$tmp/x.gguf"
+expect 2 "--route-skew -0.5" "$sluice" synth tiny --experts 4 --route-skew -0.5 -o "$tmp/x.gguf"
+expect 2 "--head-dim 128" "$sluice" synth tiny --arch qwen2 --head-dim 128 -o "$tmp/x.gguf"
 [ -e "$tmp/x.gguf" ] && { echo "FAIL: a rejected synth left a file"; fail=1; }
 
 expect 0 "GB/s" "$sluice" synth tiny --layers 3 --type q8_0 -o "$tmp/ok.gguf"
+# Not a terminal: the progress bar is one summary line.
+"$sluice" synth tiny --type q8_0 -o "$tmp/p.gguf" 2>"$tmp/p.err" >/dev/null
+[ "$(grep -c 'writing .*p.gguf: .* in .* s, .* GB/s' "$tmp/p.err")" = 1 ] && ! grep -q $'\r' "$tmp/p.err" ||
+  { echo "FAIL: synth progress on a non-terminal: $(cat -A "$tmp/p.err")"; fail=1; }
+expect 0 "qwen2moe-a2.7b" "$sluice" synth --help
 expect 0 "block_count = 3" "$sluice" inspect "$tmp/ok.gguf"
 "$sluice" inspect --json "$tmp/ok.gguf" >"$tmp/ok.json" || { echo "FAIL: inspect --json"; fail=1; }
 if command -v python3 >/dev/null; then

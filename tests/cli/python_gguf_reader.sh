@@ -15,7 +15,9 @@ trap 'rm -rf "$tmp"' EXIT
 "$sluice" synth custom --layers 2 --dim 256 --ffn 512 --heads 4 --kv-heads 2 --vocab 700 --experts 4 --experts-used 2 \
   --arch qwen3 --head-dim 128 --rope-scaling --type q6_k -o "$tmp/moe.gguf"
 "$sluice" synth tiny --arch qwen2 --type f16 -o "$tmp/qwen2.gguf"
-"$PY" - "$tmp/dense.gguf" "$tmp/moe.gguf" "$tmp/qwen2.gguf" <<'PYEOF'
+"$sluice" synth tiny --arch qwen2 --experts 6 --experts-used 2 --ffn 128 --shared-ffn 384 --route-skew 1 \
+  --type q4_k_m -o "$tmp/qwen2moe.gguf"
+"$PY" - "$tmp/dense.gguf" "$tmp/moe.gguf" "$tmp/qwen2.gguf" "$tmp/qwen2moe.gguf" <<'PYEOF'
 import sys
 import numpy as np
 from gguf import GGUFReader

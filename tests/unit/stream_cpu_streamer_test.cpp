@@ -187,6 +187,45 @@ TEST(StreamCpuPacked, StreamedMatchesResidentOnSyntheticKQuants) {
   }
 }
 
+// Start-up progress (issue 13): the resident reads and repacks report (done, total) from (0, total)
+// up to total, done never decreasing, total = the file bytes of the resident units' tensors.
+TEST(StreamCpuPacked, LoadProgressCoversTheResidentBytes) {
+  const std::string path = write_synthetic("progress", kKQuants);
+  const FileLayout layout = cpu_layout(path, true);
+  std::vector<std::pair<uint64_t, uint64_t>> calls;
+  model::LoadOptions o;
+  o.n_ctx = 256;
+  CpuStreamOptions so;
+  so.ram_budget = min_ram_budget(layout, 2) + 2 * layout.layers[0].ram_bytes();
+  so.on_load_progress = [&](uint64_t done, uint64_t total) { calls.emplace_back(done, total); };
+  CpuLayerStreamer* s = nullptr;
+  o.layer_source = cpu_streaming_source(path, so, &s);
+  auto m = model::Model::load(path, o);
+  ASSERT_TRUE(m.is_ok()) << m.status().message();
+  ASSERT_GE(calls.size(), 2u);
+  EXPECT_EQ(calls.front().first, 0u);
+  const uint64_t total = calls.front().second;
+  for (size_t i = 1; i < calls.size(); ++i) {
+    EXPECT_GE(calls[i].first, calls[i - 1].first);
+    EXPECT_EQ(calls[i].second, total);
+  }
+  EXPECT_EQ(calls.back().first, total);
+  // At least every byte of the resident layers' tensors (aligned reads add a little).
+  auto f = gguf::File::open(path);
+  ASSERT_TRUE(f.is_ok());
+  uint64_t want = 0;
+  int resident = 0;
+  for (size_t l = 0; l < layout.layers.size(); ++l) {
+    if (s->plan().plan.units[l].home != Home::kRam) continue;
+    ++resident;
+    const std::string prefix = "blk." + std::to_string(l) + ".";
+    for (const auto& t : f->tensors()) want += t.name.rfind(prefix, 0) == 0 ? t.nbytes : 0;
+  }
+  EXPECT_GE(resident, 1);  // two layers' worth of budget; repacked layers may be larger
+  EXPECT_GE(total, want);
+  std::filesystem::remove(path);
+}
+
 // The packed layout accounted: a resident unit holds its kept tensors plus the repacked matrices
 // (Q8_0 packs 36 bytes per 34-byte row block, Q4_K 148 per 144), never the file's layout of them.
 TEST(StreamCpuPacked, LayoutCountsRepackedBytes) {

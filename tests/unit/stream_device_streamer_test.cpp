@@ -337,6 +337,33 @@ TEST(StreamDevice, SmolLM2HybridMatchesResident) {
   }
 }
 
+// Start-up progress (issue 13): the pinned copies of the B layers report (done, total) from
+// (0, total) to total, done never decreasing; total is their buffer bytes (A and C layers are not
+// read at start-up).
+TEST(StreamDevice, PinningProgressCoversTheBLayers) {
+  const std::string path = write_synthetic("progress");
+  DeviceStreamOptions o = host_options({A, B, C, B, B, C}, 2);
+  std::vector<std::pair<uint64_t, uint64_t>> calls;
+  o.on_load_progress = [&](uint64_t done, uint64_t total) { calls.emplace_back(done, total); };
+  DeviceStreamer* s = nullptr;
+  auto m = load_streamed(path, o, &s);
+  ASSERT_TRUE(m.is_ok()) << m.status().message();
+  ASSERT_GE(calls.size(), 4u);  // the start and at least one read per B layer
+  EXPECT_EQ(calls.front().first, 0u);
+  const uint64_t total = calls.front().second;
+  for (size_t i = 1; i < calls.size(); ++i) {
+    EXPECT_GE(calls[i].first, calls[i - 1].first);
+    EXPECT_EQ(calls[i].second, total);
+  }
+  EXPECT_EQ(calls.back().first, total);
+  auto f = gguf::File::open(path);
+  ASSERT_TRUE(f.is_ok());
+  auto layout = layout_of(*f);
+  ASSERT_TRUE(layout.is_ok());
+  EXPECT_EQ(total, layout->layers[1].bytes + layout->layers[3].bytes + layout->layers[4].bytes);
+  std::filesystem::remove(path);
+}
+
 TEST(StreamDevice, HybridExecutorOnlyForPinnedLayers) {
   const std::string path = write_synthetic("hybrid_err");
   DeviceStreamOptions o = host_options({A, B, C, B, B, B}, 2);
