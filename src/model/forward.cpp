@@ -251,10 +251,16 @@ Result<std::unique_ptr<backend::Backend>> make_backend(const LoadOptions& opts, 
 // backend's upload_weight (copied into its memory, or repacked into the CPU's packed layout;
 // get_rows looks rows up in the host table). The file's pages of a tensor that was copied leave
 // the resident set (they would otherwise count twice).
-Result<Weights> upload_weights(backend::Backend& be, const Weights& host, const gguf::File& file) {
+Result<Weights> upload_weights(backend::Backend& be, const Weights& host, const gguf::File& file,
+                               const core::ProgressFn& progress) {
   Weights dev = host;
+  uint64_t total = host.output_norm.nbytes + host.output.nbytes + host.rope_freqs.nbytes, done = 0;
+  for (const LayerWeights& L : host.layers)
+    for (const TensorRef* t : L.tensors()) total += t->nbytes;
   auto up = [&](TensorRef& t) -> Status {
     if (!t.present()) return Status::ok();
+    done += t.nbytes;
+    if (progress) progress(done, total);
     // Stacked experts whose rows the backend would regroup across expert boundaries stay as they lie.
     if (be.reads_host_weights() && repacked_bytes(be, t) == 0) return Status::ok();
     auto v = be.upload_weight(t.view());
@@ -296,7 +302,7 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& path, const LoadOp
   if (opts.layer_source) {
     SLUICE_ASSIGN_OR_RETURN(source, opts.layer_source(file, w, *be));
   } else {
-    SLUICE_ASSIGN_OR_RETURN(w, upload_weights(*be, w, file));
+    SLUICE_ASSIGN_OR_RETURN(w, upload_weights(*be, w, file, opts.on_load_progress));
   }
   auto model = std::make_unique<LlamaFamilyModel>(std::move(file), std::move(cfg), std::move(w), std::move(be));
   if (source) model->set_layer_source(std::move(source));
