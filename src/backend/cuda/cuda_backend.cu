@@ -331,7 +331,7 @@ class CudaBackend final : public Backend {
 
   void gather_rows(const Tensor& src, std::span<const int32_t> rows, const Tensor& dst) override {
     SLUICE_CHECK(src.cols == dst.cols && dst.rows == int64_t(rows.size()), "gather_rows: shape mismatch");
-    invalidate_q8();
+    invalidate_q8_if_overlaps(dst);
     must(cuda::gather_rows(f32(src), src.stride, src.rows, f32(dst), dst.stride, rows.data(), dst.rows, dst.cols,
                            stream_),
          "gather_rows");
@@ -341,7 +341,7 @@ class CudaBackend final : public Backend {
                         std::span<const float> scale) override {
     SLUICE_CHECK(src.cols == dst.cols && src.rows == int64_t(rows.size()) && rows.size() == scale.size(),
                  "scatter_add_rows: shape mismatch");
-    invalidate_q8();
+    invalidate_q8_if_overlaps(dst);
     must(cuda::scatter_add_rows(f32(dst), dst.stride, dst.rows, f32(src), src.stride, rows.data(), scale.data(),
                                 src.rows, src.cols, stream_),
          "scatter_add_rows");
@@ -460,8 +460,20 @@ class CudaBackend final : public Backend {
     q8_of_ = t.data;
     q8_rows_ = t.rows;
     q8_cols_ = t.cols;
+    q8_stride_ = t.stride;
   }
   void invalidate_q8() { q8_of_ = nullptr; }
+  // Invalidates only when `written` shares memory with the tensor the int8 activation was made
+  // from (the row ops of mixtures of experts write the residual and scratch rows, never the normed
+  // input the next expert's GEMVs read again).
+  void invalidate_q8_if_overlaps(const Tensor& written) {
+    if (!q8_of_ || written.rows == 0) return;
+    const auto* a0 = static_cast<const uint8_t*>(written.data);
+    const auto* a1 = a0 + ((written.rows - 1) * written.stride + written.cols) * 4;
+    const auto* b0 = static_cast<const uint8_t*>(q8_of_);
+    const auto* b1 = b0 + ((q8_rows_ - 1) * q8_stride_ + q8_cols_) * 4;
+    if (a0 < b1 && b0 < a1) invalidate_q8();
+  }
   bool q8_valid_for(const Tensor& t) const {
     return q8_of_ != nullptr && q8_of_ == t.data && q8_rows_ == t.rows && q8_cols_ == t.cols;
   }
@@ -566,7 +578,7 @@ class CudaBackend final : public Backend {
   std::vector<void*> device_allocs_;  // every cudaMalloc, freed at destruction
   Scratch q8_, x_f16_, w_f16_, attn_ws_;
   const void* q8_of_ = nullptr;  // see q8_view
-  int64_t q8_rows_ = 0, q8_cols_ = 0;
+  int64_t q8_rows_ = 0, q8_cols_ = 0, q8_stride_ = 0;
   void* staging_ = nullptr;  // pinned host rows for get_rows
   int64_t staging_bytes_ = 0;
   cudaEvent_t staging_free_ = nullptr;

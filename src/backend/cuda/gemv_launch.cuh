@@ -43,10 +43,20 @@ inline ChunkPlan plan_chunks(int64_t nb, int block_bytes, int multiple, int stag
 template <class F, int NT, bool kAligned, class Cfg>
 Status launch_one(const DeviceInfo& dev, cudaStream_t stream, const uint8_t* w, int64_t rows, int64_t row_bytes,
                   int nb, const ChunkPlan& plan, const ActRef& a, float* y) {
-  int per_sm = 0;
   auto* kernel = gemv_kernel<F, NT, kAligned, Cfg>;
   constexpr int kThreads = Cfg::kWarps * kWarpSize;
-  SLUICE_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
+  // Blocks per SM depend only on the instantiation (registers, shared memory) and the GPU
+  // architecture: asked once, not on every launch (the query costs microseconds of host time,
+  // and decode of a mixture of experts launches thousands of GEMVs per token). Immutable after
+  // its first initialization.
+  static const int per_sm = [&] {
+    int v = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, kernel, kThreads, 0) != cudaSuccess) {
+      (void)cudaGetLastError();
+      v = 1;
+    }
+    return v;
+  }();
   const int grid = int(std::min<int64_t>(int64_t(dev.sm_count) * std::max(per_sm, 1), rows));
   kernel<<<grid, kThreads, 0, stream>>>(w, rows, row_bytes, nb, plan.cb, plan.nchunks, a, y);
   SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("gemv_kernel");
