@@ -87,7 +87,7 @@ int cmd_bench(int argc, char** argv) {
   std::string model_path;
   int n_prompt = 512, n_gen = 128, reps = 5, n_threads = 0;
   bool json = false, csv = false;
-  app.add_option("-m,--model", model_path, "GGUF model file")->required();
+  app.add_option("-m,--model", model_path, "GGUF model file (of a split model: the first shard)")->required();
   app.add_option("-p,--n-prompt", n_prompt, "prompt tokens for the pp test; 0 = skip")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();

@@ -1,5 +1,6 @@
 // sluice inspect MODEL.gguf [--json]: architecture, hyper-parameters, tokenizer, tensor table and
-// per-layer byte summary. Reads only the header; a bad file is reported and exits 2.
+// per-layer byte summary; for a split model (first shard given) every shard's header and which
+// shard holds each tensor. Reads only the headers; a bad file is reported and exits 2.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
@@ -12,7 +13,7 @@ int cmd_inspect(int argc, char** argv) {
   CLI::App app{"Describe a GGUF file: metadata, tensors, bytes per layer", "sluice inspect"};
   std::string path;
   bool json = false;
-  app.add_option("model", path, "GGUF file")->required();
+  app.add_option("model", path, "GGUF file (the first shard of a split model)")->required();
   app.add_flag("--json", json, "machine-readable output");
   try {
     app.parse(argc, argv);

@@ -110,6 +110,7 @@ InspectReport make_report(const gguf::File& file) {
   rep.file_bytes = file.file_size();
   rep.alignment = file.alignment();
   rep.data_offset = file.data_offset();
+  rep.shards = file.shards();
   if (auto a = file.get_string("general.architecture"); a.is_ok()) rep.architecture = a.value();
   const std::string prefix = rep.architecture.empty() ? std::string("\x01") : rep.architecture + ".";
   for (const auto& kv : file.metadata()) {
@@ -150,6 +151,22 @@ std::string render_text(const InspectReport& rep) {
   add(rep.path + ": GGUF v" + std::to_string(rep.version) + ", " + std::to_string(rep.file_bytes) + " bytes (" +
       mib(rep.file_bytes) + " MiB), alignment " + std::to_string(rep.alignment) + ", data at " +
       std::to_string(rep.data_offset));
+  const bool split = rep.shards.size() > 1;
+  if (split) {
+    uint64_t total = 0;
+    for (const auto& sh : rep.shards) total += sh.size;
+    add("split: " + std::to_string(rep.shards.size()) + " shards (gguf-split), " + std::to_string(total) + " bytes (" +
+        mib(total) + " MiB) in all; tensor offsets below are relative to their shard's data section");
+    std::snprintf(line, sizeof line, "  %5s %14s %8s %9s %12s  %s", "shard", "bytes", "tensors", "alignment",
+                  "data at", "path");
+    add(line);
+    for (size_t k = 0; k < rep.shards.size(); ++k) {
+      const auto& sh = rep.shards[k];
+      std::snprintf(line, sizeof line, "  %5zu %14" PRIu64 " %8" PRIu64 " %9" PRIu64 " %12" PRIu64 "  %s", k + 1,
+                    sh.size, sh.n_tensors, sh.alignment, sh.data_offset, sh.path.c_str());
+      add(line);
+    }
+  }
   add("architecture: " + (rep.architecture.empty() ? std::string("(missing general.architecture)") : rep.architecture));
   for (const auto& [k, v] : rep.hparams) add("  " + k + " = " + v);
   add("general:");
@@ -161,12 +178,15 @@ std::string render_text(const InspectReport& rep) {
   add("");
   add("tensors: " + std::to_string(rep.tensors.size()) + ", " + std::to_string(rep.tensor_bytes) + " bytes (" +
       mib(rep.tensor_bytes) + " MiB)");
-  std::snprintf(line, sizeof line, "  %-40s %-6s %-28s %14s %14s", "name", "type", "shape", "bytes", "offset");
+  std::snprintf(line, sizeof line, "  %-40s %-6s %-28s %14s %14s%s", "name", "type", "shape", "bytes", "offset",
+                split ? "  shard" : "");
   add(line);
   for (const auto* t : rep.tensors) {
     std::snprintf(line, sizeof line, "  %-40s %-6s %-28s %14" PRIu64 " %14" PRIu64, t->name.c_str(),
                   quant::type_name(t->type), gguf::shape_string(t->shape).c_str(), t->nbytes, t->offset);
-    add(line);
+    std::string row = line;
+    if (split) row += "  " + std::to_string(t->shard + 1);
+    add(row);
   }
   add("");
   add("bytes by type:");
@@ -207,6 +227,12 @@ nlohmann::json render_json(const InspectReport& rep) {
   j["file_bytes"] = rep.file_bytes;
   j["alignment"] = rep.alignment;
   j["data_offset"] = rep.data_offset;
+  json shards = json::array();
+  for (const auto& sh : rep.shards) {
+    shards.push_back({{"path", sh.path}, {"version", sh.version}, {"file_bytes", sh.size},
+                      {"alignment", sh.alignment}, {"data_offset", sh.data_offset}, {"tensors", sh.n_tensors}});
+  }
+  j["shards"] = shards;
   j["architecture"] = rep.architecture;
   json hp = json::object();
   for (const auto& [k, v] : rep.hparams) hp[k] = v;
@@ -219,7 +245,7 @@ nlohmann::json render_json(const InspectReport& rep) {
   json ts = json::array();
   for (const auto* t : rep.tensors) {
     ts.push_back({{"name", t->name}, {"type", quant::type_name(t->type)}, {"shape", t->shape},
-                  {"bytes", t->nbytes}, {"offset", t->offset}});
+                  {"bytes", t->nbytes}, {"offset", t->offset}, {"shard", t->shard}});
   }
   j["tensors"] = ts;
   j["tensor_bytes"] = rep.tensor_bytes;

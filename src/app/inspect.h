@@ -29,11 +29,12 @@ struct LayerBytes {
 };
 
 struct InspectReport {
-  std::string path;
-  uint32_t version = 0;
+  std::string path;            // the file given (the first shard of a split model)
+  uint32_t version = 0;        // version, size, alignment, data offset: of that file
   uint64_t file_bytes = 0;
   uint64_t alignment = 0;
   uint64_t data_offset = 0;
+  std::vector<gguf::Shard> shards;  // every file of the model; one unless split (gguf-split)
   std::string architecture;                              // "" if absent
   std::vector<std::pair<std::string, std::string>> hparams;  // "<arch>.*" keys (prefix removed), rendered
   std::vector<std::pair<std::string, std::string>> general;  // "general.*" keys, rendered

@@ -8,7 +8,7 @@ namespace sluice::app {
 
 void add_model_flags(CLI::App& app, ModelFlags& f, int default_ctx) {
   f.n_ctx = default_ctx;
-  app.add_option("-m,--model", f.model_path, "GGUF model file")->required();
+  app.add_option("-m,--model", f.model_path, "GGUF model file (of a split model: the first shard)")->required();
   app.add_option("-c,--ctx-size", f.n_ctx, "context size in tokens (0: the model's, capped at 4096)")
       ->check(CLI::Range(0, 1 << 24))
       ->capture_default_str();

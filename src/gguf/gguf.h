@@ -85,8 +85,9 @@ struct TensorInfo {
   std::string name;
   quant::Type type = quant::Type::kF32;
   std::vector<uint64_t> shape;  // ne[0] (innermost, contiguous) first, as in the file; 1..4 dims
-  uint64_t offset = 0;          // relative to the start of the data section
+  uint64_t offset = 0;          // relative to the start of the data section of its shard's file
   uint64_t nbytes = 0;          // computed from type and shape, validated against file size
+  uint32_t shard = 0;           // index into File::shards(): the file holding the bytes (0 unless split)
   uint64_t n_elements() const;
   uint64_t row_bytes() const;   // bytes of one ne[0] row
   uint64_t n_rows() const { return shape.empty() ? 0 : n_elements() / shape[0]; }
@@ -95,14 +96,56 @@ struct TensorInfo {
 // "[576, 49152]" (ne[0] first).
 std::string shape_string(const std::vector<uint64_t>& shape);
 
-// A parsed, validated GGUF file, mapped read-only. Movable, not copyable.
+// Split models (llama.cpp's gguf-split, tools/gguf-split/gguf-split.cpp): one model in several
+// GGUF files ("shards") named <prefix>-00001-of-00003.gguf, <prefix>-00002-of-00003.gguf, ...
+// Each shard is a complete GGUF file with its own header, alignment and data section. The first
+// holds all of the model's metadata; every shard carries the three keys below; a tensor's bytes
+// lie in exactly one shard.
+inline constexpr std::string_view kSplitNo = "split.no";                     // u16, 0-based index
+inline constexpr std::string_view kSplitCount = "split.count";               // u16, number of shards
+inline constexpr std::string_view kSplitTensorsCount = "split.tensors.count";  // i32, over all shards
+inline constexpr uint64_t kMaxShards = 65535;  // split.count is a u16 in gguf-split
+
+// One file of a model: the only one, or one shard of a split model.
+struct Shard {
+  std::string path;
+  uint32_t version = 0;
+  uint64_t alignment = kDefaultAlignment;
+  uint64_t data_offset = 0;  // absolute file offset of this file's data section
+  uint64_t size = 0;         // bytes of the file
+  uint64_t n_tensors = 0;    // tensors whose bytes lie in this file
+};
+
+// A shard held in memory, for File::parse_shards.
+struct ShardBytes {
+  const uint8_t* bytes = nullptr;
+  uint64_t size = 0;
+  std::string name;  // used in error messages
+};
+
+// The paths of all `count` shards of the split model `path` belongs to, given that `path` is
+// shard `no` (0-based), by gguf-split's naming: "<prefix>-%05d-of-%05d.gguf" with no + 1 and
+// count. Error (kInvalidArgument) when the name does not end that way.
+Result<std::vector<std::string>> split_paths(const std::string& path, uint64_t no, uint64_t count);
+
+// A parsed, validated GGUF model, mapped read-only: one file, or all shards of a split model as
+// one logical file (metadata of the first shard, the tensors of all). Movable, not copyable.
 class File {
  public:
-  // mmaps `path` and parses it. Errors: kIo (cannot open/map), kCorruptFile, kUnsupported.
+  // mmaps `path` and parses it. When it is the first shard of a split model (split.count > 1),
+  // the other shards are found by name (split_paths) and loaded too, each with every check a
+  // single file gets, plus: each shard's split.no is its position and split.count and
+  // split.tensors.count equal the first's, no tensor name occurs twice, the shards hold
+  // split.tensors.count tensors in all. Errors name the offending file: kIo (cannot open/map, a
+  // missing shard), kCorruptFile (a corrupt shard, or shards that do not belong together),
+  // kUnsupported, kInvalidArgument (a shard other than the first given, an unrecognised name).
   static Result<File> open(const std::string& path);
   // Parse from memory (for fuzzing and tests): `size` is the whole file; `bytes` must outlive
-  // the File. `name` is used in error messages.
+  // the File. `name` is used in error messages. One file: split keys are not followed.
   static Result<File> parse(const uint8_t* bytes, uint64_t size, std::string name);
+  // A split model from memory: shards[k] is shard k, with the checks open() applies. A single
+  // entry without split.count > 1 is an ordinary file.
+  static Result<File> parse_shards(const std::vector<ShardBytes>& shards);
 
   File(File&&) noexcept;
   File& operator=(File&&) noexcept;
@@ -110,11 +153,16 @@ class File {
   File& operator=(const File&) = delete;
   ~File();
 
-  const std::string& path() const { return path_; }
-  uint32_t version() const { return version_; }
-  uint64_t alignment() const { return alignment_; }
-  uint64_t data_offset() const { return data_offset_; }  // absolute file offset of data section
-  uint64_t file_size() const { return size_; }
+  // The files of the model, in shard order; one entry unless split.
+  const std::vector<Shard>& shards() const { return shards_; }
+  bool is_split() const { return shards_.size() > 1; }
+  // Of the first (or only) file: the path the model was opened by, and that file's header. A
+  // tensor's bytes lie in shards()[info.shard]: use file_offset(), not data_offset() + offset.
+  const std::string& path() const { return shards_.front().path; }
+  uint32_t version() const { return shards_.front().version; }
+  uint64_t alignment() const { return shards_.front().alignment; }
+  uint64_t data_offset() const { return shards_.front().data_offset; }
+  uint64_t file_size() const { return shards_.front().size; }
 
   const std::vector<KeyValue>& metadata() const { return kv_; }
   const Value* find(std::string_view key) const;
@@ -126,27 +174,33 @@ class File {
   Result<std::string> get_string(std::string_view key) const;
   Result<bool> get_bool(std::string_view key) const;
 
+  // Every tensor of the model: shard 0's in file order, then shard 1's, ...
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   const TensorInfo* find_tensor(std::string_view name) const;
-  // Pointer to a tensor's bytes (nbytes long) inside the mapping or the parsed buffer.
-  // Absolute file offset = data_offset() + info.offset. `info` must come from this File.
+  // Absolute offset of a tensor's first byte in its file, shards()[info.shard].path.
+  uint64_t file_offset(const TensorInfo& info) const { return shards_[info.shard].data_offset + info.offset; }
+  // Pointer to a tensor's bytes (nbytes long) inside its shard's mapping or parsed buffer.
+  // `info` must come from this File.
   const uint8_t* tensor_data(const TensorInfo& info) const;
   // Drops this process's mapped pages of [p, p + n) (whole pages inside the range) once a copy
   // is all that is read, so they leave the resident set; a later read faults them in again from
-  // the file. No-op for a File parsed from memory, or a range outside the mapping.
+  // the file. The range must lie in one shard's mapping (a tensor's bytes do). No-op for a File
+  // parsed from memory, or a range outside every mapping.
   void release(const void* p, uint64_t n) const;
 
  private:
   friend class Parser;
+  friend class ShardSet;
+  // Where a shard's bytes are: a mapping this File owns (map != nullptr) or a caller's buffer.
+  struct Region {
+    const uint8_t* base = nullptr;
+    void* map = nullptr;
+    uint64_t size = 0;
+  };
   File() = default;
   void unmap();
-  std::string path_;
-  uint32_t version_ = 0;
-  uint64_t alignment_ = kDefaultAlignment;
-  uint64_t data_offset_ = 0;
-  uint64_t size_ = 0;
-  const uint8_t* base_ = nullptr;
-  void* map_ = nullptr;  // non-null when this File owns an mmap of size_ bytes
+  std::vector<Shard> shards_;    // never empty once parsed
+  std::vector<Region> regions_;  // one per shard
   std::vector<KeyValue> kv_;
   std::vector<TensorInfo> tensors_;
   std::map<std::string, size_t, std::less<>> kv_index_;

@@ -178,12 +178,13 @@ class Parser {
       std::snprintf(hex, sizeof hex, "0x%08x", magic);
       return fail(ErrorCode::kCorruptFile, "magic", std::string("is ") + hex + ", expected \"GGUF\" (0x46554747)", 0);
     }
-    SLUICE_RETURN_IF_ERROR(read(&f.version_, "version"));
-    if (f.version_ != 2 && f.version_ != 3) {
-      const uint32_t swapped = __builtin_bswap32(f.version_);
+    Shard& sh = f.shards_.front();
+    SLUICE_RETURN_IF_ERROR(read(&sh.version, "version"));
+    if (sh.version != 2 && sh.version != 3) {
+      const uint32_t swapped = __builtin_bswap32(sh.version);
       std::string hint = swapped >= 1 && swapped <= 3 ? " (a big-endian file?)" : "";
       return fail(ErrorCode::kUnsupported, "version",
-                  std::to_string(f.version_) + " is not supported (only 2 and 3)" + hint, 4);
+                  std::to_string(sh.version) + " is not supported (only 2 and 3)" + hint, 4);
     }
     SLUICE_RETURN_IF_ERROR(read(&n_tensors_, "n_tensors"));
     SLUICE_RETURN_IF_ERROR(read(&n_kv_, "n_kv"));
@@ -244,7 +245,7 @@ class Parser {
       return fail(ErrorCode::kCorruptFile, "value",
                   std::to_string(v->u) + " is not a power of two in 1.." + std::to_string(kMaxAlignment), pos_);
     }
-    f.alignment_ = v->u;
+    f.shards_.front().alignment = v->u;
     where_.clear();
     return Status::ok();
   }
@@ -317,28 +318,30 @@ class Parser {
   }
 
   Status check_tensor_layout(File& f) {
+    Shard& sh = f.shards_.front();
+    sh.n_tensors = f.tensors_.size();
     const uint64_t header_end = pos_;
-    const uint64_t pad = (f.alignment_ - header_end % f.alignment_) % f.alignment_;
-    f.data_offset_ = header_end + pad;  // header_end <= size_ < 2^63, no overflow
+    const uint64_t pad = (sh.alignment - header_end % sh.alignment) % sh.alignment;
+    sh.data_offset = header_end + pad;  // header_end <= size_ < 2^63, no overflow
     if (f.tensors_.empty()) return Status::ok();
-    if (f.data_offset_ > size_) {
+    if (sh.data_offset > size_) {
       where_ = "data section";
-      return fail(ErrorCode::kCorruptFile, "start", "offset " + std::to_string(f.data_offset_) +
+      return fail(ErrorCode::kCorruptFile, "start", "offset " + std::to_string(sh.data_offset) +
                   " is past the end of the file (" + std::to_string(size_) + " bytes)", header_end);
     }
-    const uint64_t data_size = size_ - f.data_offset_;
+    const uint64_t data_size = size_ - sh.data_offset;
     for (size_t t = 0; t < f.tensors_.size(); ++t) {
       const TensorInfo& info = f.tensors_[t];
       where_ = "tensor '" + info.name + "'";
-      if (info.offset % f.alignment_ != 0) {
+      if (info.offset % sh.alignment != 0) {
         return fail(ErrorCode::kCorruptFile, "offset", std::to_string(info.offset) +
-                    " is not a multiple of the alignment " + std::to_string(f.alignment_), offset_at_[t]);
+                    " is not a multiple of the alignment " + std::to_string(sh.alignment), offset_at_[t]);
       }
       if (info.offset > data_size || info.nbytes > data_size - info.offset) {
         return fail(ErrorCode::kCorruptFile, "offset",
                     "data [" + std::to_string(info.offset) + ", +" + std::to_string(info.nbytes) +
                         ") extends past the end of the data section (" + std::to_string(data_size) +
-                        " bytes from file offset " + std::to_string(f.data_offset_) + "); file truncated?",
+                        " bytes from file offset " + std::to_string(sh.data_offset) + "); file truncated?",
                     offset_at_[t]);
       }
     }
@@ -379,15 +382,19 @@ Result<File> File::parse(const uint8_t* bytes, uint64_t size, std::string name) 
   }
   if (size > kInt64Max) return corrupt_file(name + ": size " + std::to_string(size) + " is not plausible");
   File f;
-  f.path_ = std::move(name);
-  f.base_ = bytes;
-  f.size_ = size;
-  Parser parser(bytes, size, f.path_);
+  f.shards_.push_back(Shard{});
+  f.shards_.front().path = std::move(name);
+  f.shards_.front().size = size;
+  f.regions_.push_back(Region{bytes, nullptr, size});
+  Parser parser(bytes, size, f.shards_.front().path);
   SLUICE_RETURN_IF_ERROR(parser.parse(f));
   return f;
 }
 
-Result<File> File::open(const std::string& path) {
+namespace {
+
+// One file, mapped and parsed; split keys not followed.
+Result<File> open_one(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return io_error(path + ": cannot open: " + std::strerror(errno));
   struct stat st {};
@@ -411,13 +418,185 @@ Result<File> File::open(const std::string& path) {
     }
   }
   ::close(fd);  // the mapping keeps the file referenced
-  Result<File> r = parse(static_cast<const uint8_t*>(map), size, path);
+  Result<File> r = File::parse(static_cast<const uint8_t*>(map), size, path);
   if (!r.is_ok()) {
     if (map) ::munmap(map, size);
     return r.status();
   }
-  r->map_ = map;
   return r;
+}
+
+std::string shard_suffix(uint64_t no, uint64_t count) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "-%05llu-of-%05llu.gguf", static_cast<unsigned long long>(no + 1),
+                static_cast<unsigned long long>(count));
+  return buf;
+}
+
+// A shard's split keys. `count` is 1 for a file without split.count.
+struct SplitKeys {
+  bool present = false;
+  uint64_t no = 0, count = 1, tensors = 0;
+};
+
+Result<SplitKeys> split_keys(const File& f, bool required) {
+  SplitKeys k;
+  if (!f.find(kSplitCount)) {
+    if (!required) return k;
+    return corrupt_file(f.path() + ": metadata key '" + std::string(kSplitCount) +
+                        "': missing, so this file is not a shard of a split model");
+  }
+  k.present = true;
+  SLUICE_ASSIGN_OR_RETURN(k.count, f.get_uint(kSplitCount));
+  if (k.count == 0 || k.count > kMaxShards) {
+    return corrupt_file(f.path() + ": metadata key '" + std::string(kSplitCount) + "': " + std::to_string(k.count) +
+                        " is outside 1.." + std::to_string(kMaxShards));
+  }
+  if (k.count == 1 && !required && !f.find(kSplitNo)) return k;
+  SLUICE_ASSIGN_OR_RETURN(k.no, f.get_uint(kSplitNo));
+  if (k.no >= k.count) {
+    return corrupt_file(f.path() + ": metadata key '" + std::string(kSplitNo) + "': " + std::to_string(k.no) +
+                        " is not below split.count " + std::to_string(k.count));
+  }
+  if (k.count == 1 && !f.find(kSplitTensorsCount)) return k;
+  SLUICE_ASSIGN_OR_RETURN(const int64_t n, f.get_int(kSplitTensorsCount));
+  if (n < 0) {
+    return corrupt_file(f.path() + ": metadata key '" + std::string(kSplitTensorsCount) + "': " + std::to_string(n) +
+                        " is negative");
+  }
+  k.tensors = static_cast<uint64_t>(n);
+  return k;
+}
+
+std::string ordinal(uint64_t k, uint64_t count) { return "shard " + std::to_string(k + 1) + " of " + std::to_string(count); }
+
+}  // namespace
+
+Result<std::vector<std::string>> split_paths(const std::string& path, uint64_t no, uint64_t count) {
+  if (count == 0 || no >= count) {
+    return invalid_argument(path + ": shard index " + std::to_string(no) + " is not below the count " +
+                            std::to_string(count));
+  }
+  const std::string suffix = shard_suffix(no, count);
+  if (path.size() <= suffix.size() || path.compare(path.size() - suffix.size(), suffix.size(), suffix) != 0) {
+    return invalid_argument(path + ": the name of " + ordinal(no, count) + " of a split model must end in \"" + suffix +
+                            "\" (llama.cpp's gguf-split naming), else the other shards cannot be found");
+  }
+  const std::string prefix = path.substr(0, path.size() - suffix.size());
+  std::vector<std::string> out;
+  out.reserve(count);
+  for (uint64_t k = 0; k < count; ++k) out.push_back(prefix + shard_suffix(k, count));
+  return out;
+}
+
+// Joins the parsed shards of a split model into one File (friend of File). Each part was
+// parsed with every single-file check; what remains is whether they belong together.
+class ShardSet {
+ public:
+  static Result<File> join(std::vector<File> parts) {
+    if (parts.empty()) return invalid_argument("gguf: no shards given");
+    const std::string first = parts.front().path();
+    SLUICE_ASSIGN_OR_RETURN(const SplitKeys k0, split_keys(parts.front(), false));
+    if (k0.count <= 1 && parts.size() == 1) return std::move(parts.front());
+    if (k0.no != 0) {
+      return invalid_argument(first + ": is " + ordinal(k0.no, k0.count) + " of a split model (split.no = " +
+                              std::to_string(k0.no) + "); open the first shard");
+    }
+    if (!k0.present) {
+      return corrupt_file(first + ": metadata key '" + std::string(kSplitCount) + "': missing, but " +
+                          std::to_string(parts.size()) + " shards given");
+    }
+    if (k0.count != parts.size()) {
+      return corrupt_file(first + ": metadata key '" + std::string(kSplitCount) + "': " + std::to_string(k0.count) +
+                          " shards, but " + std::to_string(parts.size()) + " given");
+    }
+    File out = std::move(parts.front());
+    for (uint64_t k = 1; k < parts.size(); ++k) {
+      File& part = parts[k];
+      const std::string& p = part.path();
+      const std::string where = " (" + ordinal(k, k0.count) + " of " + first + ")";
+      SLUICE_ASSIGN_OR_RETURN(const SplitKeys ks, split_keys(part, true));
+      if (ks.count != k0.count) {
+        return corrupt_file(p + ": metadata key '" + std::string(kSplitCount) + "': " + std::to_string(ks.count) +
+                            ", the first shard " + first + " says " + std::to_string(k0.count) +
+                            ": not a shard of the same model");
+      }
+      if (ks.no != k) {
+        return corrupt_file(p + ": metadata key '" + std::string(kSplitNo) + "': " + std::to_string(ks.no) +
+                            ", expected " + std::to_string(k) + where + ": a shard of another split, or renamed");
+      }
+      if (ks.tensors != k0.tensors) {
+        return corrupt_file(p + ": metadata key '" + std::string(kSplitTensorsCount) + "': " +
+                            std::to_string(ks.tensors) + ", the first shard " + first + " says " +
+                            std::to_string(k0.tensors) + ": a shard of another model");
+      }
+      const uint32_t index = static_cast<uint32_t>(k);
+      for (TensorInfo& t : part.tensors_) {
+        if (auto it = out.tensor_index_.find(t.name); it != out.tensor_index_.end()) {
+          return corrupt_file(p + ": tensor '" + t.name + "': also in " + out.shards_[out.tensors_[it->second].shard].path +
+                              where + ": shards of different models?");
+        }
+        t.shard = index;
+        out.tensor_index_.emplace(t.name, out.tensors_.size());
+        out.tensors_.push_back(std::move(t));
+      }
+      // The mapping moves to `out`; the part must not unmap it.
+      out.shards_.push_back(std::move(part.shards_.front()));
+      out.regions_.push_back(part.regions_.front());
+      part.regions_.clear();
+    }
+    if (out.tensors_.size() != k0.tensors) {
+      return corrupt_file(first + ": metadata key '" + std::string(kSplitTensorsCount) + "': " +
+                          std::to_string(k0.tensors) + ", but the " + std::to_string(k0.count) + " shards hold " +
+                          std::to_string(out.tensors_.size()) + " tensors: a shard of another model, or a damaged one");
+    }
+    return out;
+  }
+};
+
+Result<File> File::parse_shards(const std::vector<ShardBytes>& shards) {
+  std::vector<File> parts;
+  parts.reserve(shards.size());
+  for (const ShardBytes& s : shards) {
+    SLUICE_ASSIGN_OR_RETURN(File f, parse(s.bytes, s.size, s.name));
+    parts.push_back(std::move(f));
+  }
+  return ShardSet::join(std::move(parts));
+}
+
+Result<File> File::open(const std::string& path) {
+  SLUICE_ASSIGN_OR_RETURN(File first, open_one(path));
+  SLUICE_ASSIGN_OR_RETURN(const SplitKeys k0, split_keys(first, false));
+  if (k0.count <= 1) return first;
+  if (k0.no != 0) {
+    auto paths = split_paths(path, k0.no, k0.count);
+    return invalid_argument(path + ": is " + ordinal(k0.no, k0.count) + " of a split model (split.no = " +
+                            std::to_string(k0.no) + "); open the first shard" +
+                            (paths.is_ok() ? ", " + paths->front() : std::string()));
+  }
+  auto paths = split_paths(path, 0, k0.count);
+  if (!paths.is_ok()) {
+    return invalid_argument(path + ": metadata key '" + std::string(kSplitCount) + "': " + std::to_string(k0.count) +
+                            " shards, but the file name does not end in \"" + shard_suffix(0, k0.count) +
+                            "\" (llama.cpp's gguf-split naming), so the other shards cannot be found");
+  }
+  std::vector<File> parts;
+  parts.reserve(k0.count);
+  parts.push_back(std::move(first));
+  for (uint64_t k = 1; k < k0.count; ++k) {
+    const std::string& p = (*paths)[k];
+    struct stat st {};
+    if (::stat(p.c_str(), &st) != 0 && errno == ENOENT) {
+      return io_error(p + ": " + ordinal(k, k0.count) + " of " + path + " is missing");
+    }
+    Result<File> part = open_one(p);
+    if (!part.is_ok()) {
+      return Status(part.status().code(),
+                    part.status().message() + " (" + ordinal(k, k0.count) + " of " + path + ")");
+    }
+    parts.push_back(std::move(part).value());
+  }
+  return ShardSet::join(std::move(parts));
 }
 
 File::File(File&& o) noexcept { *this = std::move(o); }
@@ -425,20 +604,14 @@ File::File(File&& o) noexcept { *this = std::move(o); }
 File& File::operator=(File&& o) noexcept {
   if (this != &o) {
     unmap();
-    path_ = std::move(o.path_);
-    version_ = o.version_;
-    alignment_ = o.alignment_;
-    data_offset_ = o.data_offset_;
-    size_ = o.size_;
-    base_ = o.base_;
-    map_ = o.map_;
+    shards_ = std::move(o.shards_);
+    regions_ = std::move(o.regions_);
     kv_ = std::move(o.kv_);
     tensors_ = std::move(o.tensors_);
     kv_index_ = std::move(o.kv_index_);
     tensor_index_ = std::move(o.tensor_index_);
-    o.map_ = nullptr;
-    o.base_ = nullptr;
-    o.size_ = 0;
+    o.shards_.clear();
+    o.regions_.clear();  // the mappings are ours now
   }
   return *this;
 }
@@ -446,8 +619,11 @@ File& File::operator=(File&& o) noexcept {
 File::~File() { unmap(); }
 
 void File::unmap() {
-  if (map_) ::munmap(map_, size_);
-  map_ = nullptr;
+  for (Region& r : regions_) {
+    if (r.map) ::munmap(r.map, r.size);
+    r.map = nullptr;
+  }
+  regions_.clear();
 }
 
 const Value* File::find(std::string_view key) const {
@@ -461,19 +637,25 @@ const TensorInfo* File::find_tensor(std::string_view name) const {
 }
 
 void File::release(const void* p, uint64_t n) const {
-  if (!map_ || n == 0) return;
-  const auto b = reinterpret_cast<uintptr_t>(p), base = reinterpret_cast<uintptr_t>(map_);
-  if (b < base || b + n > base + size_) return;
-  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
-  const uintptr_t first = (b + page - 1) / page * page, last = (b + n) / page * page;
-  // Advice only: a failure leaves the pages mapped, which is still correct.
-  if (last > first) (void)::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+  if (n == 0) return;
+  const auto b = reinterpret_cast<uintptr_t>(p);
+  for (const Region& r : regions_) {
+    const auto base = reinterpret_cast<uintptr_t>(r.map);
+    if (!r.map || b < base || b + n > base + r.size) continue;
+    const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+    const uintptr_t first = (b + page - 1) / page * page, last = (b + n) / page * page;
+    // Advice only: a failure leaves the pages mapped, which is still correct.
+    if (last > first) (void)::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+    return;
+  }
 }
 
 const uint8_t* File::tensor_data(const TensorInfo& info) const {
-  SLUICE_CHECK(info.offset <= size_ && data_offset_ + info.offset + info.nbytes <= size_,
-               "tensor_data: TensorInfo '" + info.name + "' does not belong to " + path_);
-  return base_ + data_offset_ + info.offset;
+  SLUICE_CHECK(info.shard < shards_.size(), "tensor_data: TensorInfo '" + info.name + "' does not belong to " + path());
+  const Shard& sh = shards_[info.shard];
+  SLUICE_CHECK(info.offset <= sh.size && sh.data_offset + info.offset + info.nbytes <= sh.size,
+               "tensor_data: TensorInfo '" + info.name + "' does not belong to " + sh.path);
+  return regions_[info.shard].base + sh.data_offset + info.offset;
 }
 
 namespace {
@@ -488,52 +670,52 @@ Status wrong_type(const std::string& path, std::string_view key, const Value& v,
 
 Result<uint64_t> File::get_uint(std::string_view key) const {
   const Value* v = find(key);
-  if (!v) return missing(path_, key);
+  if (!v) return missing(path(), key);
   if (v->is_unsigned()) return v->u;
   if (v->is_signed()) {
     if (v->i < 0) {
-      return corrupt_file(path_ + ": metadata key '" + std::string(key) + "': value " + std::to_string(v->i) +
+      return corrupt_file(path() + ": metadata key '" + std::string(key) + "': value " + std::to_string(v->i) +
                           " is negative, expected an unsigned integer");
     }
     return static_cast<uint64_t>(v->i);
   }
-  return wrong_type(path_, key, *v, "an unsigned integer");
+  return wrong_type(path(), key, *v, "an unsigned integer");
 }
 
 Result<int64_t> File::get_int(std::string_view key) const {
   const Value* v = find(key);
-  if (!v) return missing(path_, key);
+  if (!v) return missing(path(), key);
   if (v->is_signed()) return v->i;
   if (v->is_unsigned()) {
     if (v->u > kInt64Max) {
-      return corrupt_file(path_ + ": metadata key '" + std::string(key) + "': value " + std::to_string(v->u) +
+      return corrupt_file(path() + ": metadata key '" + std::string(key) + "': value " + std::to_string(v->u) +
                           " does not fit a signed 64-bit integer");
     }
     return static_cast<int64_t>(v->u);
   }
-  return wrong_type(path_, key, *v, "an integer");
+  return wrong_type(path(), key, *v, "an integer");
 }
 
 Result<double> File::get_float(std::string_view key) const {
   const Value* v = find(key);
-  if (!v) return missing(path_, key);
+  if (!v) return missing(path(), key);
   if (v->is_float()) return v->f;
   if (v->is_signed()) return static_cast<double>(v->i);
   if (v->is_unsigned()) return static_cast<double>(v->u);
-  return wrong_type(path_, key, *v, "a number");
+  return wrong_type(path(), key, *v, "a number");
 }
 
 Result<std::string> File::get_string(std::string_view key) const {
   const Value* v = find(key);
-  if (!v) return missing(path_, key);
-  if (v->type != ValueType::kString) return wrong_type(path_, key, *v, "string");
+  if (!v) return missing(path(), key);
+  if (v->type != ValueType::kString) return wrong_type(path(), key, *v, "string");
   return v->s;
 }
 
 Result<bool> File::get_bool(std::string_view key) const {
   const Value* v = find(key);
-  if (!v) return missing(path_, key);
-  if (v->type != ValueType::kBool) return wrong_type(path_, key, *v, "bool");
+  if (!v) return missing(path(), key);
+  if (v->type != ValueType::kBool) return wrong_type(path(), key, *v, "bool");
   return v->u != 0;
 }
 

@@ -28,14 +28,23 @@ int layer_of(std::string_view name) {
   return i < name.size() && name[i] == '.' ? v : -1;
 }
 
-// Byte ranges [begin, end) of a unit's tensors -> aligned reads packed into one buffer; returns
-// the buffer's bytes.
-uint64_t build_runs(std::vector<std::pair<uint64_t, uint64_t>> ranges, std::vector<ReadRun>& runs) {
+// Bytes [begin, end) of one file.
+struct ByteRange {
+  uint32_t file = 0;
+  uint64_t begin = 0, end = 0;
+  bool operator<(const ByteRange& o) const {
+    return file != o.file ? file < o.file : begin != o.begin ? begin < o.begin : end < o.end;
+  }
+};
+
+// Byte ranges of a unit's tensors -> aligned reads packed into one buffer (ranges of one file
+// merge; files never do); returns the buffer's bytes.
+uint64_t build_runs(std::vector<ByteRange> ranges, std::vector<ReadRun>& runs) {
   std::sort(ranges.begin(), ranges.end());
-  std::vector<std::pair<uint64_t, uint64_t>> merged;
+  std::vector<ByteRange> merged;
   for (const auto& r : ranges) {
-    if (!merged.empty() && r.first <= merged.back().second + kMaxGap) {
-      merged.back().second = std::max(merged.back().second, r.second);
+    if (!merged.empty() && r.file == merged.back().file && r.begin <= merged.back().end + kMaxGap) {
+      merged.back().end = std::max(merged.back().end, r.end);
     } else {
       merged.push_back(r);
     }
@@ -43,8 +52,8 @@ uint64_t build_runs(std::vector<std::pair<uint64_t, uint64_t>> ranges, std::vect
   runs.clear();
   uint64_t bytes = 0;
   for (const auto& m : merged) {
-    const AlignedRange a = align_range(m.first, m.second - m.first);
-    if (!runs.empty() && a.offset < runs.back().offset + runs.back().len) {
+    const AlignedRange a = align_range(m.begin, m.end - m.begin);
+    if (!runs.empty() && runs.back().file == m.file && a.offset < runs.back().offset + runs.back().len) {
       // Aligned neighbours overlap by at most one block: extend the previous read.
       ReadRun& p = runs.back();
       const uint64_t end = std::max(p.offset + p.len, a.offset + a.len);
@@ -52,22 +61,25 @@ uint64_t build_runs(std::vector<std::pair<uint64_t, uint64_t>> ranges, std::vect
       p.len = end - p.offset;
       continue;
     }
-    runs.push_back({a.offset, a.len, bytes});
+    runs.push_back({m.file, a.offset, a.len, bytes});
     bytes += a.len;
   }
   return bytes;
 }
 
-// Where file bytes [off, off + n) land in a buffer laid out by `runs`; false when outside.
-bool locate(const std::vector<ReadRun>& runs, uint64_t off, uint64_t n, uint64_t* at) {
+}  // namespace
+
+bool locate(const std::vector<ReadRun>& runs, uint32_t file, uint64_t off, uint64_t n, uint64_t* at) {
   for (const ReadRun& r : runs) {
-    if (off >= r.offset && off + n <= r.offset + r.len) {
+    if (r.file == file && off >= r.offset && off + n <= r.offset + r.len) {
       *at = r.dst + (off - r.offset);
       return true;
     }
   }
   return false;
 }
+
+namespace {
 
 using Field = model::LayerTensorField;
 constexpr const auto& kLayerFields = model::kLayerTensorFields;
@@ -91,7 +103,7 @@ Status relocate(model::TensorRef& t, const gguf::File& f, const UnitLayout& u, c
   const gguf::TensorInfo* info = f.find_tensor(t.name);
   if (!info) return internal_error("stream: tensor " + t.name + " not in the file");
   uint64_t at = 0;
-  if (!locate(runs, f.data_offset() + info->offset, info->nbytes, &at)) {
+  if (!locate(runs, info->shard, f.file_offset(*info), info->nbytes, &at)) {
     return internal_error("stream: tensor " + t.name + " is outside the reads of unit " + u.name);
   }
   t.data = base + at;
@@ -109,9 +121,23 @@ uint64_t round_up(uint64_t v) { return (v + kIoAlign - 1) / kIoAlign * kIoAlign;
 
 }  // namespace
 
+Result<std::unique_ptr<FileReader>> open_reader(const gguf::File& file, const IoOptions& io) {
+  std::vector<std::string> paths;
+  for (const gguf::Shard& sh : file.shards()) paths.push_back(sh.path);
+  SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<FileReader> rd, FileReader::open(paths, io));
+  for (size_t k = 0; k < paths.size(); ++k) {
+    const uint64_t was = file.shards()[k].size, now = rd->file_size(uint32_t(k));
+    if (was != now) {
+      return io_error(paths[k] + ": the model file changed while loading (size " + std::to_string(was) + " -> " +
+                      std::to_string(now) + ")");
+    }
+  }
+  return rd;
+}
+
 Result<FileLayout> layout_of(const gguf::File& file, const backend::Backend* be) {
   struct Ranges {
-    std::vector<std::pair<uint64_t, uint64_t>> all, kept;
+    std::vector<ByteRange> all, kept;
     std::vector<PackedTensor> packed;
   };
   std::vector<Ranges> layers;
@@ -124,20 +150,21 @@ Result<FileLayout> layout_of(const gguf::File& file, const backend::Backend* be)
   };
   const bool tied_output = file.find_tensor("output.weight") == nullptr;
   for (const gguf::TensorInfo& t : file.tensors()) {
-    const uint64_t b = file.data_offset() + t.offset;
+    const uint64_t b = file.file_offset(t);
     const int l = layer_of(t.name);
     if (l >= 0 && size_t(l) >= layers.size()) layers.resize(size_t(l) + 1);
     Ranges& r = l < 0 ? globals : layers[size_t(l)];
-    r.all.push_back({b, b + t.nbytes});
+    r.all.push_back({t.shard, b, b + t.nbytes});
     // token_embd's rows are looked up in the file's layout (get_rows); when it is also the output
     // (tied), the output is a repacked copy, as Model::load's upload_weights makes.
     const bool table = t.name == "token_embd.weight";
     const uint64_t pb = table && !tied_output ? 0 : repacked(t);
-    if (table || pb == 0) r.kept.push_back({b, b + t.nbytes});
+    if (table || pb == 0) r.kept.push_back({t.shard, b, b + t.nbytes});
     if (pb > 0) {
       PackedTensor p;
       p.name = t.name;
       p.shape = {t.type, int64_t(t.shape[0]), t.shape.size() > 1 ? int64_t(t.shape[1]) : 1};
+      p.file = t.shard;
       p.offset = b;
       p.bytes = pb;
       r.packed.push_back(std::move(p));
@@ -149,7 +176,7 @@ Result<FileLayout> layout_of(const gguf::File& file, const backend::Backend* be)
     u.packed = std::move(r.packed);
     uint64_t at = 0;
     for (PackedTensor& p : u.packed) {
-      if (!locate(u.runs, p.offset, uint64_t(p.shape.ne1 * p.shape.row_bytes()), &p.src)) {
+      if (!locate(u.runs, p.file, p.offset, uint64_t(p.shape.ne1 * p.shape.row_bytes()), &p.src)) {
         return internal_error("stream: tensor " + p.name + " is outside the reads of unit " + u.name);
       }
       p.dst = at;
@@ -306,12 +333,8 @@ Result<std::unique_ptr<CpuLayerStreamer>> CpuLayerStreamer::create(const std::st
                             " blk.* layers, the model expects " + std::to_string(n_layer));
   }
   SLUICE_ASSIGN_OR_RETURN(s->plan_, plan_cpu(s->layout_, opts));
-  SLUICE_ASSIGN_OR_RETURN(s->reader_, FileReader::open(path, opts.io));
+  SLUICE_ASSIGN_OR_RETURN(s->reader_, open_reader(file, opts.io));
   FileReader& rd = *s->reader_;
-  if (rd.file_size() != file.file_size()) {
-    return io_error(path + ": the model file changed while loading (size " + std::to_string(file.file_size()) +
-                    " -> " + std::to_string(rd.file_size()) + ")");
-  }
   const Plan& plan = s->plan_.plan;
 
   auto alloc = [&](uint64_t bytes) -> Result<Buffer> {
@@ -380,7 +403,7 @@ Result<std::unique_ptr<CpuLayerStreamer>> CpuLayerStreamer::create(const std::st
     progress(0);
     auto read_unit = [&](const UnitLayout& u, uint8_t* base) -> Status {
       for (const ReadRun& r : u.kept_runs) {
-        SLUICE_ASSIGN_OR_RETURN(FileReader::Ticket t, rd.submit(r.offset, r.len, base + r.dst));
+        SLUICE_ASSIGN_OR_RETURN(FileReader::Ticket t, rd.submit(r.file, r.offset, r.len, base + r.dst));
         tickets.push_back(t);
         ticket_bytes.push_back(r.len);
       }
@@ -482,7 +505,7 @@ Status CpuLayerStreamer::pack_from_file(const PackedTensor& p, uint8_t* dst, uin
     const uint64_t off = p.offset + uint64_t(a * rb);
     const AlignedRange r = align_range(off, uint64_t(n * rb));
     SLUICE_CHECK(r.len <= staging_bytes, "stream: repack chunk larger than its staging");
-    SLUICE_ASSIGN_OR_RETURN(FileReader::Ticket t, reader_->submit(r.offset, r.len, staging));
+    SLUICE_ASSIGN_OR_RETURN(FileReader::Ticket t, reader_->submit(p.file, r.offset, r.len, staging));
     SLUICE_RETURN_IF_ERROR(reader_->wait(t));
     backend::WeightView v = p.shape;
     v.ne1 = n;
@@ -509,7 +532,7 @@ Status CpuLayerStreamer::submit_next() {
   slot.submitted = FileReader::Clock::now();
   ++submitted_;
   for (const ReadRun& r : u.runs) {
-    auto t = reader_->submit(r.offset, r.len, slot.base + r.dst);
+    auto t = reader_->submit(r.file, r.offset, r.len, slot.base + r.dst);
     if (!t.is_ok()) return fail(t.status());
     slot.tickets.push_back(*t);
   }

@@ -53,8 +53,11 @@ struct CpuStreamOptions {
   core::ProgressFn on_load_progress;
 };
 
-// One aligned read of a unit: file bytes [offset, offset + len) land at unit buffer + dst.
+// One aligned read of a unit: bytes [offset, offset + len) of file `file` (the shard index of a
+// split model, gguf::TensorInfo::shard; 0 otherwise) land at unit buffer + dst. A run never spans
+// two files; a unit whose tensors lie in several shards has runs in each.
 struct ReadRun {
+  uint32_t file = 0;
   uint64_t offset = 0;
   uint64_t len = 0;
   uint64_t dst = 0;
@@ -63,7 +66,8 @@ struct ReadRun {
 struct PackedTensor {
   std::string name;           // file tensor (token_embd.weight also stands for a tied output)
   backend::WeightView shape;  // type, ne0, ne1 (data unset)
-  uint64_t offset = 0;        // absolute file offset of its first byte
+  uint32_t file = 0;          // the file (shard) holding it
+  uint64_t offset = 0;        // absolute offset of its first byte in that file
   uint64_t src = 0;           // where it lies in a buffer laid out by the unit's `runs`
   uint64_t dst = 0;           // where its repacked copy lies in the unit's packed area
   uint64_t bytes = 0;         // Backend::repacked_bytes
@@ -80,8 +84,9 @@ struct UnitLayout {
   uint64_t packed_bytes = 0;
   uint64_t ram_bytes() const { return kept_bytes + packed_bytes; }  // held when resident
 };
-// Where each layer's tensors lie in the file, grouped into large aligned reads (tensors of one
-// layer are close together in GGUF files; gaps under 1 MiB are read rather than split). With a
+// Where each layer's tensors lie in the model's file(s), grouped into large aligned reads (tensors
+// of one layer are close together in GGUF files; gaps under 1 MiB are read rather than split;
+// a layer cut by a shard boundary of a split model is read from both files). With a
 // backend, also which matrices it repacks (token_embd never: rows are looked up in the file's
 // layout; a tied output is a repacked copy of it); without one, none.
 struct FileLayout {
@@ -89,6 +94,12 @@ struct FileLayout {
   UnitLayout globals;              // every tensor outside blk.*
 };
 Result<FileLayout> layout_of(const gguf::File& file, const backend::Backend* be = nullptr);
+// Where bytes [off, off + n) of file `file` land in a buffer laid out by `runs`; false when no
+// run holds them all.
+bool locate(const std::vector<ReadRun>& runs, uint32_t file, uint64_t off, uint64_t n, uint64_t* at);
+// A reader holding every file of the model (its shards, in order: file index = shard index),
+// checked to have the sizes `file` was parsed with (else the model changed while loading).
+Result<std::unique_ptr<FileReader>> open_reader(const gguf::File& file, const IoOptions& io);
 
 struct CpuPlan {
   PlanInput input;        // units = layers, bytes = file bytes (what a pass reads)

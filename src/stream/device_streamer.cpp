@@ -45,10 +45,8 @@ double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::d
 Result<uint64_t> offset_in_unit(const model::TensorRef& t, const gguf::File& f, const UnitLayout& u) {
   const gguf::TensorInfo* info = f.find_tensor(t.name);
   if (!info) return internal_error("stream: tensor " + t.name + " not in the file");
-  const uint64_t off = f.data_offset() + info->offset;
-  for (const ReadRun& r : u.runs) {
-    if (off >= r.offset && off + info->nbytes <= r.offset + r.len) return r.dst + (off - r.offset);
-  }
+  uint64_t at = 0;
+  if (locate(u.runs, info->shard, f.file_offset(*info), info->nbytes, &at)) return at;
   return internal_error("stream: tensor " + t.name + " is outside the reads of unit " + u.name);
 }
 
@@ -262,12 +260,8 @@ Result<std::unique_ptr<DeviceStreamer>> DeviceStreamer::create(const std::string
                             " blk.* layers, the model expects " + std::to_string(n_layer));
   }
   SLUICE_ASSIGN_OR_RETURN(s->plan_, plan_device(file, s->layout_, opts));
-  SLUICE_ASSIGN_OR_RETURN(s->reader_, FileReader::open(path, opts.io));
+  SLUICE_ASSIGN_OR_RETURN(s->reader_, open_reader(file, opts.io));
   FileReader& rd = *s->reader_;
-  if (rd.file_size() != file.file_size()) {
-    return io_error(path + ": the model file changed while loading (size " + std::to_string(file.file_size()) + " -> " +
-                    std::to_string(rd.file_size()) + ")");
-  }
   const Plan& plan = s->plan_.plan;
   const uint64_t align = host ? 1 : kWeightAlign;
 
@@ -334,7 +328,7 @@ Result<std::unique_ptr<DeviceStreamer>> DeviceStreamer::create(const std::string
       s->host_copy_[j] = dst;
       loaded += u.bytes;
       for (const ReadRun& r : u.runs) {
-        auto t = rd.submit(r.offset, r.len, dst + r.dst);
+        auto t = rd.submit(r.file, r.offset, r.len, dst + r.dst);
         if (!t.is_ok()) {
           st = t.status();
           break;
@@ -501,7 +495,7 @@ Status DeviceStreamer::submit_reads(int64_t force_upto) {
     st.submitted = Clock::now();
     ++c_read_;
     for (const ReadRun& r : u.runs) {
-      auto t = reader_->submit(r.offset, r.len, st.base + r.dst);
+      auto t = reader_->submit(r.file, r.offset, r.len, st.base + r.dst);
       if (!t.is_ok()) return fail(t.status());
       st.tickets.push_back(*t);
     }

@@ -34,24 +34,23 @@ AlignedRange align_range(uint64_t offset, uint64_t len) {
   return r;
 }
 
-Status FileReader::read(uint64_t offset, uint64_t len, void* dst) {
-  SLUICE_ASSIGN_OR_RETURN(Ticket t, submit(offset, len, dst));
-  return wait(t);
-}
-
 namespace {
 
 int64_t mtime_ns(const struct stat& st) { return int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec; }
 
 std::string errno_text(int e) { return std::string(std::strerror(e)); }
 
-Status check_request(const FileReader& r, uint64_t offset, uint64_t len, const void* dst) {
-  if (offset > r.file_size() || (offset == r.file_size() && len > 0)) {
-    return io_error(r.path() + ": read at offset " + std::to_string(offset) + " is beyond the end of the file (" +
-                    std::to_string(r.file_size()) + " bytes)");
+Status check_request(const FileReader& r, uint32_t file, uint64_t offset, uint64_t len, const void* dst) {
+  if (file >= r.n_files()) {
+    return invalid_argument(r.path() + ": read of file index " + std::to_string(file) + ", the reader holds " +
+                            std::to_string(r.n_files()) + " files");
   }
-  if (r.direct() && (offset % kIoAlign || len % kIoAlign || reinterpret_cast<uintptr_t>(dst) % kIoAlign)) {
-    return invalid_argument(r.path() + ": O_DIRECT read needs offset, length and buffer aligned to " +
+  if (offset > r.file_size(file) || (offset == r.file_size(file) && len > 0)) {
+    return io_error(r.path(file) + ": read at offset " + std::to_string(offset) + " is beyond the end of the file (" +
+                    std::to_string(r.file_size(file)) + " bytes)");
+  }
+  if (r.direct(file) && (offset % kIoAlign || len % kIoAlign || reinterpret_cast<uintptr_t>(dst) % kIoAlign)) {
+    return invalid_argument(r.path(file) + ": O_DIRECT read needs offset, length and buffer aligned to " +
                             std::to_string(kIoAlign) + " bytes");
   }
   return Status::ok();
@@ -60,6 +59,7 @@ Status check_request(const FileReader& r, uint64_t offset, uint64_t len, const v
 // One logical read, split into chunks that complete in any order. Guarded by the reader's mutex;
 // offset, expected and dst do not change after submit, so workers read them unlocked.
 struct Request {
+  uint32_t file = 0;      // index into the reader's files
   uint64_t offset = 0;
   uint64_t expected = 0;  // bytes inside the file
   uint64_t covered = 0;   // bytes requested: expected, rounded up to kIoAlign with O_DIRECT
@@ -96,6 +96,7 @@ std::string short_read_text(const std::string& path, uint64_t offset, uint64_t g
 // completion ring only by the completion thread (liburing allows this split across threads).
 class UringReader final : public FileReader {
  public:
+  using FileReader::submit;
   using FileReader::wait;
   explicit UringReader(const IoOptions& o) : opts_(o) {}
   ~UringReader() override {
@@ -117,7 +118,7 @@ class UringReader final : public FileReader {
       reaper_.join();
     }
     if (ring_ok_) io_uring_queue_exit(&ring_);
-    if (fd_ >= 0) ::close(fd_);
+    close_files();
   }
 
   Status init() {
@@ -128,15 +129,16 @@ class UringReader final : public FileReader {
     return Status::ok();
   }
 
-  Result<Ticket> submit(uint64_t offset, uint64_t len, void* dst) override {
-    SLUICE_RETURN_IF_ERROR(check_request(*this, offset, len, dst));
+  Result<Ticket> submit(uint32_t file, uint64_t offset, uint64_t len, void* dst) override {
+    SLUICE_RETURN_IF_ERROR(check_request(*this, file, offset, len, dst));
     std::lock_guard<std::mutex> lk(mu_);
     if (!ring_status_.is_ok()) return ring_status_;
     const Ticket t = next_ticket_++;
     Request& rq = requests_[t];
+    rq.file = file;
     rq.offset = offset;
-    rq.expected = expected_bytes(offset, len);
-    rq.covered = direct_ ? (rq.expected + kIoAlign - 1) / kIoAlign * kIoAlign : rq.expected;
+    rq.expected = expected_bytes(file, offset, len);
+    rq.covered = files_[file].direct ? (rq.expected + kIoAlign - 1) / kIoAlign * kIoAlign : rq.expected;
     rq.dst = static_cast<uint8_t*>(dst);
     split(t, rq, opts_.chunk_bytes, [&](Chunk c) { queue_.push_back(c); });
     pump();
@@ -146,7 +148,7 @@ class UringReader final : public FileReader {
   Status wait(Ticket t, Clock::time_point* completed) override {
     std::unique_lock<std::mutex> lk(mu_);
     auto it = requests_.find(t);
-    if (it == requests_.end()) return invalid_argument(path_ + ": unknown or already waited read ticket");
+    if (it == requests_.end()) return invalid_argument(path() + ": unknown or already waited read ticket");
     done_cv_.wait(lk, [&] { return it->second.pending_chunks == 0; });
     Status st = std::move(it->second.status);
     if (completed) *completed = it->second.completed;
@@ -173,7 +175,7 @@ class UringReader final : public FileReader {
       Chunk c = queue_.front();
       queue_.pop_front();
       Request& rq = requests_[c.ticket];
-      io_uring_prep_read(sqe, fd_, rq.dst + c.pos, unsigned(c.len), rq.offset + c.pos);
+      io_uring_prep_read(sqe, files_[rq.file].fd, rq.dst + c.pos, unsigned(c.len), rq.offset + c.pos);
       chunks_[next_chunk_id_] = c;
       io_uring_sqe_set_data64(sqe, next_chunk_id_++);
       ++inflight_;
@@ -190,7 +192,7 @@ class UringReader final : public FileReader {
       std::lock_guard<std::mutex> lk(mu_);
       if (rc < 0) {
         // The ring itself failed: fail every read still pending, and every later submit.
-        ring_status_ = io_error(path_ + ": io_uring wait failed: " + errno_text(-rc));
+        ring_status_ = io_error(path() + ": io_uring wait failed: " + errno_text(-rc));
         for (auto& [t, rq] : requests_) {
           if (rq.pending_chunks > 0 && rq.status.is_ok()) rq.status = ring_status_;
           rq.pending_chunks = 0;
@@ -223,18 +225,18 @@ class UringReader final : public FileReader {
     const uint64_t want = c.pos >= rq.expected ? 0 : std::min(c.len, rq.expected - c.pos);
     if (res < 0) {
       if (rq.status.is_ok()) {
-        rq.status = io_error(path_ + ": read of " + std::to_string(c.len) + " bytes at offset " +
+        rq.status = io_error(files_[rq.file].path + ": read of " + std::to_string(c.len) + " bytes at offset " +
                              std::to_string(rq.offset + c.pos) + " failed: " + errno_text(-res));
       }
     } else if (uint64_t(res) < want) {
       const uint64_t got = uint64_t(res);
-      if (got > 0 && rq.status.is_ok() && (!direct_ || got % kIoAlign == 0)) {
+      if (got > 0 && rq.status.is_ok() && (!files_[rq.file].direct || got % kIoAlign == 0)) {
         // A short read inside the file: read the rest (regular files rarely do this, but may).
         // The chunk stays pending.
         queue_.push_front({c.ticket, c.pos + got, c.len - got});
         return;
       }
-      if (rq.status.is_ok()) rq.status = io_error(short_read_text(path_, rq.offset + c.pos, got, want));
+      if (rq.status.is_ok()) rq.status = io_error(short_read_text(files_[rq.file].path, rq.offset + c.pos, got, want));
     }
     if (--rq.pending_chunks == 0) rq.completed = Clock::now();
   }
@@ -260,6 +262,7 @@ class UringReader final : public FileReader {
 // compute and the device still sees several requests at once.
 class PreadReader final : public FileReader {
  public:
+  using FileReader::submit;
   using FileReader::wait;
   explicit PreadReader(const IoOptions& o) : chunk_bytes_(o.chunk_bytes) {
     const uint32_t n = std::max<uint32_t>(1, std::min<uint32_t>(o.queue_depth, 4));
@@ -273,17 +276,18 @@ class PreadReader final : public FileReader {
     }
     cv_.notify_all();
     for (auto& w : workers_) w.join();  // a chunk being read finishes first
-    if (fd_ >= 0) ::close(fd_);
+    close_files();
   }
 
-  Result<Ticket> submit(uint64_t offset, uint64_t len, void* dst) override {
-    SLUICE_RETURN_IF_ERROR(check_request(*this, offset, len, dst));
+  Result<Ticket> submit(uint32_t file, uint64_t offset, uint64_t len, void* dst) override {
+    SLUICE_RETURN_IF_ERROR(check_request(*this, file, offset, len, dst));
     std::lock_guard<std::mutex> lk(mu_);
     const Ticket t = next_ticket_++;
     Request& rq = requests_[t];
+    rq.file = file;
     rq.offset = offset;
-    rq.expected = expected_bytes(offset, len);
-    rq.covered = direct_ ? (rq.expected + kIoAlign - 1) / kIoAlign * kIoAlign : rq.expected;
+    rq.expected = expected_bytes(file, offset, len);
+    rq.covered = files_[file].direct ? (rq.expected + kIoAlign - 1) / kIoAlign * kIoAlign : rq.expected;
     rq.dst = static_cast<uint8_t*>(dst);
     split(t, rq, chunk_bytes_, [&](Chunk c) { queue_.push_back({c, &rq}); });
     cv_.notify_all();
@@ -293,7 +297,7 @@ class PreadReader final : public FileReader {
   Status wait(Ticket t, Clock::time_point* completed) override {
     std::unique_lock<std::mutex> lk(mu_);
     auto it = requests_.find(t);
-    if (it == requests_.end()) return invalid_argument(path_ + ": unknown or already waited read ticket");
+    if (it == requests_.end()) return invalid_argument(path() + ": unknown or already waited read ticket");
     done_cv_.wait(lk, [&] { return it->second.pending_chunks == 0; });
     Status st = std::move(it->second.status);
     if (completed) *completed = it->second.completed;
@@ -336,14 +340,15 @@ class PreadReader final : public FileReader {
   Status do_read(const Request& rq, const Chunk& c) const {
     const uint64_t want = c.pos >= rq.expected ? 0 : std::min(c.len, rq.expected - c.pos);
     uint64_t done = 0;
+    const OpenFile& f = files_[rq.file];
     while (done < want) {
       const uint64_t at = c.pos + done;
-      ssize_t n = ::pread(fd_, rq.dst + at, c.len - done, off_t(rq.offset + at));
+      ssize_t n = ::pread(f.fd, rq.dst + at, c.len - done, off_t(rq.offset + at));
       if (n < 0) {
         if (errno == EINTR) continue;
-        return io_error(path_ + ": read at offset " + std::to_string(rq.offset + at) + " failed: " + errno_text(errno));
+        return io_error(f.path + ": read at offset " + std::to_string(rq.offset + at) + " failed: " + errno_text(errno));
       }
-      if (n == 0) return io_error(short_read_text(path_, rq.offset + c.pos, done, want));
+      if (n == 0) return io_error(short_read_text(f.path, rq.offset + c.pos, done, want));
       done += uint64_t(n);
     }
     return Status::ok();
@@ -361,36 +366,72 @@ class PreadReader final : public FileReader {
 
 }  // namespace
 
+void FileReader::close_files() {
+  for (OpenFile& f : files_) {
+    if (f.fd >= 0) ::close(f.fd);
+    f.fd = -1;
+  }
+}
+
+Status FileReader::read(uint64_t offset, uint64_t len, void* dst) {
+  SLUICE_ASSIGN_OR_RETURN(Ticket t, submit(offset, len, dst));
+  return wait(t);
+}
+
 Status FileReader::check_unchanged() const {
-  struct stat st {};
-  if (::fstat(fd_, &st) != 0) return io_error(path_ + ": stat failed: " + errno_text(errno));
-  struct stat by_path {};
-  const bool replaced = ::stat(path_.c_str(), &by_path) != 0 || by_path.st_ino != st.st_ino || by_path.st_dev != st.st_dev;
-  if (replaced || uint64_t(st.st_size) != size_ || mtime_ns(st) != mtime_ns_) {
-    return io_error(path_ + ": the model file changed while running (size " + std::to_string(size_) + " -> " +
-                    std::to_string(replaced ? by_path.st_size : st.st_size) + (replaced ? ", replaced" : "") +
-                    "); restart to load the new file");
+  for (const OpenFile& f : files_) {
+    struct stat st {};
+    if (::fstat(f.fd, &st) != 0) return io_error(f.path + ": stat failed: " + errno_text(errno));
+    struct stat by_path {};
+    const bool replaced =
+        ::stat(f.path.c_str(), &by_path) != 0 || by_path.st_ino != st.st_ino || by_path.st_dev != st.st_dev;
+    if (replaced || uint64_t(st.st_size) != f.size || mtime_ns(st) != f.mtime_ns) {
+      return io_error(f.path + ": the model file changed while running (size " + std::to_string(f.size) + " -> " +
+                      std::to_string(replaced ? by_path.st_size : st.st_size) + (replaced ? ", replaced" : "") +
+                      "); restart to load the new file");
+    }
   }
   return Status::ok();
 }
 
 Result<std::unique_ptr<FileReader>> FileReader::open(const std::string& path, const IoOptions& opts) {
+  return open(std::vector<std::string>{path}, opts);
+}
+
+Result<std::unique_ptr<FileReader>> FileReader::open(const std::vector<std::string>& paths, const IoOptions& opts) {
   // One io_uring request carries at most 2^32 - 1 bytes; 1 GiB is far beyond any useful chunk.
   if (opts.queue_depth == 0 || opts.chunk_bytes == 0 || opts.chunk_bytes % kIoAlign || opts.chunk_bytes > (1ull << 30)) {
     return invalid_argument("io: queue depth must be > 0 and chunk size a multiple of 4096 in (0, 1 GiB]");
   }
-  bool direct = opts.direct;
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0));
-  if (fd < 0 && direct && errno == EINVAL) {  // filesystem without O_DIRECT (tmpfs)
-    direct = false;
-    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  }
-  if (fd < 0) return io_error(path + ": cannot open: " + errno_text(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    int e = errno;
-    ::close(fd);
-    return io_error(path + ": stat failed: " + errno_text(e));
+  if (paths.empty()) return invalid_argument("io: no file to read");
+  std::vector<OpenFile> files;
+  auto close_all = [&] {
+    for (OpenFile& f : files) ::close(f.fd);
+  };
+  for (const std::string& path : paths) {
+    OpenFile f;
+    f.path = path;
+    f.direct = opts.direct;
+    f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | (f.direct ? O_DIRECT : 0));
+    if (f.fd < 0 && f.direct && errno == EINVAL) {  // filesystem without O_DIRECT (tmpfs)
+      f.direct = false;
+      f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    }
+    if (f.fd < 0) {
+      const int e = errno;
+      close_all();
+      return io_error(path + ": cannot open: " + errno_text(e));
+    }
+    struct stat st {};
+    if (::fstat(f.fd, &st) != 0) {
+      const int e = errno;
+      ::close(f.fd);
+      close_all();
+      return io_error(path + ": stat failed: " + errno_text(e));
+    }
+    f.size = uint64_t(st.st_size);
+    f.mtime_ns = mtime_ns(st);
+    files.push_back(std::move(f));
   }
   std::unique_ptr<FileReader> r;
   if (opts.kind != IoKind::kPread) {
@@ -399,17 +440,13 @@ Result<std::unique_ptr<FileReader>> FileReader::open(const std::string& path, co
     if (s.is_ok()) {
       r = std::move(u);
     } else if (opts.kind == IoKind::kUring) {
-      ::close(fd);
+      close_all();
       return s;
     }
   }
   if (!r) r = std::make_unique<PreadReader>(opts);
-  r->path_ = path;
-  r->fd_ = fd;
+  r->files_ = std::move(files);
   r->kind_ = dynamic_cast<UringReader*>(r.get()) ? IoKind::kUring : IoKind::kPread;
-  r->direct_ = direct;
-  r->size_ = uint64_t(st.st_size);
-  r->mtime_ns_ = mtime_ns(st);
   return r;
 }
 

@@ -1,4 +1,4 @@
-// Disk tier reader: byte ranges of one file into caller buffers, asynchronously, bypassing the
+// Disk tier reader: byte ranges of a model's files into caller buffers, asynchronously, bypassing the
 // page cache (O_DIRECT) so that the engine's own buffers, not the kernel's, decide what stays in
 // RAM. io_uring keeps several large requests in flight (NVMe needs queue depth to reach its
 // bandwidth); a small pool of pread worker threads is the fallback where io_uring is unavailable.
@@ -10,12 +10,20 @@
 //
 // O_DIRECT contract: destination, offset and length aligned to kIoAlign. align_range() turns
 // any byte range into the enclosing aligned one.
+//
+// Several files: a split model (gguf::File::shards()) is read through one reader that holds every
+// shard open; a read names its file by index (the shard index) and an offset inside that file,
+// and never spans two files. Each file is opened with O_DIRECT on its own (falling back to
+// buffered where its filesystem refuses), so alignment is per file; requests of all files share
+// one queue and its depth.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 
@@ -47,11 +55,16 @@ class FileReader {
   using Ticket = uint64_t;
   using Clock = std::chrono::steady_clock;
   virtual ~FileReader() = default;
+  // Opens every path (at least one); file index k in submit() is paths[k].
+  static Result<std::unique_ptr<FileReader>> open(const std::vector<std::string>& paths, const IoOptions& opts);
   static Result<std::unique_ptr<FileReader>> open(const std::string& path, const IoOptions& opts);
 
-  // Queues a read of [offset, offset + len) into dst (aligned as above when direct()). Bytes past
-  // the end of the file are not read; a range that starts beyond it is an error.
-  virtual Result<Ticket> submit(uint64_t offset, uint64_t len, void* dst) = 0;
+  // Queues a read of [offset, offset + len) of file `file` into dst (aligned as above when
+  // direct(file)). Bytes past the end of the file are not read; a range that starts beyond it, or
+  // a file index out of range, is an error.
+  virtual Result<Ticket> submit(uint32_t file, uint64_t offset, uint64_t len, void* dst) = 0;
+  // The same on file 0 (a reader of one file).
+  Result<Ticket> submit(uint64_t offset, uint64_t len, void* dst) { return submit(0, offset, len, dst); }
   // Blocks until the read completes; an I/O error or a short read inside the file is an error
   // naming file, offset and byte counts. Each ticket is waited for once. *completed (optional)
   // receives when the last byte arrived, which can be well before wait() was called (traces).
@@ -62,25 +75,34 @@ class FileReader {
   virtual bool is_done(Ticket t) = 0;
   Status read(uint64_t offset, uint64_t len, void* dst);
 
-  // Error if the file's size or modification time changed since open (model replaced while
-  // running): the engine must not compute on a mix of two files.
+  // Error if any file's size or modification time changed since open, or a path now names
+  // another file (model replaced while running): the engine must not compute on a mix of two
+  // files.
   Status check_unchanged() const;
 
   IoKind kind() const { return kind_; }
-  bool direct() const { return direct_; }
-  uint64_t file_size() const { return size_; }
-  const std::string& path() const { return path_; }
+  size_t n_files() const { return files_.size(); }
+  bool direct(uint32_t file = 0) const { return files_[file].direct; }
+  uint64_t file_size(uint32_t file = 0) const { return files_[file].size; }
+  const std::string& path(uint32_t file = 0) const { return files_[file].path; }
 
  protected:
+  struct OpenFile {
+    std::string path;
+    int fd = -1;
+    bool direct = false;
+    uint64_t size = 0;
+    int64_t mtime_ns = 0;
+  };
   FileReader() = default;
-  std::string path_;
-  int fd_ = -1;
+  void close_files();  // subclasses call it once no read is in flight
+  std::vector<OpenFile> files_;
   IoKind kind_ = IoKind::kPread;
-  bool direct_ = false;
-  uint64_t size_ = 0;
-  int64_t mtime_ns_ = 0;
   // Expected bytes of a read: what lies inside the file.
-  uint64_t expected_bytes(uint64_t offset, uint64_t len) const { return offset >= size_ ? 0 : std::min(len, size_ - offset); }
+  uint64_t expected_bytes(uint32_t file, uint64_t offset, uint64_t len) const {
+    const uint64_t size = files_[file].size;
+    return offset >= size ? 0 : std::min(len, size - offset);
+  }
 };
 
 }  // namespace sluice::stream

@@ -2,10 +2,18 @@
 // whose message names the input; never crash, read out of bounds, hang or over-allocate.
 // A parsed File is walked completely and checked against the reader's invariants, then
 // rewritten by the Writer and re-parsed, which must reproduce the same metadata and tensors.
+//
+// Split models: an input starting with "GSPL" is a set of shards (File::parse_shards, the checks
+// File::open applies to gguf-split's files): "GSPL", u8 n (1..4 shards), (n - 1) x u32 byte
+// lengths of the first n - 1 shards, then the shards' bytes back to back (the last takes the
+// rest). Each shard gets every single-file check; the set must be accepted only when its split
+// keys agree (split.no = position, split.count = n, split.tensors.count = the tensors found)
+// and no tensor name repeats, and each tensor's bytes must lie inside its own shard.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "gguf/gguf.h"
@@ -104,9 +112,75 @@ void round_trip(const File& f) {
   }
 }
 
+// A shard set: see the top of the file for the input layout.
+void fuzz_shards(const uint8_t* data, size_t size) {
+  size_t pos = 4;
+  if (size < pos + 1) return;
+  const size_t n = size_t(data[pos++] % 4) + 1;
+  struct Piece {
+    const uint8_t* p;
+    uint64_t n;
+  };
+  std::vector<Piece> pieces;
+  for (size_t k = 0; k + 1 < n; ++k) {
+    if (size - pos < 4) return;
+    uint32_t len = 0;
+    std::memcpy(&len, data + pos, 4);
+    pos += 4;
+    pieces.push_back({nullptr, len});
+  }
+  for (Piece& piece : pieces) {
+    if (piece.n > size - pos) return;
+    piece.p = data + pos;
+    pos += piece.n;
+  }
+  pieces.push_back({data + pos, size - pos});
+  std::vector<sluice::gguf::ShardBytes> shards;
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    shards.push_back({pieces[k].p, pieces[k].n, "shard" + std::to_string(k) + ".gguf"});
+  }
+  auto r = File::parse_shards(shards);
+  if (!r.is_ok()) {
+    const std::string& m = r.status().message();
+    if (m.rfind("shard", 0) != 0 || m.find(".gguf: ") == std::string::npos) {
+      violated("shard set error message does not start with a shard's name");
+    }
+    return;
+  }
+  const File& f = *r;
+  if (f.shards().empty()) violated("no shards");
+  if (f.shards().size() != 1 && f.shards().size() != pieces.size()) violated("shard count differs from the set");
+  if (f.is_split()) {
+    auto count = f.get_uint(sluice::gguf::kSplitCount);
+    auto total = f.get_int(sluice::gguf::kSplitTensorsCount);
+    if (!count.is_ok() || *count != pieces.size()) violated("split accepted with split.count != shards given");
+    if (!total.is_ok() || uint64_t(*total) != f.tensors().size()) violated("split accepted with a wrong tensor total");
+  }
+  volatile uint64_t sink = 0;
+  uint64_t counted = 0;
+  for (const auto& sh : f.shards()) counted += sh.n_tensors;
+  if (counted != f.tensors().size()) violated("shards' tensor counts do not add up");
+  for (const TensorInfo& t : f.tensors()) {
+    if (f.find_tensor(t.name) != &t) violated("find_tensor() does not return the tensor (duplicate across shards?)");
+    if (t.shard >= f.shards().size()) violated("tensor in a shard that does not exist");
+    const auto& sh = f.shards()[t.shard];
+    const Piece& piece = pieces[t.shard];
+    if (t.offset % sh.alignment != 0) violated("misaligned offset accepted in a shard");
+    if (f.file_offset(t) + t.nbytes > piece.n) violated("tensor past the end of its shard accepted");
+    const uint8_t* p = f.tensor_data(t);
+    if (p != piece.p + f.file_offset(t)) violated("tensor_data() points outside its shard");
+    sink = sink + p[0] + p[t.nbytes - 1];
+  }
+  for (const auto& kv : f.metadata()) sink = sink + walk(kv.value, 0);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size >= 4 && std::memcmp(data, "GSPL", 4) == 0) {
+    fuzz_shards(data, size);
+    return 0;
+  }
   auto r = File::parse(data, size, "fuzz.gguf");
   if (!r.is_ok()) {
     const std::string& m = r.status().message();

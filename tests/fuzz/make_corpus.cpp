@@ -1,5 +1,6 @@
 // Writes the fuzzer's seed corpus: small valid GGUF files covering every value type, nested
-// arrays, tensors of several formats and alignments, plus truncated and byte-flipped variants.
+// arrays, tensors of several formats and alignments, plus truncated and byte-flipped variants,
+// and shard sets of a split model (gguf_fuzz.cpp's "GSPL" inputs).
 // Usage: gguf_make_corpus DIR   (the committed corpus is tests/fuzz/corpus/)
 #include <cstdio>
 #include <fstream>
@@ -78,6 +79,41 @@ Writer model_like(uint64_t alignment) {
   return w;
 }
 
+// A split model's shards as gguf-split writes them: the first carries the metadata, every shard
+// split.no, split.tensors.count, split.count; `groups` tensors (model_like's) per shard.
+std::vector<std::vector<uint8_t>> split_model(const std::vector<int>& groups, uint64_t seed) {
+  const Writer whole = model_like(32);
+  const auto& all = whole.tensors();
+  std::vector<std::vector<uint8_t>> out;
+  size_t next = 0;
+  for (size_t k = 0; k < groups.size(); ++k) {
+    Writer w;
+    if (k == 0) {
+      for (const auto& kv : whole.metadata()) w.add(kv.key, kv.value);
+    }
+    w.add("split.no", Value::u16(static_cast<uint16_t>(k)));
+    w.add("split.tensors.count", Value::i32(static_cast<int32_t>(all.size())));
+    w.add("split.count", Value::u16(static_cast<uint16_t>(groups.size())));
+    for (int i = 0; i < groups[k] && next < all.size(); ++i, ++next) {
+      if (!w.add_tensor(all[next].name, all[next].type, all[next].shape).is_ok()) std::exit(1);
+    }
+    out.push_back(render(w, seed + k));
+  }
+  return out;
+}
+
+// The fuzzer's shard-set input: "GSPL", u8 count, u32 lengths of all but the last, the bytes.
+std::vector<uint8_t> shard_set(const std::vector<std::vector<uint8_t>>& shards) {
+  std::vector<uint8_t> out = {'G', 'S', 'P', 'L', static_cast<uint8_t>(shards.size() - 1)};
+  for (size_t k = 0; k + 1 < shards.size(); ++k) {
+    const auto n = static_cast<uint32_t>(shards[k].size());
+    const auto* p = reinterpret_cast<const uint8_t*>(&n);
+    out.insert(out.end(), p, p + 4);
+  }
+  for (const auto& s : shards) out.insert(out.end(), s.begin(), s.end());
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -115,5 +151,12 @@ int main(int argc, char** argv) {
     for (int k = 0; k < 3; ++k) b[rng() % 600] ^= static_cast<uint8_t>(1u << (rng() % 8));
     save(dir, "model_flipped" + std::to_string(i) + ".gguf", b);
   }
+
+  // Shard sets (split models): valid 3- and 2-shard splits, the shards out of order, one missing.
+  const auto three = split_model({2, 2, 1}, 7);
+  save(dir, "split3.gguf", shard_set(three));
+  save(dir, "split2.gguf", shard_set(split_model({3, 2}, 8)));
+  save(dir, "split3_swapped.gguf", shard_set({three[0], three[2], three[1]}));
+  save(dir, "split3_missing.gguf", shard_set({three[0], three[1]}));
   return 0;
 }

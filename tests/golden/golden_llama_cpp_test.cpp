@@ -5,6 +5,10 @@
 // and top-2 gap, its full logits at the first generated position, and its own numerical noise:
 // the largest logit difference over the top-8 ids between its two attention paths (flash
 // attention on vs off), both correct, which differ only in summation order and rounding.
+// Models: SmolLM2-135M Q4_1 as published; the same requantized by llama-quantize into Q4_K_M,
+// Q5_K_M, Q6_K, Q8_0 and Q2_K (GoldenRequantized: the test writes each file itself with
+// golden/llama_quantize.h and checks it is the fixture's, by sha256); synthetic models of the
+// other architectures and formats (GoldenSynth, written by `sluice synth`).
 //
 // Pass criteria, checked at EVERY generated position by teacher forcing (our model is fed
 // llama.cpp's tokens, so one early near-tie does not end the comparison). Let noise(p) be
@@ -41,11 +45,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "app/commands.h"
+#include "golden/llama_quantize.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
@@ -111,8 +117,12 @@ int argmax(const float* v, int n) { return int(std::max_element(v, v + n) - v); 
 
 // Runs every case of a fixture against the model at `path` and reports the agreement figures.
 // literal_exemption: empty to enforce the literal rule on free-running continuations
-// (identical, or the first differing position is a llama.cpp top-2 gap below kNearTie = 1e-2);
-// otherwise the reason it cannot hold, and only the noise-calibrated rule is enforced.
+// (identical, or the first differing position is a llama.cpp top-2 gap below kNearTie = 1e-2)
+// and top-1 agreement at every first position; otherwise the reason it cannot hold, and only the
+// noise-calibrated rule is enforced (a first-position top-1 may then differ at a near-tie, as any
+// greedy token may). tol_factor: tol = tol_factor x the prompt's largest llama.cpp noise.
+// allowed_logit_outliers: positions (in all) whose top-8 logits may exceed the bound; see below.
+//
 // Mixtures of experts: where a token's router has a near-tie between its last chosen expert and the
 // next, a last-bit difference in the router's input switches one expert of one layer, which moves
 // that position's logits by tenths (measured: 0.42 and 0.95 at one position each of two quantized
@@ -122,7 +132,8 @@ int argmax(const float* v, int n) { return int(std::max_element(v, v + n) - v); 
 constexpr int kMoeRouterFlipPositions = 2;
 
 void check_model_against_golden(const std::string& path, const Golden& g, bool check_tokenizer,
-                                const std::string& literal_exemption, int allowed_logit_outliers = 0) {
+                                const std::string& literal_exemption, float tol_factor = 2.0f,
+                                int allowed_logit_outliers = 0) {
   auto file = gguf::File::open(path);
   ASSERT_TRUE(file.is_ok()) << file.status().message();
   auto tok = model::Tokenizer::from_gguf(*file);
@@ -160,11 +171,16 @@ void check_model_against_golden(const std::string& path, const Golden& g, bool c
       sq += double(logits[i] - ref[i]) * double(logits[i] - ref[i]);
       worst_first_max = std::max(worst_first_max, std::fabs(logits[i] - ref[i]));
     }
-    const float tol = 2.0f * *std::max_element(c.noise.begin(), c.noise.end());
+    const float tol = tol_factor * *std::max_element(c.noise.begin(), c.noise.end());
     const float rms = float(std::sqrt(sq / nv));
     worst_rms = std::max(worst_rms, rms);
     EXPECT_LE(rms, std::max(kMinLogitTol, tol) / 2) << "first-position logits: RMS difference from llama.cpp";
-    if (argmax(logits.data(), nv) == argmax(ref, nv)) ++top1_first;
+    if (argmax(logits.data(), nv) == argmax(ref, nv)) {
+      ++top1_first;
+    } else if (!literal_exemption.empty()) {
+      EXPECT_LT(c.gaps[0], std::max(kNearTie, 2 * c.noise[0]))
+          << "first-position top-1 differs where llama.cpp's top-2 gap " << c.gaps[0] << " is not a near-tie";
+    }
     for (size_t step = 0; step < c.tokens.size(); ++step) {
       if (step > 0) {
         const int32_t prev = c.tokens[step - 1];
@@ -240,7 +256,9 @@ void check_model_against_golden(const std::string& path, const Golden& g, bool c
   std::printf("[golden]   first divergences (prompt#position gap): %s; literal rule (gap < 1e-2): %s\n",
               gap_list.empty() ? "none" : gap_list.c_str(),
               literal_exemption.empty() ? "enforced" : ("not enforced: " + literal_exemption).c_str());
-  EXPECT_EQ(top1_first, int(g.cases.size()));
+  if (literal_exemption.empty()) {
+    EXPECT_EQ(top1_first, int(g.cases.size()));
+  }
 }
 
 // Where the literal rule cannot hold, and why: each format's dot products on the default CPU path
@@ -324,7 +342,7 @@ TEST_P(GoldenSynth, MatchesLlamaCpp) {
                                              << " no longer writes the file the fixture was made from; regenerate "
                                                 "fixtures with tools/golden/make_fixtures.sh";
   const int outliers = GetParam().rfind("moe-", 0) == 0 ? kMoeRouterFlipPositions : 0;
-  check_model_against_golden(path, g, /*check_tokenizer=*/true, literal_exemption(GetParam()), outliers);
+  check_model_against_golden(path, g, /*check_tokenizer=*/true, literal_exemption(GetParam()), 2.0f, outliers);
   std::filesystem::remove_all(dir);
 }
 
@@ -332,7 +350,7 @@ std::vector<std::string> synth_fixtures() {
   std::vector<std::string> names;
   for (const auto& e : std::filesystem::directory_iterator(test::fixture_path("golden"))) {
     const std::string f = e.path().filename().string();
-    if (e.path().extension() == ".json" && f != "smollm2.json") names.push_back(e.path().stem().string());
+    if (e.path().extension() == ".json" && f.rfind("smollm2", 0) != 0) names.push_back(e.path().stem().string());
   }
   std::sort(names.begin(), names.end());
   return names;
@@ -343,6 +361,76 @@ INSTANTIATE_TEST_SUITE_P(Models, GoldenSynth, ::testing::ValuesIn(synth_fixtures
   for (char& c : n) if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
   return n;
 });
+
+// Real weights in the K-quant formats: SmolLM2 Q4_1 requantized by llama-quantize (the command
+// is in each fixture's "requantize"; tools/golden/make_fixtures.sh). CI has no llama.cpp, so the
+// test writes the same file with tests/golden/llama_quantize.h and checks its sha256 against the
+// one the fixture recorded: the model compared is byte for byte the one llama.cpp ran.
+struct RequantCase {
+  const char* name;  // fixture smollm2-<name>
+  test::llama_quantize::Ftype ftype;
+};
+class GoldenRequantized : public ::testing::TestWithParam<RequantCase> {};
+
+// Why the literal 1e-2 rule cannot hold on these fixtures (measured). They were made on a 2-core
+// x86 VM without AVX-512 (the fixtures' "cpu"); there sluice's AVX2 kernels reproduce llama.cpp's
+// first-position logits bit for bit on some prompts (Q8_0: prompts 0 and 2) but not on others
+// (its prefill goes through other kernels, e.g. tinyBLAS), and SmolLM2 amplifies last-bit
+// differences to tenths of a logit: every format's free-running continuations first diverge at
+// top-2 gaps of 0.02-0.38 (Q4_K_M 0.06-0.15, Q5_K_M 0.02-0.38, Q6_K 0.008-0.15, Q8_0 0.03-0.27,
+// Q2_K 0.04-0.26), where llama.cpp's own flash-attention-on/off noise is of the same size, and all
+// are near-ties by the noise rule. On AVX-512 CPUs the kernels differ from the fixtures' AVX2 ones.
+std::string requant_literal_exemption() {
+  return "fixtures made with llama.cpp's AVX2 kernels, whose f32 order sluice's kernels follow only in part; "
+         "first divergences at gaps up to 0.38, all near-ties by the noise rule";
+}
+// The top-8 logit tolerance for these fixtures: 3x the prompt's largest llama.cpp noise, not 2x.
+// Measured (teacher-forced top-8 logits, largest |difference| over a prompt's positions divided by
+// that prompt's largest llama.cpp noise): sluice AVX2 vs llama.cpp 1.33 (Q4_K_M), 1.72 (Q5_K_M),
+// 2.09 (Q6_K), 1.70 (Q8_0), 1.45 (Q2_K); sluice's own two correct kernel families, AVX2 vs the
+// scalar reference, differ by up to 1.20, 1.74, 2.91, 1.81, 1.23: the 2x of the Q4_1 test is
+// tighter than two orders of the same sums on this model's Q6_K layers.
+constexpr float kRequantTolFactor = 3.0f;
+
+TEST_P(GoldenRequantized, MatchesLlamaCpp) {
+  const std::string src = test::model_path(test::kSmolLM2);
+  SLUICE_REQUIRE_MODEL(src);
+  const std::string name = std::string("smollm2-") + GetParam().name;
+  Golden g = load_golden(name);
+  ASSERT_FALSE(g.cases.empty());
+  auto in = gguf::File::open(src);
+  ASSERT_TRUE(in.is_ok()) << in.status().message();
+  const std::string dir = (std::filesystem::temp_directory_path() / ("sluice-requant-" + std::to_string(::getpid()))).string();
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/" + name + ".gguf";
+  const Status st = test::llama_quantize::requantize(*in, GetParam().ftype, path);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  ASSERT_EQ(sha256_of(path), g.model_sha256)
+      << "tests/golden/llama_quantize.h no longer writes the file llama-quantize wrote for this fixture; it must "
+         "reproduce llama.cpp's quantizers bit for bit";
+  {
+    auto out = gguf::File::open(path);
+    ASSERT_TRUE(out.is_ok()) << out.status().message();
+    std::map<std::string, int> types;
+    for (const auto& t : out->tensors()) {
+      if (t.shape.size() > 1) ++types[quant::type_name(t.type)];
+    }
+    std::string mix;
+    for (const auto& [t, n] : types) mix += (mix.empty() ? "" : ", ") + std::to_string(n) + " " + t;
+    std::printf("[golden] %s (%s): matrices %s\n", name.c_str(), test::llama_quantize::ftype_name(GetParam().ftype),
+                mix.c_str());
+  }
+  check_model_against_golden(path, g, /*check_tokenizer=*/true, requant_literal_exemption(), kRequantTolFactor);
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(SmolLM2, GoldenRequantized,
+                         ::testing::Values(RequantCase{"q4_k_m", test::llama_quantize::Ftype::kQ4_K_M},
+                                           RequantCase{"q5_k_m", test::llama_quantize::Ftype::kQ5_K_M},
+                                           RequantCase{"q6_k", test::llama_quantize::Ftype::kQ6_K},
+                                           RequantCase{"q8_0", test::llama_quantize::Ftype::kQ8_0},
+                                           RequantCase{"q2_k", test::llama_quantize::Ftype::kQ2_K}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace sluice

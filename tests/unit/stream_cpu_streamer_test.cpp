@@ -1,7 +1,8 @@
 // CPU streaming: greedy output and logits of a streamed model (RAM budget a quarter of the weights
 // or the minimum, 2 and 3 slots) against the all-resident model, with the CPU's packed layout on
 // (the default: streamed layers are repacked as resident ones are) and off, on SmolLM2-135M and on
-// synthetic K-quant / Q8_0 models; budget-too-small and file truncated-while-running errors.
+// synthetic K-quant / Q8_0 models, and on a split model (gguf-split shards, layers cut by shard
+// boundaries) against its single file; budget-too-small and file truncated-while-running errors.
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "stream/cpu_streamer.h"
+#include "gguf_split_util.h"
 #include "model_test_util.h"
 #include "synthetic_model.h"
 #include "test_util.h"
@@ -223,6 +225,58 @@ TEST(StreamCpuPacked, LoadProgressCoversTheResidentBytes) {
   }
   EXPECT_GE(resident, 1);  // two layers' worth of budget; repacked layers may be larger
   EXPECT_GE(total, want);
+  std::filesystem::remove(path);
+}
+
+// A split model (gguf-split's layout, written by tests/gguf_split_util.h): 3 shards whose
+// boundaries fall inside layers 2 and 4, so those layers are read from two files. Resident and
+// streamed runs of the split model give the single file's tokens and first logits bit for bit
+// (the packed layout on, as by default); a shard changed while running stops the next token.
+TEST(StreamCpuPacked, SplitModelMatchesSingleFile) {
+  const std::vector<int32_t> prompt = {1, 5, 9, 17, 33, 2, 64, 80, 3};
+  const std::string path = write_synthetic("split", kKQuants);
+  auto single = gguf::File::open(path);
+  ASSERT_TRUE(single.is_ok()) << single.status().message();
+  const std::string prefix = path.substr(0, path.size() - 5) + "_shard";
+  auto shards = test::write_gguf_split(*single, prefix, 20);  // 57 tensors: 20 + 20 + 17
+  ASSERT_TRUE(shards.is_ok()) << shards.status().message();
+  ASSERT_EQ(shards->size(), 3u);
+  const std::string first = shards->front();
+
+  const FileLayout layout = cpu_layout(first, true);
+  for (int l : {2, 4}) {
+    const auto& runs = layout.layers[size_t(l)].runs;
+    EXPECT_TRUE(std::any_of(runs.begin(), runs.end(), [&](const ReadRun& r) { return r.file != runs.front().file; }))
+        << "layer " << l << " should be read from two shards";
+  }
+  const GreedyRun ref = resident_run(path, prompt, 8, true);
+  ASSERT_EQ(ref.tokens.size(), 8u);
+  const GreedyRun resident = resident_run(first, prompt, 8, true);
+  EXPECT_EQ(resident.tokens, ref.tokens);
+  EXPECT_EQ(resident.first_logits, ref.first_logits);
+  for (int slots : {2, 3}) {
+    SCOPED_TRACE(std::to_string(slots) + " slots");
+    CpuLayerStreamer* s = nullptr;
+    auto m = load_streamed(first, min_ram_budget(layout, slots), slots, &s);
+    ASSERT_TRUE(m.is_ok()) << m.status().message();
+    EXPECT_GT(s->plan().plan.disk_bytes, 0u) << "the budget must force streaming";
+    EXPECT_EQ(s->reader().n_files(), 3u);
+    const GreedyRun got = test::greedy_run(**m, prompt, 8);
+    EXPECT_EQ(got.tokens, ref.tokens);
+    EXPECT_EQ(got.first_logits, ref.first_logits);
+  }
+  {
+    auto m = load_streamed(first, min_ram_budget(layout, 2), 2, nullptr);
+    ASSERT_TRUE(m.is_ok()) << m.status().message();
+    std::vector<float> logits(size_t((*m)->n_vocab()));
+    ASSERT_TRUE((*m)->eval(std::vector<int32_t>{1, 2}, logits).is_ok());
+    std::filesystem::resize_file((*shards)[2], std::filesystem::file_size((*shards)[2]) - 4096);
+    const Status st = (*m)->eval(std::vector<int32_t>{3}, logits);
+    EXPECT_EQ(st.code(), ErrorCode::kIo);
+    EXPECT_NE(st.message().find((*shards)[2] + ": the model file changed while running"), std::string::npos)
+        << st.message();
+  }
+  for (const auto& p : *shards) std::filesystem::remove(p);
   std::filesystem::remove(path);
 }
 

@@ -3,7 +3,8 @@
 // slots) identical to the all-resident run, on a small quantized synthetic model and on SmolLM2;
 // the planner's placement under a VRAM budget; a backend whose copies run late (only when a mark
 // is waited for), so a missing compute_wait or a staging buffer overwritten before its copy shows
-// as wrong bytes; errors (budgets too small, slots < 2, host backend without opt-in, file changed).
+// as wrong bytes; a split model (gguf-split shards) against its single file; errors (budgets too
+// small, slots < 2, host backend without opt-in, file changed).
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include "model/model.h"
 #include "model/weights.h"
 #include "stream/device_streamer.h"
+#include "gguf_split_util.h"
 #include "model_test_util.h"
 #include "synthetic_model.h"
 #include "test_util.h"
@@ -123,6 +125,24 @@ const std::vector<std::vector<Home>> kSyntheticMixes = {
 TEST(StreamDevice, SyntheticEveryTierMixMatchesResident) {
   const std::string path = write_synthetic("mix");
   check_mixes(path, kSyntheticMixes, {1, 5, 9, 17, 33, 2, 64, 80, 3});
+  std::filesystem::remove(path);
+}
+
+// A split model (3 gguf-split shards, boundaries inside layers 2 and 4): every tier mix reads each
+// tensor from its shard and gives the single file's tokens and logits.
+TEST(StreamDevice, SplitModelEveryTierMixMatchesSingleFile) {
+  const std::vector<int32_t> prompt = {1, 5, 9, 17, 33, 2, 64, 80, 3};
+  const std::string path = write_synthetic("split");
+  auto single = gguf::File::open(path);
+  ASSERT_TRUE(single.is_ok()) << single.status().message();
+  auto shards = test::write_gguf_split(*single, path.substr(0, path.size() - 5) + "_shard", 20);
+  ASSERT_TRUE(shards.is_ok()) << shards.status().message();
+  ASSERT_EQ(shards->size(), 3u);
+  const GreedyRun ref = resident_run(path, prompt, 8), split = resident_run(shards->front(), prompt, 8);
+  EXPECT_EQ(split.tokens, ref.tokens);
+  EXPECT_EQ(split.first_logits, ref.first_logits);
+  check_mixes(shards->front(), {{C, C, C, C, C, C}, {A, C, B, C, B, A}}, prompt);
+  for (const auto& p : *shards) std::filesystem::remove(p);
   std::filesystem::remove(path);
 }
 

@@ -1,5 +1,6 @@
 // The disk-tier reader against plain file contents: every backend (io_uring, pread), direct and
-// buffered, aligned ranges, many requests in flight, and the faults (short read, file changed).
+// buffered, aligned ranges, many requests in flight, several files through one reader (split
+// models), and the faults (short read, file changed).
 #include "stream/io.h"
 
 #include <gtest/gtest.h>
@@ -142,6 +143,74 @@ TEST_P(StreamIo, ShortReadAndChangedFileAreErrors) {
   Status c = r->check_unchanged();
   ASSERT_FALSE(c.is_ok());
   EXPECT_NE(c.message().find("changed while running"), std::string::npos) << c.message();
+}
+
+// Several files through one reader (the shards of a split model): reads name their file, run
+// interleaved in one queue, land with each file's bytes; a file index out of range, a read past
+// the end of the shorter file and a change to the second file are errors naming that file.
+TEST_P(StreamIo, SeveralFilesThroughOneReader) {
+  const std::string second = path_ + ".second";
+  std::vector<uint8_t> other(size_t(3) * 1024 * 1024 + 777);
+  std::mt19937_64 rng(test::test_seed() + 2);
+  for (auto& b : other) b = uint8_t(rng());
+  std::ofstream(second, std::ios::binary).write(reinterpret_cast<const char*>(other.data()), std::streamsize(other.size()));
+  IoOptions o;
+  o.kind = std::get<0>(GetParam());
+  o.direct = std::get<1>(GetParam());
+  o.chunk_bytes = 256 * 1024;
+  o.queue_depth = 4;
+  auto opened = FileReader::open(std::vector<std::string>{path_, second}, o);
+  if (!opened.is_ok()) {
+    std::filesystem::remove(second);
+    ASSERT_EQ(o.kind, IoKind::kUring) << opened.status().message();
+    GTEST_SKIP() << "io_uring not available on this kernel";
+  }
+  FileReader& r = **opened;
+  ASSERT_EQ(r.n_files(), 2u);
+  EXPECT_EQ(r.file_size(0), data_.size());
+  EXPECT_EQ(r.file_size(1), other.size());
+  EXPECT_EQ(r.path(1), second);
+  const std::vector<uint8_t>* files[] = {&data_, &other};
+  struct Read {
+    uint32_t file;
+    AlignedRange a;
+    uint64_t off, len;
+    std::unique_ptr<AlignedBuf> buf;
+    FileReader::Ticket t;
+  };
+  std::vector<Read> reads;
+  for (int i = 0; i < 24; ++i) {
+    Read rd;
+    rd.file = uint32_t(i % 2);
+    const uint64_t size = files[rd.file]->size();
+    rd.off = rng() % size;
+    rd.len = 1 + rng() % std::min<uint64_t>(size - rd.off, 1 << 20);
+    rd.a = align_range(rd.off, rd.len);
+    rd.buf = std::make_unique<AlignedBuf>(rd.a.len);
+    auto t = r.submit(rd.file, rd.a.offset, rd.a.len, rd.buf->p);
+    ASSERT_TRUE(t.is_ok()) << t.status().message();
+    rd.t = *t;
+    reads.push_back(std::move(rd));
+  }
+  for (auto& rd : reads) {
+    ASSERT_TRUE(r.wait(rd.t).is_ok());
+    ASSERT_EQ(0, std::memcmp(rd.buf->p + rd.a.skip, files[rd.file]->data() + rd.off, rd.len))
+        << "file " << rd.file << " offset " << rd.off;
+  }
+  AlignedBuf buf(kIoAlign);
+  auto bad = r.submit(2, 0, kIoAlign, buf.p);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("file index 2"), std::string::npos) << bad.status().message();
+  // Inside the first file, beyond the end of the second.
+  auto beyond = r.submit(1, (other.size() / kIoAlign + 1) * kIoAlign, kIoAlign, buf.p);
+  ASSERT_FALSE(beyond.is_ok());
+  EXPECT_NE(beyond.status().message().find(second + ": read at offset"), std::string::npos)
+      << beyond.status().message();
+  EXPECT_TRUE(r.check_unchanged().is_ok());
+  std::filesystem::resize_file(second, 1 << 20);
+  const Status c = r.check_unchanged();
+  EXPECT_NE(c.message().find(second + ": the model file changed while running"), std::string::npos) << c.message();
+  std::filesystem::remove(second);
 }
 
 INSTANTIATE_TEST_SUITE_P(Readers, StreamIo,

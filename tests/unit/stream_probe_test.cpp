@@ -140,15 +140,18 @@ TEST_F(StreamProbe, BadOptionsAndMissingFileAreErrors) {
 // time), and reports that instant as its completion. Counts reads submitted and not yet waited.
 class StubReader final : public FileReader {
  public:
+  using FileReader::submit;
   using FileReader::wait;
   StubReader(uint64_t size, std::chrono::milliseconds latency, bool serial) : latency_(latency), serial_(serial) {
-    path_ = "stub";
-    size_ = size;
-    direct_ = true;
+    OpenFile f;
+    f.path = "stub";
+    f.size = size;
+    f.direct = true;
+    files_.push_back(f);
     kind_ = IoKind::kUring;
   }
-  Result<Ticket> submit(uint64_t offset, uint64_t len, void*) override {
-    if (offset + len > size_) return io_error("stub: read beyond the end");
+  Result<Ticket> submit(uint32_t file, uint64_t offset, uint64_t len, void*) override {
+    if (file != 0 || offset + len > file_size()) return io_error("stub: read beyond the end");
     std::lock_guard<std::mutex> lk(mu_);
     const Clock::time_point start = serial_ ? std::max(Clock::now(), last_done_) : Clock::now();
     last_done_ = start + latency_;

@@ -7,7 +7,10 @@
 #   cmake -S llama_cpp_python-0.3.36/vendor/llama.cpp -B build-cpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
 #     -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF
 #   cmake --build build-cpu --target llama llama-quantize
-# usage: tools/golden/make_fixtures.sh LLAMA_CPP_SRC LLAMA_CPP_BUILD [SLUICE_BIN]
+# usage: tools/golden/make_fixtures.sh LLAMA_CPP_SRC LLAMA_CPP_BUILD [SLUICE_BIN] [WHICH]
+#   WHICH: all (default), smollm2 (the Q4_1 model as published), requant (SmolLM2 requantized by
+#   llama-quantize into the formats below), synth (tools/golden/synth_models.txt). Fixtures are
+#   made once, on one machine: regenerating a set on another CPU changes llama.cpp's f32 order.
 # ONLY=REGEX regenerates only the fixtures whose name matches (e.g. ONLY='moe' for the MoE models),
 # leaving the others as committed.
 set -euo pipefail
@@ -16,9 +19,12 @@ root=$(cd "$here/../.." && pwd)
 src=${1:?llama.cpp source dir}
 bld=${2:?llama.cpp build dir}
 sluice=${3:-$root/build/bin/sluice}
+which=${4:-all}
 out=$root/tests/fixtures/golden
 mkdir -p "$out"
-tool=$bld/llama_fixture
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+tool=$tmp/llama_fixture  # not in the llama.cpp build: several checkouts may share one build
 libs=$(find "$bld" -name 'libllama.a' -o -name 'libggml*.a' | sort -r | tr '\n' ' ')
 g++ -O2 -std=c++17 -I"$src/include" -I"$src/ggml/include" "$here/llama_fixture.cpp" \
   -Wl,--start-group $libs -Wl,--end-group -fopenmp -lpthread -ldl -o "$tool"
@@ -38,14 +44,43 @@ PY
   echo "fixture $1: $(basename "$2")"
 }
 
-gen smollm2 "$root/models/smollm2-135m-instruct-q4_1.gguf" "$here/prompts_smollm2.txt" 64
+smollm2=$root/models/smollm2-135m-instruct-q4_1.gguf
+if [ "$which" = all ] || [ "$which" = smollm2 ]; then
+  gen smollm2 "$smollm2" "$here/prompts_smollm2.txt" 64
+fi
+
+# Real weights in the K-quant formats: SmolLM2 Q4_1 requantized by llama.cpp's quantize tool,
+# exactly (2 threads; the output does not depend on them):
+#   llama-quantize --allow-requantize smollm2-135m-instruct-q4_1.gguf smollm2-<ftype>.gguf <FTYPE> 2
+# The files (88-145 MB) are not committed: the golden test writes the same bytes with
+# tests/golden/llama_quantize.h (a port of llama-quantize's type choice and ggml's reference
+# quantizers) and checks the sha256 recorded here before comparing. Each fixture records the
+# command ("requantize"), the source's sha256 and the CPU flags llama.cpp ran with ("cpu").
+if [ "$which" = all ] || [ "$which" = requant ]; then
+  cpu=$(grep -q ' avx512f ' /proc/cpuinfo && echo "x86-64 AVX-512" || echo "x86-64 AVX2 (no AVX-512)")
+  for ftype in Q4_K_M Q5_K_M Q6_K Q8_0 Q2_K; do
+    name=smollm2-$(echo "$ftype" | tr 'A-Z' 'a-z')
+    model=$tmp/$name.gguf
+    "$bld/bin/llama-quantize" --allow-requantize "$smollm2" "$model" "$ftype" 2 >"$tmp/$name.log" 2>&1 ||
+      { cat "$tmp/$name.log" >&2; exit 1; }
+    gen "$name" "$model" "$here/prompts_smollm2.txt" 64
+    python3 - "$out/$name.json" "$ftype" "$(basename "$smollm2")" "$(sha256sum "$smollm2" | cut -d' ' -f1)" "$cpu" <<'PY'
+import json, sys
+p, ftype, src, src_sha, cpu = sys.argv[1:]
+d = json.load(open(p))
+d["requantize"] = f"llama-quantize --allow-requantize {src} {d['model']} {ftype} 2"
+d["source_sha256"] = src_sha
+d["cpu"] = cpu
+json.dump(d, open(p, "w"), separators=(",", ":"))
+PY
+  done
+fi
 
 # Synthetic random-weight models of the other architectures and formats, written
 # deterministically by `sluice synth --seed` (the golden test regenerates them and checks the
 # sha256 recorded here before comparing).
+if [ "$which" != all ] && [ "$which" != synth ]; then exit 0; fi
 [ -f "$here/synth_models.txt" ] || exit 0
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
 while read -r name args; do
   [ -z "$name" ] && continue
   case "$name" in \#*) continue ;; esac
