@@ -19,7 +19,7 @@
 #   --quick         benchmarks without the 128256-row output matrix.
 #   --bench-arg A   pass A to bench_gpu_gemv (e.g. --variants; repeatable).
 #   --out DIR       logs, CSV and the summary (default: $OUT if set, else out/gpu-check).
-#   --skip STEP     skip a step: build, test, memcheck, bench, model, profile, cpu, hybrid, stream (repeatable).
+#   --skip STEP     skip a step: build, test, memcheck, bench, model, profile, cpu, hybrid, moe, stream (repeatable).
 #
 # On the lent GPU machine (no package registry) the measured runs used scripts/gpu-kit.sh: `pack`
 # here (Debian build deps as .deb, fio, llama.cpp's source), `build` there (static sluice, GPU
@@ -294,6 +294,38 @@ step_hybrid() {
   record hybrid ok "$OUT_DIR/hybrid.txt"
 }
 
+# Mixtures of experts (docs/STREAMING.md, "Mixture of experts"): Mixtral-8x7B shape with 12 GiB
+# free and Qwen3-30B-A3B shape with 8 GiB free, sluice's miss policies against llama.cpp's
+# --n-cpu-moe; the Qwen3 shape CPU only; a Zipf 1.0 router with the expert cache capped.
+step_moe() {
+  [[ -x "$SLUICE_BIN" ]] || { record moe skipped "no sluice binary"; return; }
+  local hold=/tmp/sluice-vram-hold dir="$OUT_DIR/moe" mix=/dev/shm/sluice-mixtral.gguf q3=/dev/shm/sluice-qwen3-30b.gguf
+  local qz=/dev/shm/sluice-qwen3-30b-zipf1.gguf
+  local q="custom --arch qwen3 --layers 48 --dim 2048 --ffn 768 --heads 32 --kv-heads 4 --head-dim 128 --vocab 151936"
+  q+=" --experts 128 --experts-used 8 --rope-theta 1000000 --ctx 40960 --type q4_k_m"
+  nvcc -O2 -o "$hold" tools/gpu/vram_hold.cu >"$OUT_DIR/moe.log" 2>&1 || { record moe FAIL "vram_hold build"; return; }
+  wait_llama
+  mkdir -p "$dir"
+  [[ -f $mix ]] || "$SLUICE_BIN" synth mixtral-8x7b --type q4_k_m --seed 1 -o "$mix" >>"$OUT_DIR/moe.log" 2>&1
+  # shellcheck disable=SC2086
+  [[ -f $q3 ]] || "$SLUICE_BIN" synth $q --seed 2 -o "$q3" >>"$OUT_DIR/moe.log" 2>&1
+  # shellcheck disable=SC2086
+  [[ -f $qz ]] || "$SLUICE_BIN" synth $q --seed 3 --route-skew 1.0 -o "$qz" >>"$OUT_DIR/moe.log" 2>&1
+  export CUDA_MODULE_LOADING=EAGER
+  { SLUICE="$SLUICE_BIN" LLAMA="$LLAMA_CUDA" HOLD="$hold" TG=32 NCMOE=20,22,24 bash bench/e2e/moe_bench.sh "$mix" "$dir" 12
+    SLUICE="$SLUICE_BIN" LLAMA="$LLAMA_CUDA" HOLD="$hold" TG=32 NCMOE=34,38 POLICIES="cost cpu" bash bench/e2e/moe_bench.sh "$q3" "$dir" 8
+    echo "### CPU only"
+    "$SLUICE_BIN" run -m "$q3" --backend cpu -p The -n 32 --temp 0 2>&1 | grep -E "^(decode|weights)"
+    [[ -n ${LLAMA_CUDA:-} ]] && CUDA_VISIBLE_DEVICES= "$LLAMA_CUDA" -m "$q3" -ngl 0 -p 0 -n 32 -r 1 2>&1 | grep -E "tg32"
+    echo "### Zipf 1.0 router, 8 GiB free, expert cache capped"
+    for c in 1G 2G 4G; do
+      SLUICE="$SLUICE_BIN" HOLD="$hold" TG=32 PP=0 POLICIES=cost bash bench/e2e/moe_bench.sh "$qz" "$dir/zipf-$c" 8 \
+        --expert-cache "$c"
+    done
+  } >"$OUT_DIR/moe.txt" 2>&1
+  record moe ok "$OUT_DIR/moe.txt"
+}
+
 # Where decode time goes: Nsight Compute's per-kernel durations over a few decode steps of the 8B
 # Q4_K_M model (kernels launched one by one, so each is timed alone).
 step_profile() {
@@ -368,7 +400,7 @@ if [[ -n "$CARRIED" ]]; then
   mkdir -p "$PREBUILT" && tar -C "$PREBUILT" -xJf "$CARRIED/bins.tar.xz" && cp "$CARRIED"/*.gguf "$CARRIED"/*.tar.xz "$PREBUILT"/ 2>/dev/null
 fi
 
-STEPS=(build test memcheck bench model profile cpu hybrid stream)
+STEPS=(build test memcheck bench model profile cpu hybrid moe stream)
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader 2>&1 |
   tee "$OUT_DIR/gpu.txt"
 # cuBLAS (prefill GEMMs) is a shared library: the toolkit's, else the one the Python stack ships.

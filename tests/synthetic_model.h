@@ -74,4 +74,59 @@ inline std::string write_synthetic_llama(const std::string& prefix, const std::s
   return path;
 }
 
+// A Mixtral-style llama for the MoE streaming tests: 3 layers, 8 experts (top-2) of 256 x 256, the
+// experts in `type`, the other matrices Q8_0, norms and the router F32.
+inline constexpr int kMoeE = 256, kMoeF = 256, kMoeX = 8, kMoeK = 2, kMoeL = 3, kMoeV = 64;
+
+inline std::string write_synthetic_moe(quant::Type type, const std::string& tag) {
+  constexpr int kE = kMoeE, kF = kMoeF, kX = kMoeX, kK = kMoeK, kL = kMoeL, kV = kMoeV;
+  static_assert(kK <= kX);
+  gguf::Writer w;
+  w.add("general.architecture", gguf::Value::str("llama"));
+  w.add("llama.block_count", gguf::Value::u32(kL));
+  w.add("llama.context_length", gguf::Value::u32(256));
+  w.add("llama.embedding_length", gguf::Value::u32(kE));
+  w.add("llama.feed_forward_length", gguf::Value::u32(kF));
+  w.add("llama.attention.head_count", gguf::Value::u32(4));
+  w.add("llama.attention.head_count_kv", gguf::Value::u32(2));
+  w.add("llama.attention.layer_norm_rms_epsilon", gguf::Value::f32(1e-5f));
+  w.add("llama.expert_count", gguf::Value::u32(kX));
+  w.add("llama.expert_used_count", gguf::Value::u32(kK));
+  std::vector<std::vector<uint8_t>> data;
+  uint64_t salt = 500;
+  auto add = [&](const std::string& name, quant::Type t, std::vector<uint64_t> shape, float scale, float offset) {
+    ASSERT_TRUE(w.add_tensor(name, t, shape).is_ok()) << name;
+    uint64_t n = 1;
+    for (uint64_t d : shape) n *= d;
+    std::vector<float> v = test::random_floats(n, scale, ++salt);
+    for (float& x : v) x += offset;
+    const int64_t ne0 = int64_t(shape[0]), rb = quant::row_bytes(t, ne0);
+    std::vector<uint8_t> bytes(size_t(rb) * (n / shape[0]));
+    for (uint64_t r = 0; r < n / shape[0]; ++r)
+      quant::kernels(t).quantize_row(v.data() + r * uint64_t(ne0), bytes.data() + r * uint64_t(rb), ne0);
+    data.push_back(std::move(bytes));
+  };
+  using T = quant::Type;
+  add("token_embd.weight", T::kQ8_0, {kE, kV}, 1.0f, 0);
+  add("output_norm.weight", T::kF32, {kE}, 0.1f, 1.0f);
+  add("output.weight", T::kQ8_0, {kE, kV}, 0.2f, 0);
+  for (int l = 0; l < kL; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    add(p + "attn_norm.weight", T::kF32, {kE}, 0.1f, 1.0f);
+    add(p + "attn_q.weight", T::kQ8_0, {kE, kE}, 0.2f, 0);
+    add(p + "attn_k.weight", T::kQ8_0, {kE, kE / 2}, 0.2f, 0);
+    add(p + "attn_v.weight", T::kQ8_0, {kE, kE / 2}, 0.2f, 0);
+    add(p + "attn_output.weight", T::kQ8_0, {kE, kE}, 0.2f, 0);
+    add(p + "ffn_norm.weight", T::kF32, {kE}, 0.1f, 1.0f);
+    add(p + "ffn_gate_inp.weight", T::kF32, {kE, kX}, 0.5f, 0);
+    add(p + "ffn_gate_exps.weight", type, {kE, kF, kX}, 0.2f, 0);
+    add(p + "ffn_up_exps.weight", type, {kE, kF, kX}, 0.2f, 0);
+    add(p + "ffn_down_exps.weight", type, {kF, kE, kX}, 0.2f, 0);
+  }
+  const std::string path = std::filesystem::temp_directory_path().string() + "/sluice_" + tag + "_" +
+                           std::to_string(::getpid()) + ".gguf";
+  EXPECT_TRUE(w.write(path, data).is_ok());
+  return path;
+}
+
 }  // namespace sluice::test

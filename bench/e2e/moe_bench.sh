@@ -3,7 +3,7 @@
 # expert placement under each miss policy, and llama.cpp's llama-bench with -ngl 99 and each
 # --n-cpu-moe value of NCMOE, in one call and under the same memory hog.
 #
-#   SLUICE=bin LLAMA=llama-bench-cuda HOLD=vram_hold bench/e2e/moe_bench.sh MODEL OUTDIR FREE_GIB
+#   SLUICE=bin LLAMA=llama-bench-cuda HOLD=vram_hold bench/e2e/moe_bench.sh MODEL OUTDIR FREE_GIB [SLUICE FLAGS]
 #
 # Env: TG (decoded tokens, default 64), NCMOE (llama.cpp --n-cpu-moe values, comma-separated),
 # POLICIES (default "cost cpu copy"), THREADS, PP (prefill tokens for pp, default 512; 0 skips).
@@ -11,6 +11,8 @@ set -uo pipefail
 model=${1:?usage: moe_bench.sh MODEL OUTDIR FREE_GIB}
 dir=${2:?usage: moe_bench.sh MODEL OUTDIR FREE_GIB}
 free=${3:?usage: moe_bench.sh MODEL OUTDIR FREE_GIB}
+shift 3
+extra=("$@")  # more sluice flags (e.g. --expert-cache 2G)
 : "${SLUICE:?set SLUICE}" "${HOLD:?set HOLD}"
 tg=${TG:-64}
 pp=${PP:-512}
@@ -24,7 +26,7 @@ trap 'kill $hold_pid 2>/dev/null; wait $hold_pid 2>/dev/null' EXIT
 echo "$line"
 tag=$(basename "$model" .gguf)
 budget="$((free - 1))G"
-common=(-m "$model" --backend cuda --vram-budget "$budget" -t "$threads")
+common=(-m "$model" --backend cuda --vram-budget "$budget" -t "$threads" "${extra[@]}")
 for policy in ${POLICIES:-cost cpu copy}; do
   echo "== sluice --expert-misses $policy: run -p The -n $tg --temp 0"
   "$SLUICE" run "${common[@]}" --expert-misses "$policy" -p "The" -n "$tg" --temp 0 \

@@ -173,11 +173,9 @@ Status Executor::moe_ffn(const LayerWeights& L, int l, int64_t n) {
 void Executor::host_experts(Executor& main, int64_t n) {
   backend::Backend& be = *be_;
   const int64_t e = cfg_->n_embd;
-  SLUICE_CHECK(handoff_.size() >= size_t(n * e) && main.handoff_.size() >= size_t(n * e),
-               "executor: hand-off buffer too small");
-  // The normed rows: the main backend is idle here (routing waited for it) except for the
-  // experts it was just given, which this download does not need to wait for on a host backend
-  // but does on a GPU (one queue): so the rows were fetched before (see below).
+  SLUICE_CHECK(handoff_.size() >= size_t(n * e), "executor: hand-off buffer too small");
+  // The normed rows, which the main executor fetched before issuing its own experts (a GPU has one
+  // queue: fetching them now would wait for those experts and serialize the two executors).
   be.upload(xn_.first_rows(n), main.xn_host_.data());
   if (zeros_.size() < size_t(n * e)) zeros_.assign(size_t(n * e), 0.0f);
   const Tensor acc = x_.first_rows(n), xn = xn_.first_rows(n);

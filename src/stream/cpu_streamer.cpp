@@ -143,10 +143,21 @@ Result<FileLayout> layout_of(const gguf::File& file, const backend::Backend* be)
   std::vector<Ranges> layers;
   Ranges globals;
   // The backend's bytes for this tensor used as a matrix (0: computed on in the file's layout).
+  // A tensor as the matrix the backend repacks: stacked experts [ne0, ne1, n_expert] are one
+  // matrix of ne1 * n_expert rows, repacked only where no row group straddles two experts (as
+  // Model::load's upload does, model::repacked_bytes), so every run repacks the same tensors.
+  auto as_matrix = [](const gguf::TensorInfo& t) {
+    int64_t rows = 1;
+    for (size_t d = 1; d < t.shape.size(); ++d) rows *= int64_t(t.shape[d]);
+    return backend::WeightView{t.type, int64_t(t.shape[0]), rows};
+  };
   auto repacked = [&](const gguf::TensorInfo& t) -> uint64_t {
-    if (!be || t.shape.empty() || t.shape.size() > 2) return 0;
-    const backend::WeightView v{t.type, int64_t(t.shape[0]), t.shape.size() > 1 ? int64_t(t.shape[1]) : 1};
-    return uint64_t(std::max<int64_t>(be->repacked_bytes(v), 0));
+    if (!be || t.shape.empty() || t.shape.size() > 3) return 0;
+    if (t.shape.size() == 3) {
+      const int group = quant::kernels(t.type).packed_rows;
+      if (group <= 0 || t.shape[1] % uint64_t(group) != 0) return 0;
+    }
+    return uint64_t(std::max<int64_t>(be->repacked_bytes(as_matrix(t)), 0));
   };
   const bool tied_output = file.find_tensor("output.weight") == nullptr;
   for (const gguf::TensorInfo& t : file.tensors()) {
@@ -163,7 +174,7 @@ Result<FileLayout> layout_of(const gguf::File& file, const backend::Backend* be)
     if (pb > 0) {
       PackedTensor p;
       p.name = t.name;
-      p.shape = {t.type, int64_t(t.shape[0]), t.shape.size() > 1 ? int64_t(t.shape[1]) : 1};
+      p.shape = as_matrix(t);
       p.file = t.shard;
       p.offset = b;
       p.bytes = pb;

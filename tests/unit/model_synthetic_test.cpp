@@ -276,6 +276,23 @@ std::vector<float> reference_forward(const Spec& s, const Tensors& t, const std:
   return logits;
 }
 
+// The weights as the model sees them once stored: each tensor named in `types` quantized to its
+// format and dequantized again.
+Tensors dequantized(const Tensors& t, const std::map<std::string, quant::Type>& types) {
+  Tensors deq = t;
+  for (auto& [name, tv] : deq) {
+    auto it = types.find(name);
+    if (it == types.end()) continue;
+    const int64_t ne0 = int64_t(tv.first[0]);
+    std::vector<uint8_t> row(size_t(quant::row_bytes(it->second, ne0)));
+    for (size_t off = 0; off < tv.second.size(); off += size_t(ne0)) {
+      quant::kernels(it->second).quantize_row(tv.second.data() + off, row.data(), ne0);
+      quant::kernels(it->second).dequantize_row(row.data(), tv.second.data() + off, ne0);
+    }
+  }
+  return deq;
+}
+
 struct Case {
   const char* name;
   Spec spec;
@@ -399,17 +416,7 @@ TEST(ModelSynthetic, QuantizedModelLoadsAndRuns) {
   // The reference sees the weights as stored (quantized, then dequantized), so what remains is
   // the 8-bit activation quantization of every product, which random weights amplify through the
   // layers (measured 1e-2..3.5e-2 over seeds). 0.1 still catches wiring errors, which give ~1.
-  Tensors deq = t;
-  for (auto& [name, tv] : deq) {
-    auto it = types.find(name);
-    if (it == types.end()) continue;
-    const int64_t ne0 = int64_t(tv.first[0]);
-    std::vector<uint8_t> row(size_t(quant::row_bytes(it->second, ne0)));
-    for (size_t off = 0; off < tv.second.size(); off += size_t(ne0)) {
-      quant::kernels(it->second).quantize_row(tv.second.data() + off, row.data(), ne0);
-      quant::kernels(it->second).dequantize_row(row.data(), tv.second.data() + off, ne0);
-    }
-  }
+  const Tensors deq = dequantized(t, types);
   const auto ref = reference_forward(s, deq, {1, 2, 3});
   EXPECT_LT(test::normalized_error(logits.data(), ref.data() + 2 * s.n_vocab, size_t(s.n_vocab)), 0.1);
 }
@@ -462,17 +469,7 @@ TEST(ModelSynthetic, QuantizedExpertsMatchReference) {
       types.clear();
       for (const auto& [name, tv] : t)
         if (name.find("_exps") != std::string::npos && tv.first[0] % 256 == 0) types[name] = type;
-      deq = t;
-      for (auto& [name, tv] : deq) {
-        auto it = types.find(name);
-        if (it == types.end()) continue;
-        const int64_t ne0 = int64_t(tv.first[0]);
-        std::vector<uint8_t> row(size_t(quant::row_bytes(it->second, ne0)));
-        for (size_t off = 0; off < tv.second.size(); off += size_t(ne0)) {
-          quant::kernels(it->second).quantize_row(tv.second.data() + off, row.data(), ne0);
-          quant::kernels(it->second).dequantize_row(row.data(), tv.second.data() + off, ne0);
-        }
-      }
+      deq = dequantized(t, types);
       double margin = 0;
       ref = reference_forward(s, deq, toks, &margin);
       if (margin > 0.1) break;

@@ -122,6 +122,25 @@ TEST(StreamCpu, GreedyMatchesResidentWithQuarterBudget) {
   }
 }
 
+// A mixture of experts streamed from disk with a quarter of its weights in RAM: whole layers (every
+// expert) are read per token, stacked experts repacked as the resident load repacks them, so the
+// tokens and logits are the resident run's bit for bit (the isa_ref.* variant exercises packing on
+// CPUs without AVX-512).
+TEST(StreamCpuPacked, MixtureOfExpertsStreamedMatchesResident) {
+  const std::string path = test::write_synthetic_moe(quant::Type::kQ4_K, "cpu_stream_moe");
+  const std::vector<int32_t> prompt = {1, 5, 9, 17, 33, 2, 40, 11};
+  const GreedyRun ref = resident_run(path, prompt, 10, true);
+  ASSERT_EQ(ref.tokens.size(), 10u);
+  CpuLayerStreamer* s = nullptr;
+  auto m = load_streamed(path, test_budget(path, 2), 2, &s);
+  ASSERT_TRUE(m.is_ok()) << m.status().message();
+  EXPECT_GT(s->plan().plan.disk_bytes, 0u) << "the budget must force streaming";
+  const GreedyRun got = test::greedy_run(**m, prompt, 10);
+  EXPECT_EQ(got.tokens, ref.tokens);
+  EXPECT_EQ(got.first_logits, ref.first_logits);
+  std::filesystem::remove(path);
+}
+
 using test::SynthTypes;
 std::string write_synthetic(const std::string& tag, const SynthTypes& ty) {
   return test::write_synthetic_llama("cpustream", tag, ty);

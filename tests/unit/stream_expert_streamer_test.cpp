@@ -13,62 +13,16 @@
 #include "model/model.h"
 #include "quant/quant.h"
 #include "stream/expert_streamer.h"
+#include "synthetic_model.h"
 #include "test_util.h"
 
 namespace sluice::stream {
 namespace {
 
-constexpr int kE = 256, kF = 256, kX = 8, kK = 2, kL = 3, kV = 64;
+constexpr int kE = test::kMoeE, kF = test::kMoeF, kX = test::kMoeX, kK = test::kMoeK, kL = test::kMoeL,
+              kV = test::kMoeV;
 
-// A llama with 8 experts (top-2) per layer, experts in `type`, the rest Q8_0 / F32.
-std::string write_moe(quant::Type type, const std::string& tag) {
-  gguf::Writer w;
-  w.add("general.architecture", gguf::Value::str("llama"));
-  w.add("llama.block_count", gguf::Value::u32(kL));
-  w.add("llama.context_length", gguf::Value::u32(256));
-  w.add("llama.embedding_length", gguf::Value::u32(kE));
-  w.add("llama.feed_forward_length", gguf::Value::u32(kF));
-  w.add("llama.attention.head_count", gguf::Value::u32(4));
-  w.add("llama.attention.head_count_kv", gguf::Value::u32(2));
-  w.add("llama.attention.layer_norm_rms_epsilon", gguf::Value::f32(1e-5f));
-  w.add("llama.expert_count", gguf::Value::u32(kX));
-  w.add("llama.expert_used_count", gguf::Value::u32(kK));
-  std::vector<std::vector<uint8_t>> data;
-  uint64_t salt = 500;
-  auto add = [&](const std::string& name, quant::Type t, std::vector<uint64_t> shape, float scale, float offset) {
-    ASSERT_TRUE(w.add_tensor(name, t, shape).is_ok()) << name;
-    uint64_t n = 1;
-    for (uint64_t d : shape) n *= d;
-    std::vector<float> v = test::random_floats(n, scale, ++salt);
-    for (float& x : v) x += offset;
-    const int64_t ne0 = int64_t(shape[0]), rb = quant::row_bytes(t, ne0);
-    std::vector<uint8_t> bytes(size_t(rb) * (n / shape[0]));
-    for (uint64_t r = 0; r < n / shape[0]; ++r)
-      quant::kernels(t).quantize_row(v.data() + r * uint64_t(ne0), bytes.data() + r * uint64_t(rb), ne0);
-    data.push_back(std::move(bytes));
-  };
-  using T = quant::Type;
-  add("token_embd.weight", T::kQ8_0, {kE, kV}, 1.0f, 0);
-  add("output_norm.weight", T::kF32, {kE}, 0.1f, 1.0f);
-  add("output.weight", T::kQ8_0, {kE, kV}, 0.2f, 0);
-  for (int l = 0; l < kL; ++l) {
-    const std::string p = "blk." + std::to_string(l) + ".";
-    add(p + "attn_norm.weight", T::kF32, {kE}, 0.1f, 1.0f);
-    add(p + "attn_q.weight", T::kQ8_0, {kE, kE}, 0.2f, 0);
-    add(p + "attn_k.weight", T::kQ8_0, {kE, kE / 2}, 0.2f, 0);
-    add(p + "attn_v.weight", T::kQ8_0, {kE, kE / 2}, 0.2f, 0);
-    add(p + "attn_output.weight", T::kQ8_0, {kE, kE}, 0.2f, 0);
-    add(p + "ffn_norm.weight", T::kF32, {kE}, 0.1f, 1.0f);
-    add(p + "ffn_gate_inp.weight", T::kF32, {kE, kX}, 0.5f, 0);
-    add(p + "ffn_gate_exps.weight", type, {kE, kF, kX}, 0.2f, 0);
-    add(p + "ffn_up_exps.weight", type, {kE, kF, kX}, 0.2f, 0);
-    add(p + "ffn_down_exps.weight", type, {kF, kE, kX}, 0.2f, 0);
-  }
-  const std::string path = std::filesystem::temp_directory_path().string() + "/sluice_moe_" + tag + "_" +
-                           std::to_string(::getpid()) + ".gguf";
-  EXPECT_TRUE(w.write(path, data).is_ok());
-  return path;
-}
+std::string write_moe(quant::Type type, const std::string& tag) { return test::write_synthetic_moe(type, "moe_" + tag); }
 
 // Prefill of 40 tokens (a "prefill" pass: >= prefill_batch) then 12 greedy decode steps; the
 // logits of every step.
