@@ -11,6 +11,9 @@
 #include "app/commands.h"
 #include "backend/backend.h"
 #include "core/progress.h"
+#include "model/arch.h"
+#include "model/config.h"
+#include "model/weights.h"
 #include "quant/quant.h"
 
 namespace sluice::app {
@@ -193,6 +196,35 @@ Status print_plan(const ModelFlags& mf, const StreamFlags& sf, const gguf::File&
   SLUICE_ASSIGN_OR_RETURN(stream::FileLayout layout, stream::layout_of(file));
   std::optional<stream::DiskProbe> probe;
   SLUICE_ASSIGN_OR_RETURN(bool device, device_streaming_requested(mf, sf));
+  SLUICE_ASSIGN_OR_RETURN(const bool moe, is_moe(mf.model_path));
+  if (device && moe) {
+    // Mixtures of experts are placed per expert (stream/expert_streamer.h), not per layer.
+    SLUICE_ASSIGN_OR_RETURN(std::string arch_name, file.get_string("general.architecture"));
+    const model::ArchSpec* arch = model::find_arch(arch_name);
+    if (!arch) return unsupported(file.path() + ": architecture \"" + arch_name + "\" is not supported");
+    SLUICE_ASSIGN_OR_RETURN(model::Config cfg, model::read_config(file, *arch));
+    SLUICE_ASSIGN_OR_RETURN(model::Weights w, model::load_weights(file, *arch, cfg));
+    uint64_t vram = 0;
+    if (!sf.vram_budget.empty()) {
+      SLUICE_ASSIGN_OR_RETURN(vram, stream::parse_byte_size(sf.vram_budget));
+    }
+    double h2d = 25e9, vram_bw = 1e12;
+    std::string source = "default (no GPU)";
+    if (backend::cuda_device_count() > 0) {
+      auto a = backend::cuda_h2d_bandwidth(0);
+      auto b = backend::cuda_copy_bandwidth(0);
+      if (a.is_ok()) h2d = *a;
+      if (b.is_ok()) vram_bw = *b;
+      source = a.is_ok() && b.is_ok() ? "measured" : "default (measurement failed)";
+    }
+    const stream::ExpertStreamOptions eo;
+    const stream::ExpertPlan plan = stream::plan_experts(w, mf.n_ctx, eo.workspace_bytes, vram);
+    std::printf("plan (mixture of experts, expert placement; VRAM budget %s; H2D %.1f GB/s, VRAM %.0f GB/s %s; CPU %.1f "
+                "GB/s assumed, refined while running):\n%s",
+                stream::format_bytes(vram).c_str(), h2d / 1e9, vram_bw / 1e9, source.c_str(), eo.cpu_bytes_per_s / 1e9,
+                plan.describe(vram_bw, h2d, eo.cpu_bytes_per_s).c_str());
+    return Status::ok();
+  }
   if (device) {
     SLUICE_ASSIGN_OR_RETURN(stream::DeviceStreamOptions o, device_options(mf, sf, probe));
     // The GPU terms measured where there is a GPU (the pipeline measures them again at load).

@@ -41,6 +41,74 @@ constexpr model::LayerTensorField kExpertFields[3] = {&model::LayerWeights::gate
 
 }  // namespace
 
+ExpertPlan plan_experts(const model::Weights& w, int n_ctx, uint64_t workspace_bytes, uint64_t vram_budget) {
+  ExpertPlan p;
+  const uint64_t n_layer = w.layers.size();
+  if (n_layer == 0 || w.n_expert < 1) return p;
+  p.n_layer = int(n_layer);
+  p.n_expert = w.n_expert;
+  p.n_used = w.n_expert_used;
+  p.resident_bytes = w.output_norm.nbytes + w.output.nbytes + w.rope_freqs.nbytes;
+  // The cache: slots of one expert, matrices at fixed offsets sized for the largest layer.
+  uint64_t gate_max = 0, up_max = 0, down_max = 0;
+  for (const model::LayerWeights& L : w.layers) {
+    for (model::LayerTensorField f : model::kLayerTensorFields) {
+      if (!is_expert_field(f)) p.resident_bytes += (L.*f).nbytes;
+    }
+    p.expert_bytes += L.expert_bytes();
+    gate_max = std::max(gate_max, L.gate_exps.expert_bytes());
+    up_max = std::max(up_max, L.up_exps.expert_bytes());
+    down_max = std::max(down_max, L.down_exps.expert_bytes());
+  }
+  p.off_up = round_up(gate_max, kSlotAlign);
+  p.off_down = p.off_up + round_up(up_max, kSlotAlign);
+  p.slot_bytes = p.off_down + round_up(down_max, kSlotAlign);
+  // Backend memory the model needs besides weights (as model/forward.cpp allocates it; n_ctx 0
+  // means at most kDefaultMaxCtx positions).
+  const model::LayerWeights& L0 = w.layers[0];
+  const uint64_t n_embd = uint64_t(L0.attn_norm.ne0), n_embd_k = uint64_t(L0.wk.ne1), n_embd_v = uint64_t(L0.wv.ne1);
+  const uint64_t n_q = uint64_t(L0.wq.ne1), n_ff = uint64_t(std::max(L0.gate_exps.ne1, L0.gate_shexp.ne1));
+  const uint64_t ctx = uint64_t(n_ctx > 0 ? n_ctx : kDefaultMaxCtx);
+  const uint64_t kv_bytes = ctx * n_layer * (n_embd_k + n_embd_v) * 2;
+  const uint64_t act_bytes = kMaxBatch * (6 * n_embd + n_q + n_embd_k + n_embd_v + n_q + 2 * n_ff + uint64_t(w.n_expert)) * 4 +
+                             kLogitRows * uint64_t(w.token_embd.ne1) * 4;
+  p.reserved_bytes = kv_bytes + act_bytes + workspace_bytes;
+  const uint64_t fixed = p.resident_bytes + p.reserved_bytes;
+  if (vram_budget > fixed) {
+    p.n_slots = std::min<uint64_t>((vram_budget - fixed) / p.slot_bytes, n_layer * uint64_t(w.n_expert));
+  }
+  return p;
+}
+
+std::string ExpertPlan::describe(double vram_bw, double h2d_bw, double cpu_bw) const {
+  const uint64_t total = uint64_t(n_layer) * uint64_t(n_expert);
+  const double per_expert = double(expert_bytes) / double(std::max<uint64_t>(total, 1));
+  const double hit = double(n_slots) / double(std::max<uint64_t>(total, 1));
+  const double used = per_expert * double(n_used) * double(n_layer);  // expert bytes a token reads
+  // Uniform routing: a token finds `hit` of its experts cached; the misses run on the CPU and
+  // through the copy engine side by side (each at its own rate; DRAM sharing ignored).
+  const double t_vram = (double(resident_bytes) + hit * used) / vram_bw;
+  const double t_miss = (1 - hit) * used / (cpu_bw + h2d_bw);
+  char buf[1024];
+  std::snprintf(buf, sizeof buf,
+                "  resident (attention, norms, routers, shared experts, output): %s; KV, activations, workspace %s\n"
+                "  routed experts: %d layers x %d (top-%d), %s in all, slot %s\n"
+                "  VRAM expert cache: %llu slots = %.0f%% of the experts\n"
+                "  per token (uniform routing): %s of experts, %.0f%% from the cache; predicted %.2f ms "
+                "(VRAM %.2f ms, misses %.2f ms on CPU + copy engine)\n"
+                "  skewed routers (real models) hit more: the run prints the measured hit rate\n",
+                format_bytes(resident_bytes).c_str(), format_bytes(reserved_bytes).c_str(), n_layer, n_expert, n_used,
+                format_bytes(expert_bytes).c_str(), format_bytes(slot_bytes).c_str(), (unsigned long long)n_slots,
+                100.0 * hit, format_bytes(uint64_t(used)).c_str(), 100.0 * hit, (t_vram + t_miss) * 1e3, t_vram * 1e3,
+                t_miss * 1e3);
+  std::string out = buf;
+  if (n_slots == 0) {
+    out += "  the VRAM budget holds no expert slot: at least " +
+           format_bytes(resident_bytes + reserved_bytes + slot_bytes) + " is needed (a run would stop with that error)\n";
+  }
+  return out;
+}
+
 ExpertStreamer::~ExpertStreamer() {
   // Copies may still read pinned memory the backend owns; let the device finish first.
   be_.sync();
@@ -137,28 +205,11 @@ Result<std::unique_ptr<ExpertStreamer>> ExpertStreamer::create(const gguf::File&
     }
   }
 
-  // The cache: slots of one expert, matrices at fixed offsets sized for the largest layer.
-  uint64_t gate_max = 0, up_max = 0, down_max = 0;
-  for (const model::LayerWeights& L : w.layers) {
-    gate_max = std::max(gate_max, L.gate_exps.expert_bytes());
-    up_max = std::max(up_max, L.up_exps.expert_bytes());
-    down_max = std::max(down_max, L.down_exps.expert_bytes());
-  }
-  s->off_up_ = round_up(gate_max, kSlotAlign);
-  s->off_down_ = s->off_up_ + round_up(up_max, kSlotAlign);
-  s->slot_bytes_ = s->off_down_ + round_up(down_max, kSlotAlign);
-
-  // Backend memory the model needs besides weights (as model/forward.cpp allocates it; n_ctx 0
-  // means at most kDefaultMaxCtx positions).
-  const int n_ctx = opts.n_ctx;
-  const model::LayerWeights& L0 = w.layers[0];
-  const uint64_t n_embd = uint64_t(L0.attn_norm.ne0), n_embd_k = uint64_t(L0.wk.ne1), n_embd_v = uint64_t(L0.wv.ne1);
-  const uint64_t n_q = uint64_t(L0.wq.ne1), n_ff = uint64_t(std::max(L0.gate_exps.ne1, L0.gate_shexp.ne1));
-  const uint64_t ctx = uint64_t(n_ctx > 0 ? n_ctx : kDefaultMaxCtx);
-  const uint64_t kv_bytes = ctx * n_layer * (n_embd_k + n_embd_v) * 2;
-  const uint64_t act_bytes = kMaxBatch * (6 * n_embd + n_q + n_embd_k + n_embd_v + n_q + 2 * n_ff + uint64_t(w.n_expert)) * 4 +
-                             kLogitRows * uint64_t(w.token_embd.ne1) * 4;
-  const uint64_t reserved = kv_bytes + act_bytes + opts.workspace_bytes;
+  const ExpertPlan ep = plan_experts(w, opts.n_ctx, opts.workspace_bytes, 0);
+  s->off_up_ = ep.off_up;
+  s->off_down_ = ep.off_down;
+  s->slot_bytes_ = ep.slot_bytes;
+  const uint64_t reserved = ep.reserved_bytes;
   uint64_t avail = 0;
   if (host) {
     avail = opts.cache_bytes ? opts.cache_bytes : uint64_t(n_layer) * uint64_t(w.n_expert) * s->slot_bytes_;

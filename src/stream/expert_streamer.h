@@ -55,6 +55,20 @@ struct ExpertStreamOptions {
   bool allow_host_backend = false;  // tests: run on the CPU backend (streaming calls synchronous)
 };
 
+// The sizes behind a placement (pure; ExpertStreamer::create and --plan use it): what stays
+// resident, the slot layout, the memory besides weights, and how many slots a VRAM budget holds.
+struct ExpertPlan {
+  int n_layer = 0, n_expert = 0, n_used = 0;
+  uint64_t resident_bytes = 0;  // every tensor but token_embd and the routed experts
+  uint64_t expert_bytes = 0;    // the routed experts of every layer
+  uint64_t reserved_bytes = 0;  // KV cache, activations, workspace
+  uint64_t slot_bytes = 0, off_up = 0, off_down = 0;
+  uint64_t n_slots = 0;         // for the budget given (0 without one)
+  // The plan and a predicted decode time under uniform routing, at the given bytes/s.
+  std::string describe(double vram_bw, double h2d_bw, double cpu_bw) const;
+};
+ExpertPlan plan_experts(const model::Weights& w, int n_ctx, uint64_t workspace_bytes, uint64_t vram_budget);
+
 struct ExpertStats {
   uint64_t passes = 0, decode_passes = 0;
   uint64_t uses = 0, hits = 0, cpu_misses = 0, copy_misses = 0;          // expert executions

@@ -10,7 +10,10 @@
 #include <vector>
 
 #include "gguf/gguf.h"
+#include "model/arch.h"
+#include "model/config.h"
 #include "model/model.h"
+#include "model/weights.h"
 #include "quant/quant.h"
 #include "stream/expert_streamer.h"
 #include "synthetic_model.h"
@@ -123,6 +126,37 @@ TEST(StreamExperts, FullCacheOnlyHits) {
   const ExpertStats& st = p.streamer->stats();
   EXPECT_EQ(st.hits, st.uses);
   EXPECT_EQ(st.cpu_misses + st.copy_misses, 0u);
+  std::filesystem::remove(path);
+}
+
+// The sizes behind the placement: resident = everything but token_embd and the routed experts;
+// slots hold one expert's three matrices at 256-byte offsets; the budget left after the resident
+// part and the reserved memory, in whole slots.
+TEST(StreamExperts, PlanSizes) {
+  const std::string path = write_moe(quant::Type::kQ8_0, "plan");
+  auto f = gguf::File::open(path);
+  ASSERT_TRUE(f.is_ok());
+  uint64_t resident = 0, experts = 0;
+  for (const auto& t : f->tensors()) {
+    if (t.name == "token_embd.weight") continue;
+    (t.name.find("_exps") != std::string::npos ? experts : resident) += t.nbytes;
+  }
+  const model::ArchSpec* arch = model::find_arch("llama");
+  auto cfg = model::read_config(*f, *arch);
+  ASSERT_TRUE(cfg.is_ok());
+  auto w = model::load_weights(*f, *arch, *cfg);
+  ASSERT_TRUE(w.is_ok());
+  const uint64_t matrix = uint64_t(quant::row_bytes(quant::Type::kQ8_0, kE)) * kF;  // 69632: 256-aligned
+  const ExpertPlan none = plan_experts(*w, 128, 1 << 20, 0);
+  EXPECT_EQ(none.resident_bytes, resident);
+  EXPECT_EQ(none.expert_bytes, experts);
+  EXPECT_EQ(none.slot_bytes, 3 * matrix);
+  EXPECT_EQ(none.off_up, matrix);
+  EXPECT_EQ(none.n_slots, 0u);
+  const uint64_t budget = resident + none.reserved_bytes + 5 * none.slot_bytes + 100;
+  EXPECT_EQ(plan_experts(*w, 128, 1 << 20, budget).n_slots, 5u);
+  EXPECT_EQ(plan_experts(*w, 128, 1 << 20, uint64_t(1) << 40).n_slots, uint64_t(kL * kX));  // capped
+  EXPECT_NE(none.describe(1e12, 50e9, 50e9).find("routed experts: 3 layers x 8 (top-2)"), std::string::npos);
   std::filesystem::remove(path);
 }
 
