@@ -146,7 +146,7 @@ Status Executor::moe_ffn(const LayerWeights& L, int l, int64_t n) {
     const ExpertBatch& b = batches_[i];
     const int64_t m = int64_t(b.rows.size());
     Tensor in = xn;
-    if (m != n) {  // every token chose this expert: the rows are 0 .. n-1 already
+    if (m != n) {  // else every token chose this expert: its rows are 0 .. n-1, xn as it is
       in = xg_.first_rows(m);
       be.gather_rows(xn, b.rows, in);
     }

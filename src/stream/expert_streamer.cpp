@@ -224,7 +224,6 @@ Result<std::unique_ptr<ExpertStreamer>> ExpertStreamer::create(const gguf::File&
     }
     avail = budget - s->resident_bytes_ - reserved;
     if (opts.cache_bytes) avail = std::min(avail, opts.cache_bytes);
-    // What the backend really has left (other processes may hold memory).
     // What the backend really has left (other processes may hold memory), less a margin for the
     // allocator's own overheads (cuBLAS handles, graph memory).
     constexpr uint64_t kMargin = 256ull << 20;
