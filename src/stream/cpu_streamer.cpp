@@ -92,7 +92,7 @@ Status relocate(model::TensorRef& t, const gguf::File& f, const UnitLayout& u, c
   if (pack_base) {
     for (const PackedTensor& p : u.packed) {
       if (p.name != t.name) continue;
-      if (p.shape.type != t.type || p.shape.ne0 != t.ne0 || p.shape.ne1 != t.ne1) {
+      if (p.shape.type != t.type || p.shape.ne0 != t.ne0 || p.shape.ne1 != t.ne1 * t.ne2) {
         return internal_error("stream: tensor " + t.name + " is used with another shape than the file's");
       }
       t.data = pack_base + p.dst;

@@ -129,6 +129,13 @@ TEST(StreamCpu, GreedyMatchesResidentWithQuarterBudget) {
 TEST(StreamCpuPacked, MixtureOfExpertsStreamedMatchesResident) {
   const std::string path = test::write_synthetic_moe(quant::Type::kQ4_K, "cpu_stream_moe");
   const std::vector<int32_t> prompt = {1, 5, 9, 17, 33, 2, 40, 11};
+  // Where this CPU packs anything, the stacked experts are packed too (one matrix of ne1 * n_expert rows).
+  const FileLayout layout = cpu_layout(path, true);
+  if (any_packed(layout)) {
+    bool experts = false;
+    for (const PackedTensor& p : layout.layers[0].packed) experts |= p.name == "blk.0.ffn_gate_exps.weight";
+    EXPECT_TRUE(experts) << "the streamer does not repack stacked experts";
+  }
   const GreedyRun ref = resident_run(path, prompt, 10, true);
   ASSERT_EQ(ref.tokens.size(), 10u);
   CpuLayerStreamer* s = nullptr;
