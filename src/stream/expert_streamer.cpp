@@ -294,6 +294,7 @@ void ExpertStreamer::fill(Slot& slot, int key) {
   Mark m = 0;
   for (int i = 0; i < 3; ++i) m = be_.copy_to_slot(base + off[i], h.copy[i].data, h.copy[i].ne1 * h.copy[i].row_bytes(), after);
   slot.copy_mark = m;
+  newest_mark_ = std::max(newest_mark_, m);
   slot.key = key;
   where_[size_t(key)] = int(&slot - slots_.data());
 }
@@ -342,17 +343,14 @@ Status ExpertStreamer::place(int layer, int n_tokens, std::span<const model::Exp
   const bool decode = n_tokens < prefill_batch_;
   const bool one = n_tokens == 1;
   // Marks at or below `old` passed long ago (and may have been recycled): not waited on.
-  Mark newest = 0;
-  for (const Slot& sl : slots_) newest = std::max({newest, sl.copy_mark, sl.free_mark});
-  const Mark old = newest > kMarkHorizon ? newest - kMarkHorizon : 0;
+  const Mark old = newest_mark_ > kMarkHorizon ? newest_mark_ - kMarkHorizon : 0;
   std::vector<size_t> misses;
   for (size_t i = 0; i < batches.size(); ++i) {
     const int key = layer * n_expert_ + batches[i].expert;
     freq_[size_t(key)] += 1;
     last_use_[size_t(key)] = stamp_;
     const HostExpert h = host_expert(key);
-    const uint64_t bytes = uint64_t(h.copy[0].ne1 * h.copy[0].row_bytes() + h.copy[1].ne1 * h.copy[1].row_bytes() +
-                                    h.copy[2].ne1 * h.copy[2].row_bytes());
+    const uint64_t bytes = h.bytes();
     ++stats_.uses;
     ++stats_.layer_uses[size_t(layer)];
     if (one) ++stats_.decode_uses;
@@ -375,8 +373,7 @@ Status ExpertStreamer::place(int layer, int n_tokens, std::span<const model::Exp
   for (size_t i : misses) {
     const int key = layer * n_expert_ + batches[i].expert;
     const HostExpert h = host_expert(key);
-    const uint64_t bytes = uint64_t(h.copy[0].ne1 * h.copy[0].row_bytes() + h.copy[1].ne1 * h.copy[1].row_bytes() +
-                                    h.copy[2].ne1 * h.copy[2].row_bytes());
+    const uint64_t bytes = h.bytes();
     // The CPU reads the expert once per pass; more rows cost it compute (about 4 rows per read at
     // its GEMV rate before it is compute-bound).
     const double rows = double(batches[i].rows.size());
@@ -414,6 +411,7 @@ void ExpertStreamer::done(int layer, double host_seconds) {
   (void)layer;
   if (!busy_slots_.empty()) {
     const Mark m = be_.compute_mark();
+    newest_mark_ = std::max(newest_mark_, m);
     for (int w : busy_slots_) slots_[size_t(w)].free_mark = m;
   }
   stats_.host_seconds += host_seconds;

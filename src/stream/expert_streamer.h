@@ -126,6 +126,10 @@ class ExpertStreamer final : public model::LayerSource, public model::ExpertPlac
   // where the CPU computes (packed where made, else the pinned bytes).
   struct HostExpert {
     backend::WeightView copy[3], cpu[3];
+    uint64_t bytes() const {
+      return uint64_t(copy[0].ne1 * copy[0].row_bytes() + copy[1].ne1 * copy[1].row_bytes() +
+                      copy[2].ne1 * copy[2].row_bytes());
+    }
   };
   HostExpert host_expert(int key) const;
   Site slot_site(const Slot& s, int key) const;
@@ -148,6 +152,7 @@ class ExpertStreamer final : public model::LayerSource, public model::ExpertPlac
   std::vector<double> freq_;                     // key -> uses (decayed)
   std::vector<uint64_t> last_use_;               // key -> layer stamp of its last use
   uint64_t stamp_ = 0;                           // increases every place()
+  backend::Backend::Mark newest_mark_ = 0;       // the latest mark a slot holds
   int pass_tokens_ = 0;
   bool host_backend_ = false;
   int prefill_batch_ = 32;
