@@ -176,6 +176,22 @@ class Backend {
   // a layer norm, each head for Q/K norms). w is F32. dst may alias x.
   virtual void rms_norm(const Tensor& x, const WeightView& w, float eps, const Tensor& dst) = 0;
 
+  // Fused decode ops: each gives exactly the results of the calls it replaces (the CPU backend
+  // runs those calls; a GPU saves launches, a decode layer being launch-bound there).
+  // x += src, then dst = rms_norm(x, w, eps) over whole rows (w.ne0 == x.cols). dst may alias src.
+  virtual void add_rms_norm(const Tensor& x, const Tensor& src, const WeightView& w, float eps, const Tensor& dst) {
+    add(x, src);
+    rms_norm(x, w, eps, dst);
+  }
+  // rope(q, rq, pos0); rope(k, rk, pos0); store_rows(k, k_cache, pos0); store_rows(v, v_cache, pos0).
+  virtual void rope_store_kv(const Tensor& q, const RopeParams& rq, const Tensor& k, const RopeParams& rk,
+                             const Tensor& v, const Tensor& k_cache, const Tensor& v_cache, int pos0) {
+    rope(q, rq, pos0);
+    rope(k, rk, pos0);
+    store_rows(k, k_cache, pos0);
+    store_rows(v, v_cache, pos0);
+  }
+
   // y[t] += b for every row; b is F32 with ne0 == y.cols.
   virtual void add_bias(const Tensor& y, const WeightView& b) = 0;
   // dst += src, elementwise (residual connections).

@@ -58,14 +58,10 @@ Status Executor::layer(const LayerWeights& L, int l, int64_t n, int pos0) {
   if (L.bv.present()) be.add_bias(v, L.bv.view());
   if (L.q_norm.present()) be.rms_norm(q, L.q_norm.view(), eps, q);  // per head: group = head_dim
   if (L.k_norm.present()) be.rms_norm(k, L.k_norm.view(), eps, k);
-  be.rope(q, rq, pos0);
-  be.rope(k, rk, pos0);
-  be.store_rows(k, kv_.k(l), pos0);
-  be.store_rows(v, kv_.v(l), pos0);
+  be.rope_store_kv(q, rq, k, rk, v, kv_.k(l), kv_.v(l), pos0);
   be.attention(q, kv_.k(l), kv_.v(l), attn, ap);
   be.matmul(L.wo.view(), attn, xn);
-  be.add(x, xn);
-  be.rms_norm(x, L.ffn_norm.view(), eps, xn);
+  be.add_rms_norm(x, xn, L.ffn_norm.view(), eps, xn);
   return ffn(L, l, n);
 }
 

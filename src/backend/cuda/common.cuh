@@ -52,6 +52,23 @@ namespace sluice::backend::cuda {
 
 inline constexpr int kWarpSize = 32;
 
+// Programmatic dependent launch (compute capability 9.0+; DeviceInfo::pdl). A kernel launched
+// with it may start while the previous kernel of its stream still runs: before pdl_wait() it may
+// only read memory no earlier kernel writes (weights), and pdl_wait() returns once that kernel
+// has finished and its writes are visible. pdl_trigger() lets the kernels launched after this one
+// with the attribute start now (they still wait for all of it in their pdl_wait()). Both are
+// no-ops on older GPUs and in kernels launched without the attribute.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = kWarpSize / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

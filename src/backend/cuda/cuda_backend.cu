@@ -317,6 +317,44 @@ class CudaBackend final : public Backend {
          "rms_norm");
   }
 
+  void add_rms_norm(const Tensor& x, const Tensor& src, const WeightView& w, float eps, const Tensor& dst) override {
+    SLUICE_CHECK(src.cols == x.cols && src.rows == x.rows && w.type == quant::Type::kF32 && w.ne0 == x.cols &&
+                     dst.cols == x.cols && dst.rows == x.rows,
+                 "add_rms_norm: shape mismatch");
+    if (!(x.rows <= kMaxGemvTokens && x.cols % 32 == 0 && dst.stride == dst.cols)) {
+      Backend::add_rms_norm(x, src, w, eps, dst);
+      return;
+    }
+    invalidate_q8();
+    const Q8Activation q8 = q8_view(x.cols, int(x.rows));
+    must(add_rms_norm_q8(f32(x), x.stride, f32(src), src.stride, f32(dst), dst.stride, x.rows, x.cols,
+                         static_cast<const float*>(w.data), eps, q8, stream_),
+         "add_rms_norm_q8");
+    set_q8(dst);
+  }
+
+  void rope_store_kv(const Tensor& q, const RopeParams& rq, const Tensor& k, const RopeParams& rk, const Tensor& v,
+                     const Tensor& k_cache, const Tensor& v_cache, int pos0) override {
+    const bool same_rope = rq.mode == rk.mode && rq.head_dim == rk.head_dim && rq.n_rot == rk.n_rot &&
+                           rq.freq_base == rk.freq_base && rq.freq_scale == rk.freq_scale &&
+                           rq.freq_factors.data == rk.freq_factors.data;
+    if (!same_rope) {
+      Backend::rope_store_kv(q, rq, k, rk, v, k_cache, v_cache, pos0);
+      return;
+    }
+    SLUICE_CHECK(int64_t(rq.n_head) * rq.head_dim == q.cols && int64_t(rk.n_head) * rk.head_dim == k.cols &&
+                     k.rows == q.rows && v.rows == q.rows,
+                 "rope_store_kv: shape mismatch");
+    SLUICE_CHECK(k.dtype == DType::kF32 && v.dtype == DType::kF32 && k_cache.dtype == DType::kF16 &&
+                     v_cache.dtype == DType::kF16 && k.cols == k_cache.cols && v.cols == v_cache.cols && pos0 >= 0 &&
+                     pos0 + k.rows <= k_cache.rows && pos0 + v.rows <= v_cache.rows,
+                 "rope_store_kv: out of range");
+    invalidate_q8();
+    must(cuda::rope_store_kv(f32(q), q.stride, f32(k), k.stride, rk.n_head, f32(v), v.stride, v.cols, q.rows,
+                             rope_args(rq), k_cache.data, k_cache.stride, v_cache.data, v_cache.stride, pos0, stream_),
+         "rope_store_kv");
+  }
+
   void add_bias(const Tensor& y, const WeightView& b) override {
     SLUICE_CHECK(b.type == quant::Type::kF32 && b.ne0 == y.cols, "add_bias: shape mismatch");
     invalidate_q8();
@@ -367,15 +405,7 @@ class CudaBackend final : public Backend {
   void rope(const Tensor& x, const RopeParams& p, int pos0) override {
     SLUICE_CHECK(int64_t(p.n_head) * p.head_dim == x.cols, "rope: n_head * head_dim != cols");
     invalidate_q8();
-    RopeArgs a;
-    a.neox = p.mode == RopeMode::kNeox;
-    a.n_head = p.n_head;
-    a.head_dim = p.head_dim;
-    a.n_rot = p.n_rot;
-    a.freq_base = p.freq_base;
-    a.freq_scale = p.freq_scale;
-    a.freq_factors = p.freq_factors.empty() ? nullptr : static_cast<const float*>(p.freq_factors.data);
-    must(cuda::rope(f32(x), x.stride, x.rows, a, pos0, stream_), "rope");
+    must(cuda::rope(f32(x), x.stride, x.rows, rope_args(p), pos0, stream_), "rope");
   }
 
   void store_rows(const Tensor& src, const Tensor& cache, int64_t pos0) override {
@@ -413,6 +443,17 @@ class CudaBackend final : public Backend {
 
  private:
   static float* f32(const Tensor& t) { return static_cast<float*>(t.data); }
+  static RopeArgs rope_args(const RopeParams& p) {
+    RopeArgs a;
+    a.neox = p.mode == RopeMode::kNeox;
+    a.n_head = p.n_head;
+    a.head_dim = p.head_dim;
+    a.n_rot = p.n_rot;
+    a.freq_base = p.freq_base;
+    a.freq_scale = p.freq_scale;
+    a.freq_factors = p.freq_factors.empty() ? nullptr : static_cast<const float*>(p.freq_factors.data);
+    return a;
+  }
 
   // Marks are events in a ring, recycled after kMarkRing newer marks: a pipeline looks a few
   // layers back at most, so a recycled mark is one that passed long ago.
@@ -505,24 +546,26 @@ class CudaBackend final : public Backend {
         set_q8(x);
       }
     }
+    // Matrices of one format with dense outputs go out as one launch (Q/K/V, gate/up).
+    std::vector<bool> done(ws.size(), false);
     for (size_t i = 0; i < ws.size(); ++i) {
-      const WeightView& w = ws[i];
-      SLUICE_CHECK(gemv_supported(w.type), "matmul: no CUDA kernel for this weight format");
-      const Tensor& y = ys[i];
-      const bool y_dense = y.stride == y.cols;
-      if (dense && y_dense) {
-        GemvArgs a;
-        a.type = w.type;
-        a.w = w.data;
-        a.rows = w.ne1;
-        a.cols = w.ne0;
-        a.tokens = int(x.rows);
-        a.x = f32(x);
-        a.xq = xq;
-        a.y = f32(y);
-        must(gemv(dev_, a, stream_), "gemv");
-        continue;
+      SLUICE_CHECK(gemv_supported(ws[i].type), "matmul: no CUDA kernel for this weight format");
+      if (done[i] || !dense || ys[i].stride != ys[i].cols) continue;
+      GemvGroupArgs g;
+      g.type = ws[i].type;
+      g.cols = ws[i].ne0;
+      g.tokens = int(x.rows);
+      for (size_t j = i; j < ws.size() && g.n < kMaxGemvMatrices; ++j) {
+        if (done[j] || ws[j].type != g.type || ys[j].stride != ys[j].cols) continue;
+        g.m[g.n++] = GemvMatrix{ws[j].data, ws[j].ne1, f32(x), xq, f32(ys[j])};
+        done[j] = true;
       }
+      must(gemv_group(dev_, g, stream_), "gemv");
+    }
+    for (size_t i = 0; i < ws.size(); ++i) {
+      if (done[i]) continue;
+      const WeightView& w = ws[i];
+      const Tensor& y = ys[i];
       // Strided rows (not produced by model/ today): one token at a time.
       for (int64_t t = 0; t < x.rows; ++t) {
         const Tensor xt = x.row_range(t, 1), yt = y.row_range(t, 1);

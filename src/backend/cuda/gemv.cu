@@ -1,4 +1,5 @@
 // Entry points of the GEMV family: device query, activation quantization, format dispatch.
+#include <cstdlib>
 #include <string>
 
 #include "backend/cuda/common.cuh"
@@ -42,6 +43,8 @@ Result<DeviceInfo> query_device(int device) {
   info.cc_minor = prop.minor;
   info.global_mem_bytes = int64_t(prop.totalGlobalMem);
   info.l2_bytes = prop.l2CacheSize;
+  const char* pdl = std::getenv("SLUICE_CUDA_PDL");
+  info.pdl = prop.major >= 9 && !(pdl != nullptr && std::string(pdl) == "0");
   return info;
 }
 
@@ -65,6 +68,7 @@ namespace {
 // round-to-nearest-even activation quantizer bit for bit (IEEE division and multiply, rint).
 __global__ void quantize_q8_kernel(const float* __restrict__ x, int8_t* __restrict__ q, float2* __restrict__ ds,
                                    int64_t nblocks) {
+  pdl_trigger();  // the GEMV that reads this activation may start streaming its weights
   const int lane = threadIdx.x % kWarpSize;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarpSize);
   for (int64_t blk = int64_t(blockIdx.x) * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize; blk < nblocks;
@@ -112,6 +116,17 @@ bool gemv_supported(quant::Type type) {
 }
 
 Status gemv(const DeviceInfo& dev, const GemvArgs& args, cudaStream_t stream) {
+  GemvGroupArgs g;
+  g.type = args.type;
+  g.cols = args.cols;
+  g.tokens = args.tokens;
+  g.variant = args.variant;
+  g.n = 1;
+  g.m[0] = GemvMatrix{args.w, args.rows, args.x, args.xq, args.y};
+  return gemv_group(dev, g, stream);
+}
+
+Status gemv_group(const DeviceInfo& dev, const GemvGroupArgs& args, cudaStream_t stream) {
   switch (args.type) {
     case quant::Type::kF32: case quant::Type::kF16: case quant::Type::kBF16:
       return gemv_float_formats(dev, args, stream);
