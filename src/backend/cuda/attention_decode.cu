@@ -59,6 +59,8 @@ struct DecodeParams {
 // fastest so the blocks sharing a KV head's rows run side by side and the second reads hit L2.
 template <int HD>
 __global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(const DecodeParams p) {
+  pdl_wait();
+  pdl_trigger();
   using S = DecodeShape<HD>;
   __shared__ float sc[2][kMaxHeadsPerBlock][kDecodeTile];  // scores, then probabilities; 2 tiles
   __shared__ float alpha_s[kMaxHeadsPerBlock];             // per-tile rescale of the accumulators
@@ -241,6 +243,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
                           int64_t out_stride, int n_head, int head_dim, int n_splits) {
   __shared__ float w[kMaxSplits];
   __shared__ float scratch[kDecodeThreads / kWarpSize];
+  pdl_wait();
+  pdl_trigger();
   const int head = int(blockIdx.x);
   const int t = int(blockIdx.y);
   const int64_t row0 = (int64_t(t) * n_head + head) * n_splits;
@@ -267,10 +271,12 @@ __global__ void __launch_bounds__(kDecodeThreads)
 template <int HD>
 Status launch_decode_hd(const DecodeParams& p, int n_tokens, float* out, int64_t out_stride, cudaStream_t stream) {
   const int64_t blocks = int64_t(n_tokens) * p.n_head_kv * p.n_hgroups * p.n_splits;
-  decode_split_kernel<HD><<<dim3(unsigned(blocks)), kDecodeThreads, 0, stream>>>(p);
+  SLUICE_CUDA_RETURN_IF_ERROR(
+      launch_pdl(decode_split_kernel<HD>, dim3(unsigned(blocks)), dim3(kDecodeThreads), 0, stream, p));
   SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("decode_split_kernel");
-  decode_combine_kernel<<<dim3(unsigned(p.n_head), unsigned(n_tokens)), kDecodeThreads, 0, stream>>>(
-      p.ws_acc, p.ws_ml, out, out_stride, p.n_head, HD, p.n_splits);
+  SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(decode_combine_kernel, dim3(unsigned(p.n_head), unsigned(n_tokens)),
+                                         dim3(kDecodeThreads), 0, stream, p.ws_acc, p.ws_ml, out, out_stride,
+                                         p.n_head, HD, p.n_splits));
   SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("decode_combine_kernel");
   return Status::ok();
 }

@@ -13,6 +13,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <utility>
+
 #include <cstdint>
 #include <string>
 
@@ -67,6 +69,30 @@ __device__ __forceinline__ void pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
+}
+
+// True where kernels are launched as programmatic dependents: compute capability 9.0+ on the
+// current device, unless SLUICE_CUDA_PDL=0 (A/B runs). Asked once per process (gemv.cu).
+bool pdl_enabled();
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent of the
+// kernel before it where pdl_enabled(): its launch and ramp-up overlap that kernel's tail. The
+// kernel must call pdl_wait() before touching any memory an earlier kernel writes (the decode
+// path's small kernels call it first thing, then pdl_trigger()).
+template <class... KArgs, class... Args>
+cudaError_t launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                       Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -48,6 +48,20 @@ Result<DeviceInfo> query_device(int device) {
   return info;
 }
 
+bool pdl_enabled() {
+  // Immutable after its first initialization (the device's capability and the environment).
+  static const bool enabled = [] {
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    const char* env = std::getenv("SLUICE_CUDA_PDL");
+    return major >= 9 && !(env != nullptr && std::string(env) == "0");
+  }();
+  return enabled;
+}
+
 int64_t q8_activation_bytes(int64_t cols, int tokens) {
   const int64_t q_bytes = (cols * tokens + 15) / 16 * 16;
   return q_bytes + (cols / 32) * tokens * int64_t(sizeof(float2));
@@ -68,6 +82,7 @@ namespace {
 // round-to-nearest-even activation quantizer bit for bit (IEEE division and multiply, rint).
 __global__ void quantize_q8_kernel(const float* __restrict__ x, int8_t* __restrict__ q, float2* __restrict__ ds,
                                    int64_t nblocks) {
+  pdl_wait();
   pdl_trigger();  // the GEMV that reads this activation may start streaming its weights
   const int lane = threadIdx.x % kWarpSize;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarpSize);
@@ -95,7 +110,8 @@ Status quantize_activation_q8(const float* x, const Q8Activation& out, cudaStrea
   constexpr int kBlock = 256;
   const int64_t want = (nblocks + kBlock / kWarpSize - 1) / (kBlock / kWarpSize);
   const int grid = int(std::min<int64_t>(want, 4096));
-  quantize_q8_kernel<<<grid, kBlock, 0, stream>>>(x, out.q, out.ds, nblocks);
+  SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(quantize_q8_kernel, dim3(unsigned(grid)), dim3(kBlock), 0, stream, x, out.q,
+                                         out.ds, nblocks));
   SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("quantize_q8_kernel");
   return Status::ok();
 }

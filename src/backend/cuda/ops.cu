@@ -30,6 +30,8 @@ bool aligned_to(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>
 // so in-place use (dst aliasing an input with the same stride) is safe; no pointer is __restrict__.
 template <int V, class Op>
 __global__ void __launch_bounds__(kThreads) rowwise_kernel(Op op, int64_t rows, int64_t cols) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t col_step = int64_t(gridDim.x) * kThreads * V;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
     for (int64_t c = (int64_t(blockIdx.x) * kThreads + threadIdx.x) * V; c < cols; c += col_step) {
@@ -45,9 +47,9 @@ Status launch_rowwise(const Op& op, int64_t rows, int64_t cols, bool vec4, cudaS
   const int64_t col_blocks = (cols + int64_t(kThreads) * v - 1) / (int64_t(kThreads) * v);
   const dim3 grid(unsigned(std::min(col_blocks, kMaxGridX)), unsigned(std::min(rows, kMaxGridY)));
   if (vec4) {
-    rowwise_kernel<4><<<grid, kThreads, 0, stream>>>(op, rows, cols);
+    SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(rowwise_kernel<4, Op>, grid, dim3(kThreads), 0, stream, op, rows, cols));
   } else {
-    rowwise_kernel<1><<<grid, kThreads, 0, stream>>>(op, rows, cols);
+    SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(rowwise_kernel<1, Op>, grid, dim3(kThreads), 0, stream, op, rows, cols));
   }
   SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("rowwise_kernel");
   return Status::ok();
@@ -199,6 +201,8 @@ struct NormArgs {
 
 // Small groups (Q/K head norms, head_dim 64..256): one warp per group, 8 groups per block.
 __global__ void __launch_bounds__(kThreads) rms_norm_warp_kernel(NormArgs a) {
+  pdl_wait();
+  pdl_trigger();
   constexpr int kWarps = kThreads / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   const int64_t step = int64_t(gridDim.x) * kWarps;
@@ -262,6 +266,7 @@ __device__ __forceinline__ void q8_block(float v, int8_t* q, float2* ds) {
 // rms_norm of whole rows that also writes the rows' int8 activation (decode: the norm's output
 // only feeds matrix products). group == cols, cols % 32 == 0, rows dense in the activation.
 __global__ void __launch_bounds__(kNormThreads) rms_norm_q8_kernel(NormArgs a, int8_t* q, float2* ds) {
+  pdl_wait();
   pdl_trigger();  // the GEMVs reading this activation may start streaming their weights
   __shared__ double partial[kNormThreads / kWarpSize];
   for (int64_t item = blockIdx.x; item < a.items; item += gridDim.x) {
@@ -284,6 +289,7 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_q8_kernel(NormArgs a, i
 // read before the block's first barrier, dst written after it).
 __global__ void __launch_bounds__(kNormThreads) add_rms_norm_q8_kernel(NormArgs a, const float* src,
                                                                        int64_t src_stride, int8_t* q, float2* ds) {
+  pdl_wait();
   pdl_trigger();  // the GEMVs reading this activation may start streaming their weights
   __shared__ double partial[kNormThreads / kWarpSize];
   for (int64_t item = blockIdx.x; item < a.items; item += gridDim.x) {
@@ -376,6 +382,8 @@ struct RopeStoreArgs {
 };
 
 __global__ void __launch_bounds__(kRopeThreads) rope_store_kernel(RopeStoreArgs a) {
+  pdl_wait();
+  pdl_trigger();
   extern __shared__ float table[];
   float* cs = table;
   float* sn = table + a.q.half;
@@ -410,6 +418,7 @@ __global__ void __launch_bounds__(kRopeThreads) rope_kernel(RopeKernelArgs a) {
 __global__ void __launch_bounds__(kThreads) swiglu_q8_kernel(const float* gate, int64_t gate_stride, const float* up,
                                                              int64_t up_stride, float* dst, int64_t dst_stride,
                                                              int64_t rows, int64_t cols, int8_t* q, float2* ds) {
+  pdl_wait();
   pdl_trigger();  // the down projection may start streaming its weights
   const int64_t n = rows * cols;
   const int64_t step = int64_t(gridDim.x) * kThreads;
@@ -436,7 +445,8 @@ Status rms_norm_q8(const float* x, int64_t x_stride, float* dst, int64_t dst_str
   SLUICE_RETURN_IF_ERROR(check_stride("rms_norm_q8", "dst", dst, dst_stride, cols));
   if (w == nullptr) return invalid_argument("rms_norm_q8: w is null");
   NormArgs a{x, x_stride, dst, dst_stride, rows, 1, int(cols), w, eps};
-  rms_norm_q8_kernel<<<unsigned(std::min(rows, kMaxGridX)), kNormThreads, 0, stream>>>(a, out.q, out.ds);
+  SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(rms_norm_q8_kernel, dim3(unsigned(std::min(rows, kMaxGridX))),
+                                         dim3(kNormThreads), 0, stream, a, out.q, out.ds));
   SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("rms_norm_q8_kernel");
   return Status::ok();
 }
@@ -453,8 +463,8 @@ Status swiglu_q8(const float* gate, int64_t gate_stride, const float* up, int64_
   SLUICE_RETURN_IF_ERROR(check_stride("swiglu_q8", "dst", dst, dst_stride, cols));
   const int64_t n = rows * cols;
   const int64_t blocks = std::min((n + kThreads - 1) / kThreads, kMaxGridX);
-  swiglu_q8_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(gate, gate_stride, up, up_stride, dst, dst_stride,
-                                                               rows, cols, out.q, out.ds);
+  SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(swiglu_q8_kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, gate,
+                                         gate_stride, up, up_stride, dst, dst_stride, rows, cols, out.q, out.ds));
   SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("swiglu_q8_kernel");
   return Status::ok();
 }
@@ -475,7 +485,7 @@ Status rms_norm(const float* x, int64_t x_stride, float* dst, int64_t dst_stride
   if (group <= 1024) {
     constexpr int64_t kWarps = kThreads / kWarpSize;
     const int64_t blocks = std::min((a.items + kWarps - 1) / kWarps, kMaxGridX * 4);
-    rms_norm_warp_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(a);
+    SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(rms_norm_warp_kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, a));
     SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("rms_norm_warp_kernel");
   } else {
     const int64_t blocks = std::min(a.items, kMaxGridX * 4);
@@ -673,7 +683,7 @@ Status rope_store_kv(float* q, int64_t q_stride, float* k, int64_t k_stride, int
   a.v_cache_stride = v_cache_stride;
   const unsigned grid = unsigned(std::min(rows, kMaxGridY));
   const size_t smem = size_t(a.q.half) * 2 * sizeof(float);
-  rope_store_kernel<<<grid, kRopeThreads, smem, stream>>>(a);
+  SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(rope_store_kernel, dim3(grid), dim3(kRopeThreads), smem, stream, a));
   SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("rope_store_kernel");
   return Status::ok();
 }
@@ -691,8 +701,8 @@ Status add_rms_norm_q8(float* x, int64_t x_stride, const float* src, int64_t src
   SLUICE_RETURN_IF_ERROR(check_stride("add_rms_norm_q8", "dst", dst, dst_stride, cols));
   if (w == nullptr) return invalid_argument("add_rms_norm_q8: w is null");
   NormArgs a{x, x_stride, dst, dst_stride, rows, 1, int(cols), w, eps};
-  add_rms_norm_q8_kernel<<<unsigned(std::min(rows, kMaxGridX)), kNormThreads, 0, stream>>>(a, src, src_stride, out.q,
-                                                                                           out.ds);
+  SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(add_rms_norm_q8_kernel, dim3(unsigned(std::min(rows, kMaxGridX))),
+                                         dim3(kNormThreads), 0, stream, a, src, src_stride, out.q, out.ds));
   SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("add_rms_norm_q8_kernel");
   return Status::ok();
 }
