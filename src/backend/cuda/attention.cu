@@ -71,6 +71,11 @@ int64_t attention_workspace_bytes(int n_tokens, int n_head, int head_dim, int ma
   return attn::decode_workspace_bytes(rows, n_head, head_dim, attn::max_splits(max_positions));
 }
 
+bool attention_writes_q8(const AttentionArgs& args) {
+  return args.n_tokens > 0 && args.n_tokens <= attn::kDecodeMaxTokens &&
+         args.out_stride == int64_t(args.n_head) * args.head_dim && args.head_dim % 32 == 0;
+}
+
 Status attention(const AttentionArgs& args, void* workspace, int64_t workspace_bytes, int sm_count,
                  cudaStream_t stream) {
   SLUICE_RETURN_IF_ERROR(check_args(args, sm_count));

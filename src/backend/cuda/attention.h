@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cuda_runtime_api.h>
+#include <vector_types.h>
 
 #include <cstdint>
 
@@ -33,7 +34,13 @@ struct AttentionArgs {
   int head_dim = 0;             // a multiple of 32, <= 256
   float scale = 1.0f;
   int pos0 = 0;                 // query t sees cache rows [0, pos0 + t]
+  // Decode only (optional): also write the int8 activation of out ([n_tokens][n_head * head_dim],
+  // as quantize_activation_q8 makes it; out must be dense) for the output projection's GEMV.
+  int8_t* out_q = nullptr;
+  float2* out_ds = nullptr;
 };
+// True when attention() writes out_q/out_ds for this call shape (decode rows, dense output).
+bool attention_writes_q8(const AttentionArgs& args);
 
 // Workspace bytes attention() needs for this call shape at most `max_positions` cache rows
 // (allocate once for the largest call; 0 is a valid answer).

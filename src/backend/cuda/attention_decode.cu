@@ -240,7 +240,8 @@ __device__ float block_reduce(float v, float* scratch) {
 // Split 0 always holds key 0, so M is finite and the denominator positive.
 __global__ void __launch_bounds__(kDecodeThreads)
     decode_combine_kernel(const float* __restrict__ ws_acc, const float2* __restrict__ ws_ml, float* __restrict__ out,
-                          int64_t out_stride, int n_head, int head_dim, int n_splits) {
+                          int64_t out_stride, int n_head, int head_dim, int n_splits, int8_t* __restrict__ out_q,
+                          float2* __restrict__ out_ds) {
   __shared__ float w[kMaxSplits];
   __shared__ float scratch[kDecodeThreads / kWarpSize];
   pdl_wait();
@@ -261,22 +262,28 @@ __global__ void __launch_bounds__(kDecodeThreads)
   }
   denom = block_reduce<false>(denom, scratch);  // its barriers also publish w[]
   const float inv = 1.0f / denom;
+  // head_dim is a multiple of 32: each warp covers 32 consecutive outputs, one q8 block of the
+  // dense output row (out_q: the output projection's int8 activation, written here).
   for (int d = int(threadIdx.x); d < head_dim; d += kDecodeThreads) {
     float acc = 0.0f;
     for (int s = 0; s < n_splits; ++s) acc = fmaf(w[s], ws_acc[(row0 + s) * head_dim + d], acc);
-    out[int64_t(t) * out_stride + int64_t(head) * head_dim + d] = acc * inv;
+    const float y = acc * inv;
+    const int64_t e = int64_t(t) * out_stride + int64_t(head) * head_dim + d;
+    out[e] = y;
+    if (out_q != nullptr) q8_block(y, out_q + (e - int64_t(threadIdx.x % kWarpSize)), out_ds + e / 32);
   }
 }
 
 template <int HD>
-Status launch_decode_hd(const DecodeParams& p, int n_tokens, float* out, int64_t out_stride, cudaStream_t stream) {
+Status launch_decode_hd(const DecodeParams& p, int n_tokens, float* out, int64_t out_stride, int8_t* out_q,
+                        float2* out_ds, cudaStream_t stream) {
   const int64_t blocks = int64_t(n_tokens) * p.n_head_kv * p.n_hgroups * p.n_splits;
   SLUICE_CUDA_RETURN_IF_ERROR(
       launch_pdl(decode_split_kernel<HD>, dim3(unsigned(blocks)), dim3(kDecodeThreads), 0, stream, p));
   SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("decode_split_kernel");
   SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(decode_combine_kernel, dim3(unsigned(p.n_head), unsigned(n_tokens)),
                                          dim3(kDecodeThreads), 0, stream, p.ws_acc, p.ws_ml, out, out_stride,
-                                         p.n_head, HD, p.n_splits));
+                                         p.n_head, HD, p.n_splits, out_q, out_ds));
   SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("decode_combine_kernel");
   return Status::ok();
 }
@@ -303,15 +310,18 @@ Status launch_decode(const AttentionArgs& a, const DecodePlan& plan, void* works
   p.split_keys = plan.split_keys;
   p.pos0 = a.pos0;
   p.scale_log2 = a.scale * kLog2e;
+  const bool q8 = a.out_q != nullptr && a.out_ds != nullptr && attention_writes_q8(a);
+  int8_t* q = q8 ? a.out_q : nullptr;
+  float2* ds = q8 ? a.out_ds : nullptr;
   switch (a.head_dim) {
-    case 32: return launch_decode_hd<32>(p, a.n_tokens, a.out, a.out_stride, stream);
-    case 64: return launch_decode_hd<64>(p, a.n_tokens, a.out, a.out_stride, stream);
-    case 96: return launch_decode_hd<96>(p, a.n_tokens, a.out, a.out_stride, stream);
-    case 128: return launch_decode_hd<128>(p, a.n_tokens, a.out, a.out_stride, stream);
-    case 160: return launch_decode_hd<160>(p, a.n_tokens, a.out, a.out_stride, stream);
-    case 192: return launch_decode_hd<192>(p, a.n_tokens, a.out, a.out_stride, stream);
-    case 224: return launch_decode_hd<224>(p, a.n_tokens, a.out, a.out_stride, stream);
-    case 256: return launch_decode_hd<256>(p, a.n_tokens, a.out, a.out_stride, stream);
+    case 32: return launch_decode_hd<32>(p, a.n_tokens, a.out, a.out_stride, q, ds, stream);
+    case 64: return launch_decode_hd<64>(p, a.n_tokens, a.out, a.out_stride, q, ds, stream);
+    case 96: return launch_decode_hd<96>(p, a.n_tokens, a.out, a.out_stride, q, ds, stream);
+    case 128: return launch_decode_hd<128>(p, a.n_tokens, a.out, a.out_stride, q, ds, stream);
+    case 160: return launch_decode_hd<160>(p, a.n_tokens, a.out, a.out_stride, q, ds, stream);
+    case 192: return launch_decode_hd<192>(p, a.n_tokens, a.out, a.out_stride, q, ds, stream);
+    case 224: return launch_decode_hd<224>(p, a.n_tokens, a.out, a.out_stride, q, ds, stream);
+    case 256: return launch_decode_hd<256>(p, a.n_tokens, a.out, a.out_stride, q, ds, stream);
     default: break;
   }
   return unsupported("attention: head_dim " + std::to_string(a.head_dim) + " has no decode kernel");

@@ -134,4 +134,20 @@ __device__ __forceinline__ int sub_bytes(uint32_t q, uint32_t k4) {
   return int(((q | 0x80808080u) - k4) ^ 0x80808080u);
 }
 
+// The int8 activation of 32 consecutive values held one per lane of a warp (every lane takes
+// part), exactly as gemv.cu's quantize_q8_kernel makes it: d = max|v| / 127,
+// q = rne(v * 127 / max|v|), ds = (d, d * sum q). q points at the block's first byte, ds at its
+// entry. The fused decode ops (norm, SwiGLU, attention combine) write their output's activation
+// with it, so the GEMV that reads it needs no quantize launch.
+__device__ __forceinline__ void q8_block(float v, int8_t* q, float2* ds) {
+  const int lane = threadIdx.x % kWarpSize;
+  const float amax = warp_max(fabsf(v));
+  const float d = __fdiv_rn(amax, 127.0f);
+  const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
+  const int qi = __float2int_rn(__fmul_rn(v, id));
+  q[lane] = int8_t(qi);
+  const int sum = warp_sum_int(qi);
+  if (lane == 0) *ds = make_float2(d, __fmul_rn(d, float(sum)));
+}
+
 }  // namespace sluice::backend::cuda

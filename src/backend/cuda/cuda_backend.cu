@@ -438,7 +438,15 @@ class CudaBackend final : public Backend {
     a.pos0 = p.pos0;
     const int64_t need = attention_workspace_bytes(a.n_tokens, p.n_head, p.head_dim, int(k_cache.rows));
     void* ws = grow(attn_ws_, need);
+    // Decode: the combine pass also writes the output's int8 activation for the output projection.
+    const bool q8 = attention_writes_q8(a) && out.stride == out.cols;
+    if (q8) {
+      const Q8Activation xq = q8_view(out.cols, int(out.rows));
+      a.out_q = xq.q;
+      a.out_ds = xq.ds;
+    }
     must(cuda::attention(a, ws, attn_ws_.bytes, dev_.sm_count, stream_), "attention");
+    if (q8) set_q8(out);
   }
 
  private:

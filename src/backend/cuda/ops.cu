@@ -250,19 +250,6 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_block_kernel(NormArgs a
   }
 }
 
-// The int8 activation of 32 consecutive values held one per lane, exactly as gemv.cu's
-// quantize_q8_kernel makes it (d = max|v| / 127, q = rne(v * 127 / max|v|), (d, d * sum q)).
-__device__ __forceinline__ void q8_block(float v, int8_t* q, float2* ds) {
-  const int lane = threadIdx.x % kWarpSize;
-  const float amax = warp_max(fabsf(v));
-  const float d = __fdiv_rn(amax, 127.0f);
-  const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
-  const int qi = __float2int_rn(__fmul_rn(v, id));
-  q[lane] = int8_t(qi);
-  const int sum = warp_sum_int(qi);
-  if (lane == 0) *ds = make_float2(d, __fmul_rn(d, float(sum)));
-}
-
 // rms_norm of whole rows that also writes the rows' int8 activation (decode: the norm's output
 // only feeds matrix products). group == cols, cols % 32 == 0, rows dense in the activation.
 __global__ void __launch_bounds__(kNormThreads) rms_norm_q8_kernel(NormArgs a, int8_t* q, float2* ds) {
