@@ -23,7 +23,8 @@ void add_backend_flags(CLI::App& app, ModelFlags& f) {
                  "device: cuda, cpu, or auto (the GPU when the whole model fits in its free memory)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
-  app.add_flag("--graphs", f.graphs, "CUDA: record each decode step as a graph and replay it (off: measured slower)");
+  app.add_flag("!--no-graphs", f.graphs,
+               "CUDA: issue every decode kernel from the host instead of replaying the recorded step (A/B runs)");
 }
 
 model::BackendKind backend_kind(const ModelFlags& f) {

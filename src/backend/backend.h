@@ -150,8 +150,14 @@ class Backend {
 
   // A step: the ops issued between begin_step() and end_step() may be recorded and replayed as one
   // unit (a CUDA graph); ops inside a step must not be followed by download() or sync() before
-  // end_step(). Steps that repeat with the same sequence of ops (decode) replay cheaply.
-  virtual void begin_step() {}
+  // end_step(). `key` names the step's sequence of ops: equal keys mean the same ops on the same
+  // tensors and weights, only the position differs (decode over resident weights); `pos` is that
+  // position, and every op of the step that takes a position gets this one. replay_step(key, pos)
+  // runs a recorded step with this key at `pos` and returns true (the caller issues nothing of the
+  // step, and reads its outputs as usual); false: nothing recorded for it, issue the step
+  // (begin_step .. end_step), which records it where the backend can.
+  virtual bool replay_step(uint64_t key, int pos) { return false; }
+  virtual void begin_step(uint64_t key, int pos) {}
   virtual void end_step() {}
 
   // dst[t] = dequantize(table row ids[t]); table [n_embd, n_vocab]; dst rows == ids.size().
@@ -239,7 +245,7 @@ std::unique_ptr<Backend> make_cpu_backend(const CpuOptions& opts);
 
 struct CudaOptions {
   int device = 0;
-  bool graphs = false;  // record decode steps as CUDA graphs and replay them (see LoadOptions)
+  bool graphs = true;  // record decode steps as CUDA graphs and replay them (see Backend::replay_step)
 };
 // The CUDA backend (backend/cuda), in builds with CUDA (SLUICE_HAVE_CUDA). Error: no device, or
 // the device cannot be used.

@@ -19,7 +19,8 @@ attn::DecodePlan plan_decode(const AttentionArgs& a, int sm_count) {
   plan.group = a.n_head / a.n_head_kv;
   plan.n_hgroups = int(ceil_div(plan.group, attn::kMaxHeadsPerBlock));
   plan.heads_per_block = int(ceil_div(plan.group, plan.n_hgroups));  // balanced: 6 -> 3 + 3, not 4 + 2
-  const int64_t n_ctx = int64_t(a.pos0) + a.n_tokens;  // keys of the last (longest) query row
+  // Keys of the last (longest) query row, or the range of positions the plan is made for.
+  const int64_t n_ctx = std::max<int64_t>(int64_t(a.pos0) + a.n_tokens, a.plan_ctx);
   const int64_t base_blocks = int64_t(a.n_tokens) * a.n_head_kv * plan.n_hgroups;
   const int64_t target = int64_t(attn::kDecodeBlocksPerSm) * sm_count;
   const int64_t splits = std::clamp<int64_t>(ceil_div(target, base_blocks), 1, attn::max_splits(n_ctx));

@@ -34,6 +34,12 @@ struct AttentionArgs {
   int head_dim = 0;             // a multiple of 32, <= 256
   float scale = 1.0f;
   int pos0 = 0;                 // query t sees cache rows [0, pos0 + t]
+  // Decode only (optional): the kernels read pos0 from this device int when they run (a recorded
+  // step replayed at later positions), and the key splits are planned for plan_ctx positions
+  // (>= pos0 + n_tokens; splits past the context are empty), so one plan serves a range of
+  // positions. Results depend only on the plan, not on which of these set it.
+  const int* pos_dev = nullptr;
+  int plan_ctx = 0;
   // Decode only (optional): also write the int8 activation of out ([n_tokens][n_head * head_dim],
   // as quantize_activation_q8 makes it; out must be dense) for the output projection's GEMV.
   int8_t* out_q = nullptr;

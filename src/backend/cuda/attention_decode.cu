@@ -52,6 +52,7 @@ struct DecodeParams {
   int n_splits;
   int split_keys;
   int pos0;
+  const int* pos_dev;  // non-null: pos0 is read here (a replayed step)
   float scale_log2;  // scale * log2(e): scores come out in log2 units, so exp2f is the exponential
 };
 
@@ -83,7 +84,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(const Deco
 
   // Query row t sees keys [0, pos0 + t]; this split owns [begin, end) of them (maybe none when
   // t is not the last row: the plan is made for the longest row).
-  const int n_kv = p.pos0 + t + 1;
+  const int n_kv = (p.pos_dev != nullptr ? *p.pos_dev : p.pos0) + t + 1;
   const int begin = split * p.split_keys;
   const int end = min(begin + p.split_keys, n_kv);
   const int slot0 = hg * p.heads_per_block;
@@ -309,6 +310,7 @@ Status launch_decode(const AttentionArgs& a, const DecodePlan& plan, void* works
   p.n_splits = plan.n_splits;
   p.split_keys = plan.split_keys;
   p.pos0 = a.pos0;
+  p.pos_dev = a.pos_dev;
   p.scale_log2 = a.scale * kLog2e;
   const bool q8 = a.out_q != nullptr && a.out_ds != nullptr && attention_writes_q8(a);
   int8_t* q = q8 ? a.out_q : nullptr;

@@ -320,13 +320,15 @@ struct RopeKernelArgs {
   float freq_scale;
   const float* freq_factors;  // nullptr or [half]
   int64_t pos0;
+  const int* pos_dev;  // non-null: the position of row 0 is *pos_dev (a replayed decode step)
+  __device__ int64_t base() const { return pos_dev != nullptr ? int64_t(*pos_dev) : pos0; }
 };
 
 constexpr int kRopeThreads = 512;  // a decode row: 2048 pairs in 4 steps per thread
 
 // The row's cos/sin table, as rope_kernel fills it (one entry per rotating pair of a head).
 __device__ __forceinline__ void rope_table(const RopeKernelArgs& a, int64_t r, float* cs, float* sn) {
-  const float pos = float(a.pos0 + r);
+  const float pos = float(a.base() + r);
   for (int i = threadIdx.x; i < a.half; i += kRopeThreads) {
     float theta = pos;
     for (int k = 0; k < i; ++k) theta = __fmul_rn(theta, a.theta_scale);
@@ -382,10 +384,11 @@ __global__ void __launch_bounds__(kRopeThreads) rope_store_kernel(RopeStoreArgs 
     float* kr = a.k + r * a.k_stride;
     rope_row(a.q, kr, a.n_head_k, cs, sn);
     __syncthreads();  // k rotated (by other threads) before it is stored; the table is reused
-    __half* kc = a.k_cache + (a.q.pos0 + r) * a.k_cache_stride;
+    const int64_t row = a.q.base() + r;
+    __half* kc = a.k_cache + row * a.k_cache_stride;
     for (int64_t c = threadIdx.x; c < k_cols; c += kRopeThreads) kc[c] = __float2half_rn(kr[c]);
     const float* vr = a.v + r * a.v_stride;
-    __half* vc = a.v_cache + (a.q.pos0 + r) * a.v_cache_stride;
+    __half* vc = a.v_cache + row * a.v_cache_stride;
     for (int64_t c = threadIdx.x; c < a.v_cols; c += kRopeThreads) vc[c] = __float2half_rn(vr[c]);
   }
 }
@@ -613,7 +616,8 @@ Status check_rope(const RopeArgs& args) {
   return Status::ok();
 }
 
-RopeKernelArgs rope_kernel_args(float* x, int64_t stride, int64_t rows, const RopeArgs& args, int pos0) {
+RopeKernelArgs rope_kernel_args(float* x, int64_t stride, int64_t rows, const RopeArgs& args, int pos0,
+                                const int* pos_dev) {
   RopeKernelArgs a;
   a.x = x;
   a.stride = stride;
@@ -627,16 +631,18 @@ RopeKernelArgs rope_kernel_args(float* x, int64_t stride, int64_t rows, const Ro
   a.freq_scale = args.freq_scale;
   a.freq_factors = args.freq_factors;
   a.pos0 = pos0;
+  a.pos_dev = pos_dev;
   return a;
 }
 }  // namespace
 
-Status rope(float* x, int64_t stride, int64_t rows, const RopeArgs& args, int pos0, cudaStream_t stream) {
+Status rope(float* x, int64_t stride, int64_t rows, const RopeArgs& args, int pos0, cudaStream_t stream,
+            const int* pos_dev) {
   SLUICE_RETURN_IF_ERROR(check_rope(args));
   if (rows < 0) return invalid_argument("rope: negative rows");
   if (rows == 0) return Status::ok();
   SLUICE_RETURN_IF_ERROR(check_stride("rope", "x", x, stride, int64_t(args.n_head) * args.head_dim));
-  const RopeKernelArgs a = rope_kernel_args(x, stride, rows, args, pos0);
+  const RopeKernelArgs a = rope_kernel_args(x, stride, rows, args, pos0, pos_dev);
   const unsigned grid = unsigned(std::min(rows, kMaxGridY));
   const size_t smem = size_t(a.half) * 2 * sizeof(float);  // <= 8 KB
   rope_kernel<<<grid, kRopeThreads, smem, stream>>>(a);
@@ -647,7 +653,7 @@ Status rope(float* x, int64_t stride, int64_t rows, const RopeArgs& args, int po
 Status rope_store_kv(float* q, int64_t q_stride, float* k, int64_t k_stride, int n_head_k, const float* v,
                      int64_t v_stride, int64_t v_cols, int64_t rows, const RopeArgs& args, void* k_cache,
                      int64_t k_cache_stride, void* v_cache, int64_t v_cache_stride, int64_t pos0,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, const int* pos_dev) {
   SLUICE_RETURN_IF_ERROR(check_rope(args));
   if (n_head_k <= 0 || v_cols <= 0) return invalid_argument("rope_store_kv: bad k heads or v columns");
   if (rows < 0 || pos0 < 0) return invalid_argument("rope_store_kv: negative rows or pos0");
@@ -657,7 +663,7 @@ Status rope_store_kv(float* q, int64_t q_stride, float* k, int64_t k_stride, int
   SLUICE_RETURN_IF_ERROR(check_stride("rope_store_kv", "k", k, k_stride, int64_t(n_head_k) * args.head_dim));
   SLUICE_RETURN_IF_ERROR(check_stride("rope_store_kv", "v", v, v_stride, v_cols));
   RopeStoreArgs a;
-  a.q = rope_kernel_args(q, q_stride, rows, args, int(pos0));
+  a.q = rope_kernel_args(q, q_stride, rows, args, int(pos0), pos_dev);
   a.k = k;
   a.k_stride = k_stride;
   a.n_head_k = n_head_k;
@@ -705,8 +711,32 @@ Status f32_to_f16(const float* src, int64_t src_stride, void* dst, int64_t dst_s
   return launch_rowwise(ToHalfOp{src, src_stride, static_cast<__half*>(dst), dst_stride}, rows, cols, vec4, stream);
 }
 
+namespace {
+// store_rows_f16 at the device-held position (a replayed decode step): one block per row.
+__global__ void __launch_bounds__(kThreads) store_rows_dev_kernel(const float* src, int64_t src_stride, int64_t rows,
+                                                                  int64_t cols, __half* cache, int64_t cache_stride,
+                                                                  const int* pos_dev) {
+  pdl_wait();
+  pdl_trigger();
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    __half* dst = cache + (int64_t(*pos_dev) + r) * cache_stride;
+    for (int64_t c = threadIdx.x; c < cols; c += kThreads) dst[c] = __float2half_rn(src[r * src_stride + c]);
+  }
+}
+}  // namespace
+
 Status store_rows_f16(const float* src, int64_t src_stride, int64_t rows, int64_t cols, void* cache,
-                      int64_t cache_stride, int64_t pos0, cudaStream_t stream) {
+                      int64_t cache_stride, int64_t pos0, cudaStream_t stream, const int* pos_dev) {
+  if (pos_dev != nullptr) {
+    SLUICE_RETURN_IF_ERROR(check_rows("store_rows_f16", rows, cols));
+    if (rows == 0 || cols == 0) return Status::ok();
+    if (cache == nullptr) return invalid_argument("store_rows_f16: cache is null");
+    SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(store_rows_dev_kernel, dim3(unsigned(std::min(rows, kMaxGridX))),
+                                           dim3(kThreads), 0, stream, src, src_stride, rows, cols,
+                                           static_cast<__half*>(cache), cache_stride, pos_dev));
+    SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("store_rows_dev_kernel");
+    return Status::ok();
+  }
   if (pos0 < 0) return invalid_argument("store_rows_f16: negative pos0 " + std::to_string(pos0));
   if (cache == nullptr) return invalid_argument("store_rows_f16: cache is null");
   // Row pos0 of the cache; the caller guarantees the cache holds pos0 + rows rows.
