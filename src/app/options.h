@@ -37,6 +37,9 @@ struct StreamFlags {
   // (cost: CPU or copy by the cost model; cpu; copy) and a cap on the VRAM expert cache.
   std::string expert_misses = "cost";
   std::string expert_cache;
+  // --expert-prefetch on|off: predict the next layer's experts with its router on the current
+  // hidden state and move the missing ones ahead (RAM cache: read from disk; VRAM cache: copied).
+  std::string expert_prefetch = "on";
 };
 
 struct SamplingFlags {
