@@ -150,7 +150,7 @@ Result<stream::MissPolicy> miss_policy(const StreamFlags& sf) {
 Result<stream::RamExpertOptions> ram_expert_options(const StreamFlags& sf, uint64_t budget) {
   stream::RamExpertOptions o;
   o.ram_budget = budget;
-  o.prefetch = sf.expert_prefetch != "off";
+  o.prefetch = sf.expert_prefetch == "on";  // auto: off (reads ahead compete with misses for the disk)
   if (!sf.expert_cache.empty()) {
     SLUICE_ASSIGN_OR_RETURN(o.cache_bytes, stream::parse_byte_size(sf.expert_cache));
   }
@@ -185,7 +185,7 @@ Result<LoadedModel> load_device_streamed(const ModelFlags& mf, const StreamFlags
     if (!sf.expert_cache.empty()) {
       SLUICE_ASSIGN_OR_RETURN(eo.cache_bytes, stream::parse_byte_size(sf.expert_cache));
     }
-    eo.prefetch = sf.expert_prefetch != "off";
+    eo.prefetch = sf.expert_prefetch != "off";  // auto: on (copies ahead use an idle copy engine)
     eo.trace = lm.trace.get();
     lo.layer_source = stream::expert_streaming_source(eo, &lm.expert_streamer);
   }

@@ -58,8 +58,9 @@ void add_stream_flags(CLI::App& app, StreamFlags& f) {
                  "SIZE (default: what the budget leaves)");
   app.add_option("--expert-prefetch", f.expert_prefetch,
                  "mixture of experts with a budget: predict the next layer's experts (its router on the current hidden "
-                 "state) and read or copy the missing ones ahead")
-      ->check(CLI::IsMember({"on", "off"}))
+                 "state) and copy (--vram-budget) or read (--ram-budget) the missing ones ahead; auto: on for the VRAM "
+                 "cache, off for the RAM cache")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
 }
 

@@ -260,6 +260,23 @@ Status RamExpertCache::fail(Status st) {
   return failed_;
 }
 
+bool RamExpertCache::arrived(Slot& s) {
+  for (int i = 0; i < s.n_tickets; ++i) {
+    if (!reader_->is_done(s.tickets[i])) return false;
+  }
+  return true;
+}
+
+RamExpertCache::Slot& RamExpertCache::oldest_pending(bool with_staging) {
+  Slot* best = nullptr;
+  for (Slot& s : slots_) {
+    if (!s.pending || (with_staging && s.staging < 0)) continue;
+    if (!best || s.submitted < best->submitted) best = &s;
+  }
+  SLUICE_CHECK(best != nullptr, "ram expert cache: no read in flight to complete");
+  return *best;
+}
+
 int RamExpertCache::free_staging() const {
   for (size_t i = 0; i < staging_busy_.size(); ++i) {
     if (!staging_busy_[i]) return int(i);
@@ -360,7 +377,7 @@ int RamExpertCache::victim() const {
   int best = -1;
   for (size_t i = 0; i < slots_.size(); ++i) {
     const Slot& s = slots_[i];
-    if (s.busy == stamp_ || s.pending) continue;  // read by the layer being placed, or being read
+    if (s.busy == stamp_) continue;  // read by the layer being placed (or read ahead for the next)
     if (s.key < 0) return int(i);
     if (best < 0) {
       best = int(i);
@@ -399,10 +416,11 @@ Status RamExpertCache::place(int layer, int n_tokens, std::span<const model::Exp
   if (!failed_.is_ok()) return failed_;
   ++stamp_;
   const auto t0 = Clock::now();
-  // Reads started ahead for this layer: complete them (they had the previous layer's compute to
-  // arrive); a prediction for this layer is scored against what the router chose.
+  // Reads started ahead that have arrived are completed now (no wait); the others only when this
+  // layer uses them or their slot or read buffer is needed, so a wrong prediction costs disk time
+  // and a slot, never a wait. A prediction for this layer is scored against what the router chose.
   for (Slot& s : slots_) {
-    if (s.pending) SLUICE_RETURN_IF_ERROR(finish(s));
+    if (s.pending && arrived(s)) SLUICE_RETURN_IF_ERROR(finish(s));
   }
   if (predicted_layer_ == layer) {
     for (const model::ExpertBatch& b : batches) mark_[size_t(b.expert)] = true;
@@ -426,29 +444,29 @@ Status RamExpertCache::place(int layer, int n_tokens, std::span<const model::Exp
     ++stats_.uses;
     if (decode_) ++stats_.decode_uses, ++stats_.layer_uses[size_t(layer)];
     if (const int w = where_[size_t(key)]; w >= 0) {
-      slots_[size_t(w)].busy = stamp_;
+      Slot& s = slots_[size_t(w)];
+      s.busy = stamp_;
+      if (s.pending) SLUICE_RETURN_IF_ERROR(finish(s));  // read ahead, still arriving
       continue;
     }
     misses_.push_back(int(i));
   }
-  // Misses: into the least valuable slots, as many reads in flight at once as read buffers allow.
+  // Misses: into the least valuable slots, all reads in flight at once where read buffers allow
+  // (else the oldest read holding one is completed first).
   be_->sync();  // a slot about to be overwritten may still be read by earlier ops (none on the CPU)
-  for (size_t m0 = 0; m0 < misses_.size();) {
-    size_t m1 = m0;
-    for (; m1 < misses_.size(); ++m1) {
-      if (!staging_.empty() && free_staging() < 0) break;
-      const int key = layer * n_expert_ + batches[size_t(misses_[m1])].expert;
-      const int v = victim();
-      SLUICE_CHECK(v >= 0, "ram expert cache: no slot to evict");
-      Slot& s = slots_[size_t(v)];
-      SLUICE_RETURN_IF_ERROR(start_read(s, key));
-      s.busy = stamp_;
-    }
-    for (size_t j = m0; j < m1; ++j) {
-      const int key = layer * n_expert_ + batches[size_t(misses_[j])].expert;
-      SLUICE_RETURN_IF_ERROR(finish(slots_[size_t(where_[size_t(key)])]));
-    }
-    m0 = m1;
+  for (int i : misses_) {
+    const int key = layer * n_expert_ + batches[size_t(i)].expert;
+    while (!staging_.empty() && free_staging() < 0) SLUICE_RETURN_IF_ERROR(finish(oldest_pending(true)));
+    const int v = victim();
+    SLUICE_CHECK(v >= 0, "ram expert cache: no slot to evict");
+    Slot& s = slots_[size_t(v)];
+    if (s.pending) SLUICE_RETURN_IF_ERROR(finish(s));  // an unused read ahead: its bytes land first
+    SLUICE_RETURN_IF_ERROR(start_read(s, key));
+    s.busy = stamp_;
+  }
+  for (int i : misses_) {
+    const int key = layer * n_expert_ + batches[size_t(i)].expert;
+    SLUICE_RETURN_IF_ERROR(finish(slots_[size_t(where_[size_t(key)])]));
   }
   const auto t1 = Clock::now();
   const double waited = std::chrono::duration<double>(t1 - t0).count();
@@ -515,7 +533,12 @@ void RamExpertCache::predicted(int next_layer, const model::MoeRouting& r) {
     const int v = victim();
     if (v < 0) break;
     Slot& s = slots_[size_t(v)];
+    if (s.pending) {
+      // An earlier read ahead, unused: reuse its slot only once it has arrived (no waiting here).
+      if (!arrived(s) || !finish(s).is_ok()) break;
+    }
     if (!start_read(s, key).is_ok()) return;  // sticky: the next place() reports it
+    s.busy = stamp_;  // kept from the next predictions of this pass's layer
     s.prefetched = true;
     const uint64_t bytes = expert_file_bytes(key);
     ++stats_.prefetch_reads;

@@ -43,7 +43,7 @@ struct RamExpertOptions {
   uint64_t ram_budget = 0;   // bytes for every weight held in RAM: resident part + expert cache + staging
   uint64_t cache_bytes = 0;  // tests and sweeps: cap the expert cache (0: what the budget leaves)
   IoOptions io;
-  bool prefetch = true;      // read the next layer's predicted experts ahead (--expert-prefetch)
+  bool prefetch = false;     // read the next layer's predicted experts ahead (--expert-prefetch on)
   // Passes of more tokens than this do not prefetch (a prefill routes to most experts anyway).
   int prefetch_max_tokens = 4;
   // Optional (not owned; must outlive the cache): one "expert" row per expert use (tier "ram hit",
@@ -148,6 +148,8 @@ class RamExpertCache final : public model::LayerSource, public model::ExpertPlac
   Site site(const Slot& s) const;
   int victim() const;
   int free_staging() const;
+  bool arrived(Slot& s);                        // every read of s's pending expert completed (no wait)
+  Slot& oldest_pending(bool with_staging);      // the earliest submitted read in flight
   Status fail(Status st);
 
   RamExpertPlan plan_;

@@ -171,6 +171,7 @@ TEST(StreamRamExperts, PrefetchAndEvictionAreCountedExactly) {
   auto be = backend::make_cpu_backend(co);
   RamExpertOptions ro;
   ro.ram_budget = uint64_t(1) << 30;
+  ro.prefetch = true;
   auto plan = plan_ram_experts(*w, *be, ro);
   ASSERT_TRUE(plan.is_ok());
   ro.cache_bytes = 4 * plan->slot_bytes;  // 4 slots
