@@ -146,7 +146,8 @@ Status Executor::moe_ffn(const LayerWeights& L, int l, int64_t n) {
   }
   // Experts in groups the placement can hold at once (one group without a placement, or with one
   // that holds any layer's experts), each group placed then computed, in ascending expert order.
-  const size_t group = placement_ ? std::max<size_t>(placement_->max_batches_per_place(), 1) : batches_.size();
+  const size_t group = std::clamp<size_t>(placement_ ? placement_->max_batches_per_place() : batches_.size(), 1,
+                                         std::max<size_t>(batches_.size(), 1));
   sites_.resize(batches_.size());
   double host_s = 0;
   for (size_t g0 = 0; g0 < batches_.size(); g0 += group) {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Mixture of experts on the CPU with --ram-budget through the CLI (the RAM expert cache,
 # docs/STREAMING.md): greedy output at a quarter of the file identical to the all-resident run,
-# with and without prefetch; peak RSS within the budget; --plan prints the cache's sizing; a budget
+# with and without prefetch, and with every expert repacked (SLUICE_QUANT_ISA=ref); peak RSS within the budget; --plan prints the cache's sizing; a budget
 # below the minimum names it; --trace holds one expert row per use and bench/plot/experts.py
 # renders it (exit 77 = skipped without matplotlib).
 # Usage: stream_moe.sh CASE SLUICE_BIN SOURCE_DIR
@@ -49,6 +49,17 @@ case $case_name in
     grep -q "prefetch: accuracy" "$tmp/qon.err" || fail "no prefetch accuracy with --expert-prefetch on"
     grep -q "prefetch off" "$tmp/qoff.err" || fail "prefetch not off"
     echo "ok: identical greedy output at budget $quarter of $bytes";;
+  packed_matches_resident)
+    # Under SLUICE_QUANT_ISA=ref the reference kernels have packed layouts, so every expert of this
+    # q4_k_m file (Q4_K and Q6_K stacks) is read into a buffer and repacked per expert, on any CPU.
+    export SLUICE_QUANT_ISA=ref
+    short=(-m "$model" -p "the quick brown fox" -n 8 --temp 0 -c 256 -t 2 --no-probe)
+    "$bin" run "${short[@]}" --backend cpu >"$tmp/ref" 2>"$tmp/ref.err" || fail "resident run: $(cat "$tmp/ref.err")"
+    "$bin" run "${short[@]}" --ram-budget "$quarter" >"$tmp/q" 2>"$tmp/q.err" || fail "cached run: $(cat "$tmp/q.err")"
+    cmp -s "$tmp/ref" "$tmp/q" || fail "packed: output differs: $(head -c 200 "$tmp/q") vs $(head -c 200 "$tmp/ref")"
+    "$bin" run "${short[@]}" --ram-budget "$quarter" --plan >"$tmp/p" 2>&1 || fail "--plan: $(cat "$tmp/p")"
+    grep -q "read buffers of .* (experts repacked after their read)" "$tmp/p" || fail "experts not repacked: $(cat "$tmp/p")"
+    echo ok;;
   plan_prints)
     "$bin" run "${common[@]}" --ram-budget "$quarter" --plan >"$tmp/o" 2>"$tmp/e" || fail "--plan failed: $(cat "$tmp/e")"
     grep -q "RAM expert cache: [0-9]* slots = [0-9]*% of the experts" "$tmp/o" || fail "no cache sizing: $(cat "$tmp/o")"
