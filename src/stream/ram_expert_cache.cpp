@@ -150,6 +150,7 @@ Result<std::unique_ptr<RamExpertCache>> RamExpertCache::create(const gguf::File&
   s->trace_ = opts.trace;
   s->prefetch_ = opts.prefetch;
   s->prefetch_max_tokens_ = opts.prefetch_max_tokens;
+  s->prefetch_top_ = opts.prefetch_top;
   s->n_layer_ = plan.n_layer;
   s->n_expert_ = plan.n_expert;
   s->file_ = w.layers;
@@ -524,9 +525,20 @@ void RamExpertCache::predicted(int next_layer, const model::MoeRouting& r) {
   for (int32_t e : predicted_set_) mark_[size_t(e)] = false;
   std::sort(predicted_set_.begin(), predicted_set_.end());
   predicted_layer_ = next_layer;
-  // Read the predicted experts that are not cached, while this layer computes. Slots of this
-  // layer's experts are kept; a read waits for a free read buffer only where experts are repacked.
+  // Read the predicted experts that are not cached, while this layer computes: only each token's
+  // prefetch_top highest-ranked predictions (a read ahead that goes unused takes disk time from
+  // the misses, and the lower ranks are right less often). Slots of this layer's experts are kept;
+  // a read waits for a free read buffer only where experts are repacked.
+  const int top = prefetch_top_ > 0 ? std::min(prefetch_top_, r.n_used) : r.n_used;
+  for (int t = 0; t < r.n_tokens; ++t) {
+    for (int k = 0; k < top; ++k) mark_[size_t(r.experts[size_t(t) * size_t(r.n_used) + size_t(k)])] = true;
+  }
+  ahead_.clear();
   for (int32_t e : predicted_set_) {
+    if (mark_[size_t(e)]) ahead_.push_back(e);
+    mark_[size_t(e)] = false;
+  }
+  for (int32_t e : ahead_) {
     const int key = next_layer * n_expert_ + e;
     if (where_[size_t(key)] >= 0) continue;
     if (!staging_.empty() && free_staging() < 0) break;

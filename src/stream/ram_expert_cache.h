@@ -46,6 +46,10 @@ struct RamExpertOptions {
   bool prefetch = false;     // read the next layer's predicted experts ahead (--expert-prefetch on)
   // Passes of more tokens than this do not prefetch (a prefill routes to most experts anyway).
   int prefetch_max_tokens = 4;
+  // Reads ahead only each token's prefetch_top highest-ranked predicted experts (0: all n_used).
+  // Measured on a synthetic qwen3moe (docs/STREAMING.md): reading all 8 predictions ahead used 17%
+  // of the reads and tripled the disk bytes per token; the top 2 used 37%, +15% disk bytes.
+  int prefetch_top = 2;
   // Optional (not owned; must outlive the cache): one "expert" row per expert use (tier "ram hit",
   // "disk", or "prefetch" for a hit on an expert read ahead) and "disk expert" rows for reads.
   TraceWriter* trace = nullptr;
@@ -174,6 +178,8 @@ class RamExpertCache final : public model::LayerSource, public model::ExpertPlac
   int pass_tokens_ = 0;
   bool prefetch_ = true;
   int prefetch_max_tokens_ = 4;
+  int prefetch_top_ = 2;
+  std::vector<int32_t> ahead_;               // predicted() scratch: the experts read ahead
   int predicted_layer_ = -1;                 // the layer predicted_set_ is for
   std::vector<int32_t> predicted_set_;       // experts predicted for it (ascending, distinct)
   std::vector<int> misses_;                  // place() scratch

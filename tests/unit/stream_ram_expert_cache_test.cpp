@@ -230,6 +230,26 @@ TEST(StreamRamExperts, PrefetchAndEvictionAreCountedExactly) {
   place(0, {1, 2});  // still cached: the least used (layer 1's 3 and 4, used once) were evicted
   EXPECT_EQ(s.hits, 5u);
   EXPECT_EQ(s.decode_predicted_actual, 2u);
+
+  // prefetch_top 1: only each token's first-ranked prediction is read ahead; the accuracy still
+  // scores every predicted expert.
+  ro.prefetch_top = 1;
+  auto rc1 = RamExpertCache::create(*f, *w, *be, ro);
+  ASSERT_TRUE(rc1.is_ok()) << rc1.status().message();
+  RamExpertCache& c1 = **rc1;
+  ASSERT_TRUE(c1.begin_pass(1).is_ok());
+  std::vector<model::ExpertPlacement::Site> sites(1);
+  const auto b0 = batches({6});
+  ASSERT_TRUE(c1.place(0, 1, b0, sites).is_ok());
+  predicted.experts = {5, 3};  // expert 5 ranked first
+  c1.predicted(1, predicted);
+  EXPECT_EQ(c1.stats().prefetch_reads, 1u);
+  const auto b1 = batches({3, 5});
+  sites.resize(2);
+  ASSERT_TRUE(c1.place(1, 1, b1, sites).is_ok());
+  EXPECT_EQ(c1.stats().prefetch_used, 1u);
+  EXPECT_EQ(c1.stats().hits, 1u);  // 5, read ahead
+  EXPECT_EQ(c1.stats().decode_predicted_used, 2u);
   std::filesystem::remove(path);
 }
 
