@@ -69,6 +69,9 @@ case $case_name in
     "$bin" run "${common[@]}" --ram-budget 2M >"$tmp/o" 2>"$tmp/e"; rc=$?
     [[ $rc == 2 ]] || fail "exit $rc, expected 2: $(cat "$tmp/e")"
     grep -q "too small for the expert cache: at least" "$tmp/e" || fail "message lacks the minimum: $(cat "$tmp/e")"
+    "$bin" run "${common[@]}" --ram-budget "$quarter" --expert-prefetch sometimes >"$tmp/o" 2>"$tmp/e"; rc=$?
+    [[ $rc == 2 ]] || fail "--expert-prefetch sometimes: exit $rc, expected 2"
+    grep -q "expert-prefetch" "$tmp/e" || fail "message does not name the flag: $(cat "$tmp/e")"
     echo ok;;
   trace_and_plot)
     "$bin" run "${common[@]}" --ram-budget "$quarter" --trace "$tmp/t.csv" >/dev/null 2>"$tmp/e" ||
