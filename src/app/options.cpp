@@ -55,7 +55,14 @@ void add_stream_flags(CLI::App& app, StreamFlags& f) {
                  "copied to the GPU, whichever the cost model says finishes first; prefill copies), cpu, copy")
       ->check(CLI::IsMember({"cost", "cpu", "copy"}));
   app.add_option("--expert-cache", f.expert_cache,
-                 "mixture of experts with --vram-budget: cap the VRAM expert cache at SIZE (default: what the budget leaves)");
+                 "mixture of experts: cap the expert cache (VRAM with --vram-budget, RAM with --ram-budget alone) at "
+                 "SIZE (default: what the budget leaves)");
+  app.add_option("--expert-prefetch", f.expert_prefetch,
+                 "mixture of experts with a budget: predict the next layer's experts (its router on the current hidden "
+                 "state) and copy (--vram-budget) or read (--ram-budget) the missing ones ahead; auto: on for the VRAM "
+                 "cache, off for the RAM cache")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
 }
 
 void add_sampling_flags(CLI::App& app, SamplingFlags& f) {

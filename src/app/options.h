@@ -37,6 +37,11 @@ struct StreamFlags {
   // (cost: CPU or copy by the cost model; cpu; copy) and a cap on the VRAM expert cache.
   std::string expert_misses = "cost";
   std::string expert_cache;
+  // --expert-prefetch auto|on|off: predict the next layer's experts with its router on the
+  // current hidden state and move the missing ones ahead (VRAM cache: copied; RAM cache: read from
+  // disk). auto: on for the VRAM cache (the copy engine idles between a layer's misses), off for
+  // the RAM cache (reads ahead that go unused take disk time from the misses; docs/STREAMING.md).
+  std::string expert_prefetch = "auto";
 };
 
 struct SamplingFlags {

@@ -74,9 +74,10 @@ class LlamaFamilyModel final : public Model {
       }
     }
     if (ExpertPlacement* p = src_->experts()) {
-      SLUICE_CHECK(host_ != nullptr, "an expert placement needs the source's host executor");
+      // Without a host executor every expert runs on the main backend (a placement that never
+      // gives the host an expert: the CPU-only RAM expert cache).
       main_.set_experts(p, host_.get(), handoff_);
-      host_->set_experts(nullptr, nullptr, handoff_);
+      if (host_) host_->set_experts(nullptr, nullptr, handoff_);
     }
     SLUICE_ASSIGN_OR_RETURN(logits_, be_->alloc(backend::DType::kF32, cfg_.n_vocab, kLogitRows));
     return Status::ok();
