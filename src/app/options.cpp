@@ -59,8 +59,8 @@ void add_stream_flags(CLI::App& app, StreamFlags& f) {
                  "SIZE (default: what the budget leaves)");
   app.add_option("--expert-prefetch", f.expert_prefetch,
                  "mixture of experts with a budget: predict the next layer's experts (its router on the current hidden "
-                 "state) and copy (--vram-budget) or read (--ram-budget) the missing ones ahead; auto: on for the VRAM "
-                 "cache, off for the RAM cache")
+                 "state) and copy (--vram-budget) or read (--ram-budget) the missing ones ahead; auto: off (measured "
+                 "slower on both caches)")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
 }

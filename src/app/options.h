@@ -39,8 +39,8 @@ struct StreamFlags {
   std::string expert_cache;
   // --expert-prefetch auto|on|off: predict the next layer's experts with its router on the
   // current hidden state and move the missing ones ahead (VRAM cache: copied; RAM cache: read from
-  // disk). auto: on for the VRAM cache (the copy engine idles between a layer's misses), off for
-  // the RAM cache (reads ahead that go unused take disk time from the misses; docs/STREAMING.md).
+  // disk). auto: off for both (copies or reads ahead that go unused take PCIe or disk time from the
+  // misses; measured slower on both, docs/STREAMING.md).
   std::string expert_prefetch = "auto";
 };
 

@@ -178,6 +178,14 @@ class Backend {
     for (size_t i = 0; i < ws.size(); ++i) matmul(ws[i], x, ys[i]);
   }
 
+  // ys[i] = xs[i] ws[i]^T, every weight with its own input (the experts of a mixture-of-experts
+  // layer, each on its own hidden rows): one dispatch where the backend can. Same results as
+  // separate matmul calls.
+  virtual void matmul_each(std::span<const WeightView> ws, std::span<const Tensor> xs, std::span<const Tensor> ys) {
+    SLUICE_CHECK(ws.size() == xs.size() && ws.size() == ys.size(), "matmul_each: weights, inputs and outputs differ in count");
+    for (size_t i = 0; i < ws.size(); ++i) matmul(ws[i], xs[i], ys[i]);
+  }
+
   // dst = x / rms(x) * w, over groups of w.ne0 consecutive elements of each row (the whole row for
   // a layer norm, each head for Q/K norms). w is F32. dst may alias x.
   virtual void rms_norm(const Tensor& x, const WeightView& w, float eps, const Tensor& dst) = 0;
@@ -210,6 +218,16 @@ class Backend {
   // dst[rows[i]] += scale[i] * src[i]; src.rows == rows.size() == scale.size(); rows distinct.
   virtual void scatter_add_rows(const Tensor& dst, const Tensor& src, std::span<const int32_t> rows,
                                 std::span<const float> scale) = 0;
+
+  // dst[row] += scale[i] * src[i] for i = 0, 1, ... in turn (a token's experts added into its
+  // residual row): the results of scatter_add_rows of each src row in turn, in one op.
+  virtual void add_rows_scaled(const Tensor& dst, int32_t row, const Tensor& src, std::span<const float> scale) {
+    SLUICE_CHECK(src.rows == int64_t(scale.size()), "add_rows_scaled: scales and rows differ in count");
+    for (int64_t i = 0; i < src.rows; ++i) {
+      const int32_t r[] = {row};
+      scatter_add_rows(dst, src.row_range(i, 1), r, scale.subspan(size_t(i), 1));
+    }
+  }
 
   // dst = silu(gate) * up, elementwise. dst may alias gate or up.
   virtual void swiglu(const Tensor& gate, const Tensor& up, const Tensor& dst) = 0;

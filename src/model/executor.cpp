@@ -161,11 +161,18 @@ Status Executor::moe_ffn(const LayerWeights& L, int l, int64_t n) {
       }
     }
     host_batches_.clear();
+    dev_batches_.clear();
     for (size_t i = g0; i < g1; ++i) {
       if (placement_ && sites_[i].host) {
         host_batches_.push_back(i);
-        continue;
+      } else if (n == 1) {
+        dev_batches_.push_back(i);
       }
+    }
+    // Decode: this backend's experts all read the token's one normed row, so they run together.
+    experts_decode(L, x, xn);
+    for (size_t i = g0; i < g1; ++i) {
+      if ((placement_ && sites_[i].host) || n == 1) continue;
       const ExpertBatch& b = batches_[i];
       const int64_t m = int64_t(b.rows.size());
       Tensor in = xn;
@@ -190,6 +197,55 @@ Status Executor::moe_ffn(const LayerWeights& L, int l, int64_t n) {
   }
   if (placement_) placement_->done(l, host_s);
   return Status::ok();
+}
+
+// One token's experts on this backend (dev_batches_), in groups of up to kDecodeGroup: the gate
+// and up projections of the group as one matmul_multi (rows k of gate_/up_), one SwiGLU over the
+// k rows, the down projections as one matmul_each, the outputs added into the residual row in
+// expert order (the sums expert() would make one expert at a time, in one op each).
+void Executor::experts_decode(const LayerWeights& L, const Tensor& x, const Tensor& xn) {
+  constexpr size_t kDecodeGroup = 8;  // the rows one decode op takes (a GPU's int8 activation)
+  backend::Backend& be = *be_;
+  const int64_t e = cfg_->n_embd;
+  for (size_t c0 = 0; c0 < dev_batches_.size(); c0 += kDecodeGroup) {
+    const size_t k = std::min(kDecodeGroup, dev_batches_.size() - c0);
+    gu_w_.clear();
+    gu_y_.clear();
+    down_w_.clear();
+    down_x_.clear();
+    down_y_.clear();
+    scales_.clear();
+    int64_t n_ff = -1;
+    for (size_t j = 0; j < k; ++j) {
+      const size_t i = dev_batches_[c0 + j];
+      const ExpertBatch& b = batches_[i];
+      const backend::WeightView gw = placement_ ? sites_[i].gate : L.gate_exps.expert(b.expert);
+      const backend::WeightView uw = placement_ ? sites_[i].up : L.up_exps.expert(b.expert);
+      const backend::WeightView dw = placement_ ? sites_[i].down : L.down_exps.expert(b.expert);
+      SLUICE_CHECK(n_ff < 0 || gw.ne1 == n_ff, "executor: experts of one layer differ in width");
+      n_ff = gw.ne1;
+      gu_w_.push_back(gw);
+      gu_w_.push_back(uw);
+      down_w_.push_back(dw);
+      scales_.push_back(b.weights[0]);
+    }
+    // Dense [k][n_ff] views of the gate/up buffers ([max_batch][n_ff_max] each), [k][n_embd] of ey_.
+    SLUICE_CHECK(int64_t(k) * n_ff <= gate_.rows * gate_.stride && int64_t(k) * e <= ey_.rows * ey_.stride,
+                 "executor: decode expert buffers too small");
+    const Tensor g{gate_.data, gate_.dtype, n_ff, int64_t(k), n_ff};
+    const Tensor u{up_.data, up_.dtype, n_ff, int64_t(k), n_ff};
+    const Tensor y{ey_.data, ey_.dtype, e, int64_t(k), e};
+    for (size_t j = 0; j < k; ++j) {
+      gu_y_.push_back(g.row_range(int64_t(j), 1));
+      gu_y_.push_back(u.row_range(int64_t(j), 1));
+      down_x_.push_back(g.row_range(int64_t(j), 1));
+      down_y_.push_back(y.row_range(int64_t(j), 1));
+    }
+    be.matmul_multi(gu_w_, xn, gu_y_);
+    be.swiglu(g, u, g);
+    be.matmul_each(down_w_, down_x_, down_y_);
+    be.add_rows_scaled(x, 0, y, scales_);
+  }
 }
 
 void Executor::host_experts(Executor& main, int64_t n) {

@@ -64,6 +64,8 @@ class Executor {
   // x += the FFN block of `L` on the normed input xn (dense SwiGLU, or the routed experts).
   Status ffn(const LayerWeights& L, int layer, int64_t n);
   Status moe_ffn(const LayerWeights& L, int layer, int64_t n);
+  // Decode (one token): the experts in dev_batches_ on this backend, several per op.
+  void experts_decode(const LayerWeights& L, const backend::Tensor& x, const backend::Tensor& xn);
   // The host's share of a placed MoE layer: its experts on the normed rows in handoff_, summed
   // into this (host) executor's x, then added into `main`'s x.
   void host_experts(Executor& main, int64_t n);
@@ -100,6 +102,10 @@ class Executor {
   std::span<float> handoff_;
   std::vector<ExpertPlacement::Site> sites_;
   std::vector<size_t> host_batches_;  // indices into batches_ of the host's experts
+  std::vector<size_t> dev_batches_;   // decode: indices into batches_ of this backend's experts
+  std::vector<backend::WeightView> gu_w_, down_w_;  // experts_decode's op arguments
+  std::vector<backend::Tensor> gu_y_, down_x_, down_y_;
+  std::vector<float> scales_;
   std::vector<float> zeros_;
   std::vector<float> xn_host_;  // the normed rows the host's experts read
 };

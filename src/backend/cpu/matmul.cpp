@@ -113,7 +113,16 @@ void CpuBackend::matmul(const WeightView& w, const Tensor& x, const Tensor& y) {
 }
 
 void CpuBackend::matmul_multi(std::span<const WeightView> ws, const Tensor& x, std::span<const Tensor> ys) {
-  SLUICE_CHECK(ws.size() == ys.size() && !ws.empty() && ws.size() <= kMaxMulti, "matmul_multi: bad part count");
+  SLUICE_CHECK(ws.size() == ys.size() && !ws.empty(), "matmul_multi: bad part count");
+  if (ws.size() > kMaxMulti) {
+    // More weights than one job holds (a decode step's experts): jobs of kMaxMulti, each part
+    // computed exactly as alone (the activation quantizes to the same bytes every time).
+    for (size_t i = 0; i < ws.size(); i += kMaxMulti) {
+      const size_t m = std::min(kMaxMulti, ws.size() - i);
+      matmul_multi(ws.subspan(i, m), x, ys.subspan(i, m));
+    }
+    return;
+  }
   const int64_t n_tok = x.rows;
   const int64_t k = x.cols;
   const bool gemv = n_tok == 1;

@@ -407,6 +407,55 @@ class CudaBackend final : public Backend {
          "scatter_add_rows");
   }
 
+  void add_rows_scaled(const Tensor& dst, int32_t row, const Tensor& src, std::span<const float> scale) override {
+    SLUICE_CHECK(src.cols == dst.cols && src.rows == int64_t(scale.size()) && row >= 0 && row < dst.rows,
+                 "add_rows_scaled: shape mismatch");
+    const Tensor d = dst.row_range(row, 1);
+    invalidate_q8_if_overlaps(d);
+    must(cuda::add_rows_scaled(f32(d), f32(src), src.stride, scale.data(), src.rows, src.cols, stream_),
+         "add_rows_scaled");
+  }
+
+  // Each weight on its own input. Decode of a mixture of experts: the inputs are rows of the one
+  // tensor whose int8 activation the SwiGLU op just made, so every down projection of the layer's
+  // experts reads its row of that activation, in one launch per weight format.
+  void matmul_each(std::span<const WeightView> ws, std::span<const Tensor> xs, std::span<const Tensor> ys) override {
+    SLUICE_CHECK(ws.size() == xs.size() && ws.size() == ys.size(), "matmul_each: weights, inputs and outputs differ in count");
+    bool grouped = q8_of_ != nullptr && q8_stride_ == q8_cols_;
+    for (size_t i = 0; grouped && i < ws.size(); ++i) {
+      const int64_t off = static_cast<const float*>(xs[i].data) - static_cast<const float*>(q8_of_);
+      grouped = xs[i].rows == 1 && xs[i].cols == q8_cols_ && xs[i].dtype == DType::kF32 && off >= 0 &&
+                off % q8_cols_ == 0 && off / q8_cols_ < q8_rows_ && gemv_needs_q8(ws[i].type) &&
+                ws[i].ne0 == xs[i].cols && ws[i].ne1 == ys[i].cols && ys[i].rows == 1 && ys[i].dtype == DType::kF32;
+    }
+    if (!grouped) {
+      Backend::matmul_each(ws, xs, ys);
+      return;
+    }
+    const Q8Activation all = q8_activation_view(q8_.ptr, q8_cols_, int(q8_rows_));
+    std::vector<bool> done(ws.size(), false);
+    for (size_t i = 0; i < ws.size(); ++i) {
+      if (done[i]) continue;
+      GemvGroupArgs g;
+      g.type = ws[i].type;
+      g.cols = ws[i].ne0;
+      g.tokens = 1;
+      for (size_t j = i; j < ws.size() && g.n < kMaxGemvMatrices; ++j) {
+        if (done[j] || ws[j].type != g.type) continue;
+        const int64_t r = (static_cast<const float*>(xs[j].data) - static_cast<const float*>(q8_of_)) / q8_cols_;
+        Q8Activation row;
+        row.q = all.q + r * q8_cols_;
+        row.ds = all.ds + r * (q8_cols_ / 32);
+        row.cols = q8_cols_;
+        row.tokens = 1;
+        g.m[g.n++] = GemvMatrix{ws[j].data, ws[j].ne1, f32(xs[j]), row, f32(ys[j])};
+        done[j] = true;
+      }
+      must(gemv_group(dev_, g, stream_), "gemv");
+    }
+    for (const Tensor& y : ys) invalidate_q8_if_overlaps(y);
+  }
+
   void swiglu(const Tensor& gate, const Tensor& up, const Tensor& dst) override {
     SLUICE_CHECK(gate.cols == up.cols && gate.cols == dst.cols && gate.rows == up.rows && gate.rows == dst.rows,
                  "swiglu: shape mismatch");
@@ -504,6 +553,8 @@ class CudaBackend final : public Backend {
     SLUICE_CHECK(pos0 == step_pos_, "a recorded step's ops must use the step's position");
     return static_cast<const int*>(pos_dev_);
   }
+  // Rows `cols` apart (one row is dense whatever its stride).
+  static bool dense_rows(const Tensor& t) { return t.rows == 1 || t.stride == t.cols; }
   static RopeArgs rope_args(const RopeParams& p) {
     RopeArgs a;
     a.neox = p.mode == RopeMode::kNeox;
@@ -593,7 +644,7 @@ class CudaBackend final : public Backend {
 
   void gemv_all(std::span<const WeightView> ws, const Tensor& x, std::span<const Tensor> ys) {
     // The gemv reads tokens `cols` apart; model/ tensors are dense, row views keep that.
-    const bool dense = x.stride == x.cols;
+    const bool dense = dense_rows(x);
     bool need_q8 = false;
     for (const WeightView& w : ws) need_q8 |= gemv_needs_q8(w.type);
     Q8Activation xq;
@@ -611,13 +662,13 @@ class CudaBackend final : public Backend {
     std::vector<bool> done(ws.size(), false);
     for (size_t i = 0; i < ws.size(); ++i) {
       SLUICE_CHECK(gemv_supported(ws[i].type), "matmul: no CUDA kernel for this weight format");
-      if (done[i] || !dense || ys[i].stride != ys[i].cols) continue;
+      if (done[i] || !dense || !dense_rows(ys[i])) continue;
       GemvGroupArgs g;
       g.type = ws[i].type;
       g.cols = ws[i].ne0;
       g.tokens = int(x.rows);
       for (size_t j = i; j < ws.size() && g.n < kMaxGemvMatrices; ++j) {
-        if (done[j] || ws[j].type != g.type || ys[j].stride != ys[j].cols) continue;
+        if (done[j] || ws[j].type != g.type || !dense_rows(ys[j])) continue;
         g.m[g.n++] = GemvMatrix{ws[j].data, ws[j].ne1, f32(x), xq, f32(ys[j])};
         done[j] = true;
       }

@@ -543,7 +543,41 @@ struct ScatterAddOp {  // dst[rows[i]][c] += scale[i] * src[i][c]
   }
 };
 
+struct AddRowsScaledOp {  // dst[c] += scale[i] * src[i][c], i = 0 .. n-1 in turn (as ScatterAddOp, row by row)
+  float* dst;
+  const float* src;
+  int64_t src_stride;
+  int n;
+  float scale[kIndexChunk];
+  template <int V>
+  __device__ void apply(int64_t, int64_t c) const {
+    float a[V], d[V];
+    load_v<V>(dst + c, a);
+    for (int i = 0; i < n; ++i) {
+      load_v<V>(src + i * src_stride + c, d);
+#pragma unroll
+      for (int k = 0; k < V; ++k) a[k] = __fadd_rn(a[k], __fmul_rn(scale[i], d[k]));
+    }
+    store_v<V>(dst + c, a);
+  }
+};
+
 }  // namespace
+
+Status add_rows_scaled(float* dst, const float* src, int64_t src_stride, const float* scale, int64_t n, int64_t cols,
+                       cudaStream_t stream) {
+  SLUICE_RETURN_IF_ERROR(check_rows("add_rows_scaled", n, cols));
+  if (n == 0 || cols == 0) return Status::ok();
+  SLUICE_RETURN_IF_ERROR(check_stride("add_rows_scaled", "src", src, src_stride, cols));
+  SLUICE_RETURN_IF_ERROR(check_stride("add_rows_scaled", "dst", dst, cols, cols));
+  const bool vec4 = cols % 4 == 0 && vec4_ok(src, src_stride) && vec4_ok(dst, cols);
+  for (int64_t i0 = 0; i0 < n; i0 += kIndexChunk) {
+    AddRowsScaledOp op{dst, src + i0 * src_stride, src_stride, int(std::min<int64_t>(kIndexChunk, n - i0)), {}};
+    for (int i = 0; i < op.n; ++i) op.scale[i] = scale[i0 + i];
+    SLUICE_RETURN_IF_ERROR(launch_rowwise(op, 1, cols, vec4, stream));
+  }
+  return Status::ok();
+}
 
 Status gather_rows(const float* src, int64_t src_stride, int64_t src_rows, float* dst, int64_t dst_stride,
                    const int32_t* rows, int64_t n, int64_t cols, cudaStream_t stream) {

@@ -54,6 +54,11 @@ Status gather_rows(const float* src, int64_t src_stride, int64_t src_rows, float
 Status scatter_add_rows(float* dst, int64_t dst_stride, int64_t dst_rows, const float* src, int64_t src_stride,
                         const int32_t* rows, const float* scale, int64_t n, int64_t cols, cudaStream_t stream);
 
+// dst[c] += scale[i] * src[i][c] for i = 0 .. n-1 in turn (scale: host array): one row of dst
+// gets n rows of src, as n scatter_add_rows calls would add them.
+Status add_rows_scaled(float* dst, const float* src, int64_t src_stride, const float* scale, int64_t n, int64_t cols,
+                       cudaStream_t stream);
+
 // dst = silu(gate) * up, elementwise. dst may alias gate or up.
 Status swiglu(const float* gate, int64_t gate_stride, const float* up, int64_t up_stride, float* dst,
               int64_t dst_stride, int64_t rows, int64_t cols, cudaStream_t stream);
