@@ -151,6 +151,7 @@ class LlamaFamilyModel final : public Model {
     const bool step = n == 1 && src.weights_fixed() && !on_layer_ && !host_ && !cfg_.moe();
     if (step) be.begin_step();
     be.get_rows(g.token_embd.view(), ids, main_.x(n));
+    if (cfg_.embd_scale != 1.0f) be.scale(main_.x(n), cfg_.embd_scale);  // gemma3: sqrt(n_embd)
     Executor* cur = &main_;
     for (int l = 0; l < cfg_.n_layer; ++l) {
       Executor* e = host_ && src.on_host(l) ? host_.get() : &main_;

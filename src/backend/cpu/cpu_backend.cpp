@@ -260,6 +260,35 @@ void CpuBackend::swiglu(const Tensor& gate, const Tensor& up, const Tensor& dst)
   });
 }
 
+// GeGLU in f32 with libm's tanhf (backend::gelu_tanh, the definition). Not llama.cpp's CPU path,
+// which looks gelu up in a table of f16 inputs and outputs (both rounded to 11 bits); its CUDA
+// path computes the formula in f32 as here.
+void CpuBackend::geglu(const Tensor& gate, const Tensor& up, const Tensor& dst) {
+  check_f32(gate, "geglu gate");
+  check_f32(up, "geglu up");
+  check_f32(dst, "geglu dst");
+  check_same_shape(gate, up, "geglu");
+  check_same_shape(gate, dst, "geglu");
+  for_rows(dst.rows, 1, dst.rows * dst.cols * 8, [&](int64_t s, int64_t e, int) {
+    for (int64_t t = s; t < e; ++t) {
+      const float* g = row_f32(gate, t);
+      const float* u = row_f32(up, t);
+      float* d = row_f32(dst, t);
+      for (int64_t i = 0; i < dst.cols; ++i) d[i] = gelu_tanh(g[i]) * u[i];
+    }
+  });
+}
+
+void CpuBackend::scale(const Tensor& x, float s) {
+  check_f32(x, "scale x");
+  for_rows(x.rows, 1, x.rows * x.cols, [&](int64_t b, int64_t e, int) {
+    for (int64_t t = b; t < e; ++t) {
+      float* r = row_f32(x, t);
+      for (int64_t i = 0; i < x.cols; ++i) r[i] *= s;
+    }
+  });
+}
+
 void CpuBackend::rope(const Tensor& x, const RopeParams& p, int pos0) {
   check_f32(x, "rope x");
   SLUICE_CHECK(p.n_head * p.head_dim == x.cols, "rope: n_head * head_dim != cols");

@@ -19,7 +19,9 @@ attn::DecodePlan plan_decode(const AttentionArgs& a, int sm_count) {
   plan.group = a.n_head / a.n_head_kv;
   plan.n_hgroups = int(ceil_div(plan.group, attn::kMaxHeadsPerBlock));
   plan.heads_per_block = int(ceil_div(plan.group, plan.n_hgroups));  // balanced: 6 -> 3 + 3, not 4 + 2
-  const int64_t n_ctx = int64_t(a.pos0) + a.n_tokens;  // keys of the last (longest) query row
+  // Keys [first_key(0), pos0 + n_tokens): every key some row sees (row 0's window starts first,
+  // the last row ends last). Splits cut this range.
+  const int64_t n_ctx = int64_t(a.pos0) + a.n_tokens - a.first_key(0);
   const int64_t base_blocks = int64_t(a.n_tokens) * a.n_head_kv * plan.n_hgroups;
   const int64_t target = int64_t(attn::kDecodeBlocksPerSm) * sm_count;
   const int64_t splits = std::clamp<int64_t>(ceil_div(target, base_blocks), 1, attn::max_splits(n_ctx));
@@ -38,6 +40,7 @@ Status check_args(const AttentionArgs& a, int sm_count) {
     return invalid_argument("attention: bad positions (n_tokens " + std::to_string(a.n_tokens) + ", pos0 " +
                             std::to_string(a.pos0) + ")");
   }
+  if (a.window < 0) return invalid_argument("attention: negative window " + std::to_string(a.window));
   if (a.n_head <= 0 || a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0 || a.n_head > 65535) {
     return invalid_argument("attention: bad head counts (n_head " + std::to_string(a.n_head) + ", n_head_kv " +
                             std::to_string(a.n_head_kv) + ")");

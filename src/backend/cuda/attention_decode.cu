@@ -52,6 +52,8 @@ struct DecodeParams {
   int n_splits;
   int split_keys;
   int pos0;
+  int window;  // AttentionArgs::window
+  int key0;    // first key of any row (row 0's first_key): splits cut [key0, pos0 + n_tokens)
   float scale_log2;  // scale * log2(e): scores come out in log2 units, so exp2f is the exponential
 };
 
@@ -79,11 +81,15 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(const Deco
   const int c = tid % S::kLanes;    // 16-byte piece of the row
   const bool piece_ok = c < S::kPieces;
 
-  // Query row t sees keys [0, pos0 + t]; this split owns [begin, end) of them (maybe none when
-  // t is not the last row: the plan is made for the longest row).
+  // Query row t sees keys [lo, pos0 + t] (lo = 0, or its sliding window's start); this split owns
+  // [begin, end) of them (maybe none when t is not the last row: the plan is made for the longest
+  // row). Every key of [begin, end) is visible, so each tile's first key is and the tile max is
+  // finite. Split 0 starts at key0 <= lo < key0 + t + 1 <= key0 + split_keys: it is never empty.
   const int n_kv = p.pos0 + t + 1;
-  const int begin = split * p.split_keys;
-  const int end = min(begin + p.split_keys, n_kv);
+  const int lo = p.window > 0 ? max(0, n_kv - p.window) : 0;
+  const int split0 = p.key0 + split * p.split_keys;
+  const int begin = max(split0, lo);
+  const int end = min(split0 + p.split_keys, n_kv);
   const int slot0 = hg * p.heads_per_block;
   const int nh = min(p.heads_per_block, p.group - slot0);  // heads of this block, >= 1
   const int head0 = kvh * p.group + slot0;
@@ -296,6 +302,8 @@ Status launch_decode(const AttentionArgs& a, const DecodePlan& plan, void* works
   p.n_splits = plan.n_splits;
   p.split_keys = plan.split_keys;
   p.pos0 = a.pos0;
+  p.window = a.window;
+  p.key0 = a.first_key(0);
   p.scale_log2 = a.scale * kLog2e;
   switch (a.head_dim) {
     case 32: return launch_decode_hd<32>(p, a.n_tokens, a.out, a.out_stride, stream);
