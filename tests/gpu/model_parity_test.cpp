@@ -43,6 +43,7 @@ struct Case {
   bool rope_scaling = false;
   bool tied = false;
   uint32_t experts = 0, experts_used = 0;  // mixture of experts (ffn = per expert)
+  uint32_t sliding_window = 0;  // gemma3: local layers' window (every third layer global)
 };
 
 std::string synth_model(const Case& c) {
@@ -60,6 +61,9 @@ std::string synth_model(const Case& c) {
   s.tied_output = c.tied;
   s.experts = c.experts;
   s.experts_used = c.experts_used;
+  s.sliding_window = c.sliding_window;
+  s.swa_period = 3;
+  if (c.arch == "gemma3") s.rope_theta = 1e6f;  // global layers; local ones use 10000
   EXPECT_TRUE(app::validate(s).is_ok());
   auto mix = app::parse_type_mix(c.mix);
   EXPECT_TRUE(mix.is_ok()) << c.mix;
@@ -209,6 +213,11 @@ const std::vector<Case>& cases() {
       // test's near-tie bound, so the quantized MoE case here is Q8_0.
       {"mixtral_f16", "llama", "f16", 512, 8, 2, 0, 512, 2, false, false, 8, 2},
       {"qwen3moe_q8_0", "qwen3", "q8_0", 512, 4, 2, 128, 256, 2, false, false, 16, 4},
+      // Gemma 3 (GeGLU, embedding scaling, post norms, QK-norm): Gemma 3 270M's attention shape
+      // (4 heads of 256, one KV head, q 1024 wide on a 640 residual) with a 16-token window, so the
+      // 37-token prefill and the decode token both pass it in layers 0, 1 and 3 (layer 2 global).
+      {"gemma3_q4km_swa", "gemma3", "q4_k_m", 640, 4, 1, 256, 2048, 4, false, true, 0, 0, 16},
+      {"gemma3_f16_swa", "gemma3", "f16", 256, 4, 1, 64, 512, 3, false, true, 0, 0, 8},
   };
   return kCases;
 }
@@ -305,6 +314,16 @@ TEST(ModelParityReal, SmolLM2) {
   SLUICE_SKIP_WITHOUT_GPU();
   const char* env = std::getenv("SLUICE_GPU_REAL_MODEL");
   const std::string path = env && *env ? std::string(env) : model_path(kSmolLM2);
+  SLUICE_REQUIRE_MODEL(path);
+  check_parity(path, 3e-2, 48);
+}
+
+// Gemma 3 270M Q4_K_M (scripts/fetch-models.sh) when models/ holds it: 18 layers, window 512 (the
+// 37-token prompt stays inside it; the synthetic cases above pass their windows). Bound as the
+// real SmolLM2's.
+TEST(ModelParityReal, Gemma3_270M) {
+  SLUICE_SKIP_WITHOUT_GPU();
+  const std::string path = model_path(kGemma3);
   SLUICE_REQUIRE_MODEL(path);
   check_parity(path, 3e-2, 48);
 }
