@@ -57,7 +57,10 @@ Status Executor::layer(const LayerWeights& L, int l, int64_t n, int pos0) {
                          rope_freqs_};
   backend::RopeParams rk = rq;
   rk.n_head = c.n_head_kv;
-  const backend::AttentionParams ap{c.n_head, c.n_head_kv, c.head_dim, c.attn_scale, pos0, swa ? c.n_swa : 0};
+  // read_config sets attn_scale for every architecture; 1/sqrt(head_dim) stands in for a Config
+  // made by hand.
+  const float scale = c.attn_scale > 0 ? c.attn_scale : 1.0f / std::sqrt(float(c.head_dim));
+  const backend::AttentionParams ap{c.n_head, c.n_head_kv, c.head_dim, scale, pos0, swa ? c.n_swa : 0};
 
   // Attention block: x += Wo . attention(rope(norm(Wq xn)), rope(norm(Wk xn)), Wv xn).
   be.rms_norm(x, L.attn_norm.view(), eps, xn);
