@@ -12,8 +12,9 @@
 //   rope                                1e-6; angles are bit-identical (same f32 recurrence), cos/sin
 //                                       may differ from glibc's cosf/sinf by 1 f32 ulp.
 //   swiglu                              1e-6; CUDA expf is within 2 ulp of glibc's expf.
-//   geglu                               1e-6; CUDA tanhf is within 2 ulp of glibc's tanhf, the rest
-//                                       the same unfused f32 operations in the same order.
+//   geglu                               1e-6; the GPU evaluates 0.5 g (1 + tanhf(y)) unfused, the CPU
+//                                       (AVX2) g / (1 + e^(-2y)): the same function, ~2 ulp apart
+//                                       but in gelu's negative tail, where both are tiny.
 //   scale                               exact: one f32 multiply per element on both sides.
 // Every case also checks that nothing outside the op's region changed (row padding of strided
 // tensors, cache rows outside [pos0, pos0 + rows)), and outputs that the op must write start

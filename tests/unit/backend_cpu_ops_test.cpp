@@ -208,8 +208,40 @@ TEST(CpuOps, Elementwise) {
   EXPECT_LT(test::normalized_error(d.data(), ref.data(), d.size()), 1e-6);
 }
 
-// GeGLU against backend::gelu_tanh's formula in double (1e-6: f32 rounding of the same formula and
-// libm's tanhf), gate values reaching tanh's saturated ends; and scale, exact.
+// GeGLU against backend::gelu_tanh's formula in double (1e-6: f32 rounding of the same formula, and
+// libm's tanhf or the AVX2 path's exponential, ~2 ulp), on both the SIMD and the portable path,
+// gate values reaching tanh's saturated ends (and beyond the AVX2 path's clamp, |x| > 40), odd
+// widths (the scalar tail); then the two paths against each other elementwise; and scale, exact.
+TEST(CpuOps, GegluSimdAndPortableMatchReference) {
+  const int64_t cols = 2051, rows = 5;
+  auto a = test::random_floats(size_t(cols * rows), 6, 27);
+  const auto b = test::random_floats(size_t(cols * rows), 2, 28);
+  a[0] = 60.0f, a[1] = -60.0f, a[2] = 0.0f, a[3] = 1e-20f, a[4] = -9.5f, a[5] = 9.5f;
+  std::vector<float> ref(a.size());
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double x = a[i];
+    ref[i] = float(0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / 3.14159265358979323846) * (x + 0.044715 * x * x * x))) * b[i]);
+  }
+  std::vector<float> outs[2];
+  for (bool simd : {true, false}) {
+    SCOPED_TRACE(simd ? "simd" : "portable");
+    Fixture f(2, simd);
+    const Tensor at = f.f32(cols, rows, a), bt = f.f32(cols, rows, b), dt = f.f32(cols, rows, {});
+    f.be->geglu(at, bt, dt);
+    outs[simd] = f.get(dt);
+    EXPECT_LT(test::normalized_error(outs[simd].data(), ref.data(), ref.size()), 1e-6);
+    EXPECT_EQ(outs[simd][0], ref[0]);  // saturated: g * u
+    EXPECT_LT(std::fabs(outs[simd][1]), 1e-30f);  // -60 / (1 + e^88) on the AVX2 path, 0 on the other
+    EXPECT_EQ(outs[simd][2], 0.0f);
+  }
+  // Elementwise: relative 4e-6, plus the portable path's own absolute error where gelu's tail
+  // cancels (1 + tanhf(y) for y << 0: about one f32 ulp of 1, times |g u| / 2).
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const float tol = 4e-6f * std::fabs(outs[0][i]) + 2e-7f * std::fabs(a[i] * b[i]);
+    ASSERT_NEAR(outs[1][i], outs[0][i], tol) << "element " << i << " x " << a[i];
+  }
+}
+
 TEST(CpuOps, GegluAndScale) {
   Fixture f(2);
   const int64_t cols = 2048, rows = 7;
