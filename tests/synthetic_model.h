@@ -78,9 +78,12 @@ inline std::string write_synthetic_llama(const std::string& prefix, const std::s
 // experts in `type`, the other matrices Q8_0, norms and the router F32.
 inline constexpr int kMoeE = 256, kMoeF = 256, kMoeX = 8, kMoeK = 2, kMoeL = 3, kMoeV = 64;
 
-inline std::string write_synthetic_moe(quant::Type type, const std::string& tag) {
-  constexpr int kE = kMoeE, kF = kMoeF, kX = kMoeX, kK = kMoeK, kL = kMoeL, kV = kMoeV;
-  static_assert(kK <= kX);
+// n_expert: experts per layer (the RAM expert cache tests use more, so a quarter of the file holds
+// more than one layer's active experts next to the attention weights).
+inline std::string write_synthetic_moe(quant::Type type, const std::string& tag, int n_expert = kMoeX) {
+  constexpr int kE = kMoeE, kF = kMoeF, kK = kMoeK, kL = kMoeL, kV = kMoeV;
+  const int kX = n_expert;
+  EXPECT_GE(kX, kK);
   gguf::Writer w;
   w.add("general.architecture", gguf::Value::str("llama"));
   w.add("llama.block_count", gguf::Value::u32(kL));
@@ -90,7 +93,7 @@ inline std::string write_synthetic_moe(quant::Type type, const std::string& tag)
   w.add("llama.attention.head_count", gguf::Value::u32(4));
   w.add("llama.attention.head_count_kv", gguf::Value::u32(2));
   w.add("llama.attention.layer_norm_rms_epsilon", gguf::Value::f32(1e-5f));
-  w.add("llama.expert_count", gguf::Value::u32(kX));
+  w.add("llama.expert_count", gguf::Value::u32(uint32_t(kX)));
   w.add("llama.expert_used_count", gguf::Value::u32(kK));
   std::vector<std::vector<uint8_t>> data;
   uint64_t salt = 500;
@@ -118,10 +121,11 @@ inline std::string write_synthetic_moe(quant::Type type, const std::string& tag)
     add(p + "attn_v.weight", T::kQ8_0, {kE, kE / 2}, 0.2f, 0);
     add(p + "attn_output.weight", T::kQ8_0, {kE, kE}, 0.2f, 0);
     add(p + "ffn_norm.weight", T::kF32, {kE}, 0.1f, 1.0f);
-    add(p + "ffn_gate_inp.weight", T::kF32, {kE, kX}, 0.5f, 0);
-    add(p + "ffn_gate_exps.weight", type, {kE, kF, kX}, 0.2f, 0);
-    add(p + "ffn_up_exps.weight", type, {kE, kF, kX}, 0.2f, 0);
-    add(p + "ffn_down_exps.weight", type, {kF, kE, kX}, 0.2f, 0);
+    const uint64_t x = uint64_t(kX);
+    add(p + "ffn_gate_inp.weight", T::kF32, {kE, x}, 0.5f, 0);
+    add(p + "ffn_gate_exps.weight", type, {kE, kF, x}, 0.2f, 0);
+    add(p + "ffn_up_exps.weight", type, {kE, kF, x}, 0.2f, 0);
+    add(p + "ffn_down_exps.weight", type, {kF, kE, x}, 0.2f, 0);
   }
   const std::string path = std::filesystem::temp_directory_path().string() + "/sluice_" + tag + "_" +
                            std::to_string(::getpid()) + ".gguf";

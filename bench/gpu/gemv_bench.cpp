@@ -3,7 +3,8 @@
 //
 //   bench_gpu_gemv [--quick] [--variants] [--csv FILE]
 //
-// Default: the launch shape gemv() picks (v = -1); --variants times both shapes (0 and 1) instead.
+// Default: the launch shape gemv() picks (v = -1); --variants times every shape (0..3) instead.
+// Shapes with several parts are one gemv_group launch over several matrices (Q/K/V, gate/up).
 //
 // Per case: a CUDA graph of N back-to-back gemv launches (decode runs them captured too), cycling
 // over enough copies of the matrix that they exceed 4x the L2 (each launch reads from DRAM, not
@@ -64,16 +65,33 @@ const Format kFormats[] = {
     {Type::kQ6_K, "q6_k", 256, 210, sluice::quant::ref::quantize_row_q6_k},
 };
 
+// One launch over one or more matrices of `cols` columns (gemv_group: Q/K/V or gate/up together).
 struct Shape {
   const char* name;
-  int64_t rows, cols;
+  int64_t cols;
+  std::vector<int64_t> parts;  // rows of each matrix
+  int64_t rows() const {
+    int64_t r = 0;
+    for (int64_t p : parts) r += p;
+    return r;
+  }
 };
 const Shape kShapes[] = {
-    {"attn_q/o 4096x4096", 4096, 4096},
-    {"ffn_up/gate 14336x4096", 14336, 4096},
-    {"ffn_down 4096x14336", 4096, 14336},
-    {"output 128256x4096", 128256, 4096},
+    {"attn_q/o 4096x4096", 4096, {4096}},
+    {"attn_k/v 1024x4096", 4096, {1024}},
+    {"qkv 4096+1024+1024", 4096, {4096, 1024, 1024}},
+    {"ffn_up/gate 14336x4096", 4096, {14336}},
+    {"gate+up 2x14336x4096", 4096, {14336, 14336}},
+    {"ffn_down 4096x14336", 14336, {4096}},
+    {"output 128256x4096", 4096, {128256}},
 };
+const Shape& shape_named(const char* prefix) {
+  for (const Shape& s : kShapes) {
+    if (std::strncmp(s.name, prefix, std::strlen(prefix)) == 0) return s;
+  }
+  SLUICE_CHECK(false, std::string("no bench shape ") + prefix);
+  return kShapes[0];
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -114,10 +132,11 @@ struct Result {
 Result bench_case(const cu::DeviceInfo& dev, const Format& f, const Shape& s, int tokens, int variant,
                   std::mt19937_64& rng) {
   const int64_t row_bytes = s.cols / f.block_elems * f.block_bytes;
-  const int64_t mat_bytes = s.rows * row_bytes;
+  const int64_t rows = s.rows();
+  const int64_t mat_bytes = rows * row_bytes;
   const int copies = int(std::clamp<int64_t>((4 * dev.l2_bytes + mat_bytes - 1) / mat_bytes, 1, 32));
   // 64 distinct random rows from the reference quantizer, tiled over every copy on the device.
-  const int64_t seed_rows = std::min<int64_t>(64, s.rows);
+  const int64_t seed_rows = std::min<int64_t>(64, rows);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> src(size_t(seed_rows * s.cols));
   for (auto& v : src) v = nd(rng);
@@ -137,31 +156,34 @@ Result bench_case(const cu::DeviceInfo& dev, const Format& f, const Shape& s, in
   std::vector<float> hx(size_t(s.cols * tokens));
   for (auto& v : hx) v = nd(rng);
   BENCH_CHECK(cudaMalloc(&x, hx.size() * 4));
-  BENCH_CHECK(cudaMalloc(&y, size_t(s.rows * tokens) * 4));
+  BENCH_CHECK(cudaMalloc(&y, size_t(rows * tokens) * 4));
   BENCH_CHECK(cudaMalloc(&qbuf, size_t(cu::q8_activation_bytes(s.cols, tokens))));
   BENCH_CHECK(cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
 
   cudaStream_t st;
   BENCH_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  cu::GemvArgs g;
+  cu::GemvGroupArgs g;
   g.type = f.type;
-  g.rows = s.rows;
   g.cols = s.cols;
   g.tokens = tokens;
   g.variant = variant;
-  g.x = x;
-  g.y = y;
+  cu::Q8Activation xq;
   if (cu::gemv_needs_q8(f.type)) {
-    g.xq = cu::q8_activation_view(qbuf, s.cols, tokens);
-    BENCH_OK(cu::quantize_activation_q8(x, g.xq, st));
+    xq = cu::q8_activation_view(qbuf, s.cols, tokens);
+    BENCH_OK(cu::quantize_activation_q8(x, xq, st));
   }
   const int launches = std::max(copies, 20);
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   BENCH_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
   for (int i = 0; i < launches; ++i) {
-    g.w = w + (i % copies) * mat_bytes;
-    BENCH_OK(cu::gemv(dev, g, st));
+    g.n = 0;
+    int64_t r0 = 0;
+    for (int64_t part : s.parts) {
+      g.m[g.n++] = cu::GemvMatrix{w + (i % copies) * mat_bytes + r0 * row_bytes, part, x, xq, y + r0 * tokens};
+      r0 += part;
+    }
+    BENCH_OK(cu::gemv_group(dev, g, st));
   }
   BENCH_CHECK(cudaStreamEndCapture(st, &graph));
   BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
@@ -200,12 +222,14 @@ Result bench_case(const cu::DeviceInfo& dev, const Format& f, const Shape& s, in
 int main(int argc, char** argv) {
   bool quick = false, variants = false;
   const char* csv_path = nullptr;
+  std::string only;  // --formats a,b,c: only these formats
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--variants")) variants = true;
     else if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) csv_path = argv[++i];
+    else if (!std::strcmp(argv[i], "--formats") && i + 1 < argc) only = std::string(",") + argv[++i] + ",";
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--variants] [--csv FILE]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--variants] [--formats a,b] [--csv FILE]\n", argv[0]);
       return 2;
     }
   }
@@ -224,12 +248,13 @@ int main(int argc, char** argv) {
   std::printf("%-6s %-24s %3s %2s %9s %10s %9s %7s\n", "format", "shape", "tok", "v", "MB", "median_us", "GB/s", "%copy");
   std::mt19937_64 rng(12345);
   auto run = [&](const Format& f, const Shape& s, int tokens) {
-    for (int variant = variants ? 0 : -1; variant <= (variants ? 1 : -1); ++variant) {
+    if (!only.empty() && only.find(std::string(",") + f.name + ",") == std::string::npos) return;
+    for (int variant = variants ? 0 : -1; variant <= (variants ? cu::kGemvVariants - 1 : -1); ++variant) {
       const Result r = bench_case(*dev, f, s, tokens, variant, rng);
       std::printf("%-6s %-24s %3d %2d %9.2f %10.2f %9.0f %6.1f%%\n", f.name, s.name, tokens, variant,
                   double(r.bytes) / 1e6, r.us, r.gbs, 100.0 * r.gbs / copy_gbs);
       if (csv) {
-        std::fprintf(csv, "%s,%s,%lld,%lld,%d,%d,%lld,%.3f,%.1f,%.4f\n", f.name, s.name, (long long)s.rows,
+        std::fprintf(csv, "%s,%s,%lld,%lld,%d,%d,%lld,%.3f,%.1f,%.4f\n", f.name, s.name, (long long)s.rows(),
                      (long long)s.cols, tokens, variant, (long long)r.bytes, r.us, r.gbs, r.gbs / copy_gbs);
       }
       std::fflush(stdout);
@@ -237,14 +262,14 @@ int main(int argc, char** argv) {
   };
   for (const Format& f : kFormats) {
     for (const Shape& s : kShapes) {
-      if (quick && s.rows > 20000) continue;
+      if (quick && s.rows() > 20000) continue;
       run(f, s, 1);
     }
   }
   // Small batches (speculative decoding, several sequences): bytes read once for all tokens.
   for (const Format& f : kFormats) {
     if (f.type != Type::kQ4_K && f.type != Type::kQ8_0 && f.type != Type::kQ6_K) continue;
-    for (int tokens : {2, 4, 8}) run(f, kShapes[1], tokens);
+    for (int tokens : {2, 4, 8}) run(f, shape_named("ffn_up/gate"), tokens);
   }
   if (csv) std::fclose(csv);
   return 0;

@@ -146,6 +146,17 @@ Result<stream::MissPolicy> miss_policy(const StreamFlags& sf) {
   return invalid_argument("--expert-misses '" + sf.expert_misses + "': expected cost, cpu or copy");
 }
 
+// The RAM expert cache's options from the flags (CPU only, --ram-budget on a MoE file).
+Result<stream::RamExpertOptions> ram_expert_options(const StreamFlags& sf, uint64_t budget) {
+  stream::RamExpertOptions o;
+  o.ram_budget = budget;
+  o.prefetch = sf.expert_prefetch == "on";  // auto: off (reads ahead compete with misses for the disk)
+  if (!sf.expert_cache.empty()) {
+    SLUICE_ASSIGN_OR_RETURN(o.cache_bytes, stream::parse_byte_size(sf.expert_cache));
+  }
+  return o;
+}
+
 Result<LoadedModel> load_device_streamed(const ModelFlags& mf, const StreamFlags& sf) {
   LoadedModel lm;
   if (!sf.trace_path.empty()) {
@@ -174,6 +185,8 @@ Result<LoadedModel> load_device_streamed(const ModelFlags& mf, const StreamFlags
     if (!sf.expert_cache.empty()) {
       SLUICE_ASSIGN_OR_RETURN(eo.cache_bytes, stream::parse_byte_size(sf.expert_cache));
     }
+    eo.prefetch = sf.expert_prefetch != "off";  // auto: on (copies ahead use an idle copy engine)
+    eo.trace = lm.trace.get();
     lo.layer_source = stream::expert_streaming_source(eo, &lm.expert_streamer);
   }
   auto m = model::Model::load(mf.model_path, lo);
@@ -244,12 +257,26 @@ Status print_plan(const ModelFlags& mf, const StreamFlags& sf, const gguf::File&
                 o.bw.cpu / 1e9, o.bw.dram / 1e9, cpu_note.c_str(), plan.describe().c_str());
     return Status::ok();
   }
-  SLUICE_ASSIGN_OR_RETURN(stream::CpuStreamOptions o, stream_options(mf, sf, probe));
   // The CPU backend decides which matrices are held repacked (and their size); one thread is
   // enough to ask it.
   backend::CpuOptions co;
   co.n_threads = 1;
   const std::unique_ptr<backend::Backend> cpu = backend::make_cpu_backend(co);
+  if (moe && budget) {
+    // CPU only with a RAM budget: the routed experts are cached per expert (stream/ram_expert_cache.h).
+    SLUICE_ASSIGN_OR_RETURN(std::string arch_name, file.get_string("general.architecture"));
+    const model::ArchSpec* arch = model::find_arch(arch_name);
+    if (!arch) return unsupported(file.path() + ": architecture \"" + arch_name + "\" is not supported");
+    SLUICE_ASSIGN_OR_RETURN(model::Config cfg, model::read_config(file, *arch));
+    SLUICE_ASSIGN_OR_RETURN(model::Weights w, model::load_weights(file, *arch, cfg));
+    SLUICE_ASSIGN_OR_RETURN(stream::RamExpertOptions ro, ram_expert_options(sf, *budget));
+    SLUICE_ASSIGN_OR_RETURN(stream::RamExpertPlan plan, stream::plan_ram_experts(w, *cpu, ro));
+    std::printf("plan (mixture of experts, CPU only, RAM expert cache; experts read from disk with O_DIRECT when "
+                "missed; prefetch %s):\n%s",
+                ro.prefetch ? "on" : "off", plan.describe().c_str());
+    return Status::ok();
+  }
+  SLUICE_ASSIGN_OR_RETURN(stream::CpuStreamOptions o, stream_options(mf, sf, probe));
   SLUICE_ASSIGN_OR_RETURN(layout, stream::layout_of(file, cpu.get()));
   uint64_t all = layout.globals.ram_bytes();
   for (const auto& u : layout.layers) all += u.ram_bytes();
@@ -291,6 +318,16 @@ Result<LoadedModel> load_model(const ModelFlags& mf, const StreamFlags& sf) {
   lo.backend = backend_kind(mf);
   lo.cuda_graphs = mf.graphs;
   lo.layer_source = stream::cpu_streaming_source(mf.model_path, o, &lm.streamer);
+  SLUICE_ASSIGN_OR_RETURN(const bool moe, is_moe(mf.model_path));
+  if (moe) {
+    // Mixtures of experts: everything but the routed experts resident, experts read from disk
+    // into a RAM cache when the router picks them (stream/ram_expert_cache.h).
+    SLUICE_ASSIGN_OR_RETURN(stream::RamExpertOptions ro, ram_expert_options(sf, *budget));
+    ro.io = o.io;
+    ro.trace = o.trace;
+    ro.on_load_progress = o.on_load_progress;
+    lo.layer_source = stream::ram_expert_source(ro, &lm.ram_experts);
+  }
   auto m = model::Model::load(mf.model_path, lo);
   lm.load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!m.is_ok()) return m.status();
@@ -300,7 +337,16 @@ Result<LoadedModel> load_model(const ModelFlags& mf, const StreamFlags& sf) {
 
 Status finish_stream(FILE* out, LoadedModel& lm, const decode::Timings& t) {
   if (lm.expert_streamer) {
-    std::fprintf(out, "%s\n%s\n", lm.expert_streamer->describe().c_str(), lm.expert_streamer->stats_line().c_str());
+    std::fprintf(out, "%s\n%s\n%s\n", lm.expert_streamer->describe().c_str(), lm.expert_streamer->stats_line().c_str(),
+                 lm.expert_streamer->layer_line().c_str());
+  }
+  if (lm.ram_experts) {
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    const stream::RamExpertCache& rc = *lm.ram_experts;
+    std::fprintf(out, "%s; weights in RAM %.1f MB; peak RSS %.1f MB\n%s\n%s\n", rc.describe().c_str(),
+                 double(rc.owned_bytes()) / 1e6, double(ru.ru_maxrss) * 1024 / 1e6, rc.stats_line().c_str(),
+                 rc.layer_line().c_str());
   }
   if (lm.device_streamer) {
     stream::DeviceStreamer& ds = *lm.device_streamer;

@@ -20,6 +20,7 @@
 #include "stream/device_streamer.h"
 #include "stream/expert_streamer.h"
 #include "stream/probe.h"
+#include "stream/ram_expert_cache.h"
 #include "stream/trace.h"
 
 namespace sluice::app {
@@ -58,6 +59,7 @@ struct LoadedModel {
   stream::CpuLayerStreamer* streamer = nullptr;  // owned by model; null without --ram-budget
   stream::DeviceStreamer* device_streamer = nullptr;  // owned by model; the device pipeline (--vram-budget)
   stream::ExpertStreamer* expert_streamer = nullptr;  // owned by model; MoE expert placement (--vram-budget)
+  stream::RamExpertCache* ram_experts = nullptr;      // owned by model; MoE on the CPU with --ram-budget
   std::optional<stream::DiskProbe> probe;        // when streaming without --no-probe
   double load_s = 0;                              // wall time of the load (probe included)
 };

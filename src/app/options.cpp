@@ -23,7 +23,8 @@ void add_backend_flags(CLI::App& app, ModelFlags& f) {
                  "device: cuda, cpu, or auto (the GPU when the whole model fits in its free memory)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
-  app.add_flag("--graphs", f.graphs, "CUDA: record each decode step as a graph and replay it (off: measured slower)");
+  app.add_flag("!--no-graphs", f.graphs,
+               "CUDA: issue every decode kernel from the host instead of replaying the recorded step (A/B runs)");
 }
 
 model::BackendKind backend_kind(const ModelFlags& f) {
@@ -54,7 +55,14 @@ void add_stream_flags(CLI::App& app, StreamFlags& f) {
                  "copied to the GPU, whichever the cost model says finishes first; prefill copies), cpu, copy")
       ->check(CLI::IsMember({"cost", "cpu", "copy"}));
   app.add_option("--expert-cache", f.expert_cache,
-                 "mixture of experts with --vram-budget: cap the VRAM expert cache at SIZE (default: what the budget leaves)");
+                 "mixture of experts: cap the expert cache (VRAM with --vram-budget, RAM with --ram-budget alone) at "
+                 "SIZE (default: what the budget leaves)");
+  app.add_option("--expert-prefetch", f.expert_prefetch,
+                 "mixture of experts with a budget: predict the next layer's experts (its router on the current hidden "
+                 "state) and copy (--vram-budget) or read (--ram-budget) the missing ones ahead; auto: on for the VRAM "
+                 "cache, off for the RAM cache")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
 }
 
 void add_sampling_flags(CLI::App& app, SamplingFlags& f) {

@@ -16,7 +16,7 @@ namespace sluice::app {
 struct ModelFlags {
   std::string model_path;  // -m
   std::string backend = "auto";  // --backend auto|cpu|cuda
-  bool graphs = false;           // --graphs: replay decode steps as CUDA graphs (A/B; off by default)
+  bool graphs = true;            // CUDA: replay recorded decode steps (--no-graphs: A/B)
   int n_ctx = 0;           // -c; 0: the model's own context length (capped by model/)
   int n_threads = 0;       // -t; 0: all physical cores
 };
@@ -37,6 +37,11 @@ struct StreamFlags {
   // (cost: CPU or copy by the cost model; cpu; copy) and a cap on the VRAM expert cache.
   std::string expert_misses = "cost";
   std::string expert_cache;
+  // --expert-prefetch auto|on|off: predict the next layer's experts with its router on the
+  // current hidden state and move the missing ones ahead (VRAM cache: copied; RAM cache: read from
+  // disk). auto: on for the VRAM cache (the copy engine idles between a layer's misses), off for
+  // the RAM cache (reads ahead that go unused take disk time from the misses; docs/STREAMING.md).
+  std::string expert_prefetch = "auto";
 };
 
 struct SamplingFlags {
@@ -44,9 +49,9 @@ struct SamplingFlags {
   bool seed_given = false;  // --seed appeared on the command line (set while parsing)
 };
 
-// -m (required), -c, -t, --backend, --graphs.
+// -m (required), -c, -t, --backend, --no-graphs.
 void add_model_flags(CLI::App& app, ModelFlags& f, int default_ctx = 0);
-// --backend, --graphs (part of add_model_flags; for commands with their own -m/-t flags).
+// --backend, --no-graphs (part of add_model_flags; for commands with their own -m/-t flags).
 void add_backend_flags(CLI::App& app, ModelFlags& f);
 // The --backend choice as model/ takes it.
 model::BackendKind backend_kind(const ModelFlags& f);

@@ -164,8 +164,14 @@ class Backend {
 
   // A step: the ops issued between begin_step() and end_step() may be recorded and replayed as one
   // unit (a CUDA graph); ops inside a step must not be followed by download() or sync() before
-  // end_step(). Steps that repeat with the same sequence of ops (decode) replay cheaply.
-  virtual void begin_step() {}
+  // end_step(). `key` names the step's sequence of ops: equal keys mean the same ops on the same
+  // tensors and weights, only the position differs (decode over resident weights); `pos` is that
+  // position, and every op of the step that takes a position gets this one. replay_step(key, pos)
+  // runs a recorded step with this key at `pos` and returns true (the caller issues nothing of the
+  // step, and reads its outputs as usual); false: nothing recorded for it, issue the step
+  // (begin_step .. end_step), which records it where the backend can.
+  virtual bool replay_step(uint64_t key, int pos) { return false; }
+  virtual void begin_step(uint64_t key, int pos) {}
   virtual void end_step() {}
 
   // dst[t] = dequantize(table row ids[t]); table [n_embd, n_vocab]; dst rows == ids.size().
@@ -189,6 +195,22 @@ class Backend {
   // dst = x / rms(x) * w, over groups of w.ne0 consecutive elements of each row (the whole row for
   // a layer norm, each head for Q/K norms). w is F32. dst may alias x.
   virtual void rms_norm(const Tensor& x, const WeightView& w, float eps, const Tensor& dst) = 0;
+
+  // Fused decode ops: each gives exactly the results of the calls it replaces (the CPU backend
+  // runs those calls; a GPU saves launches, a decode layer being launch-bound there).
+  // x += src, then dst = rms_norm(x, w, eps) over whole rows (w.ne0 == x.cols). dst may alias src.
+  virtual void add_rms_norm(const Tensor& x, const Tensor& src, const WeightView& w, float eps, const Tensor& dst) {
+    add(x, src);
+    rms_norm(x, w, eps, dst);
+  }
+  // rope(q, rq, pos0); rope(k, rk, pos0); store_rows(k, k_cache, pos0); store_rows(v, v_cache, pos0).
+  virtual void rope_store_kv(const Tensor& q, const RopeParams& rq, const Tensor& k, const RopeParams& rk,
+                             const Tensor& v, const Tensor& k_cache, const Tensor& v_cache, int pos0) {
+    rope(q, rq, pos0);
+    rope(k, rk, pos0);
+    store_rows(k, k_cache, pos0);
+    store_rows(v, v_cache, pos0);
+  }
 
   // y[t] += b for every row; b is F32 with ne0 == y.cols.
   virtual void add_bias(const Tensor& y, const WeightView& b) = 0;
@@ -243,7 +265,7 @@ std::unique_ptr<Backend> make_cpu_backend(const CpuOptions& opts);
 
 struct CudaOptions {
   int device = 0;
-  bool graphs = false;  // record decode steps as CUDA graphs and replay them (see LoadOptions)
+  bool graphs = true;  // record decode steps as CUDA graphs and replay them (see Backend::replay_step)
 };
 // The CUDA backend (backend/cuda), in builds with CUDA (SLUICE_HAVE_CUDA). Error: no device, or
 // the device cannot be used.

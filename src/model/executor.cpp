@@ -27,10 +27,12 @@ Status Executor::init(backend::Backend& be, const Config& cfg, int n_ctx, int ma
   SLUICE_ASSIGN_OR_RETURN(up_, f32(cfg.n_ff_max()));
   if (cfg.moe()) {
     SLUICE_ASSIGN_OR_RETURN(logits_, f32(cfg.n_expert));
+    SLUICE_ASSIGN_OR_RETURN(pred_logits_, f32(cfg.n_expert));
     SLUICE_ASSIGN_OR_RETURN(sgate_, f32(1));
     SLUICE_ASSIGN_OR_RETURN(xg_, f32(cfg.n_embd));
     SLUICE_ASSIGN_OR_RETURN(ey_, f32(cfg.n_embd));
     logits_host_.resize(size_t(max_batch) * size_t(cfg.n_expert));
+    pred_host_.resize(size_t(max_batch) * size_t(cfg.n_expert));
     sgate_host_.resize(size_t(max_batch));
     all_rows_.resize(size_t(max_batch));
     for (int i = 0; i < max_batch; ++i) all_rows_[size_t(i)] = i;
@@ -72,15 +74,11 @@ Status Executor::layer(const LayerWeights& L, int l, int64_t n, int pos0) {
   if (L.bv.present()) be.add_bias(v, L.bv.view());
   if (L.q_norm.present()) be.rms_norm(q, L.q_norm.view(), eps, q);  // per head: group = head_dim
   if (L.k_norm.present()) be.rms_norm(k, L.k_norm.view(), eps, k);
-  be.rope(q, rq, pos0);
-  be.rope(k, rk, pos0);
-  be.store_rows(k, kv_.k(l), pos0);
-  be.store_rows(v, kv_.v(l), pos0);
+  be.rope_store_kv(q, rq, k, rk, v, kv_.k(l), kv_.v(l), pos0);
   be.attention(q, kv_.k(l), kv_.v(l), attn, ap);
   be.matmul(L.wo.view(), attn, xn);
   if (L.post_attn_norm.present()) be.rms_norm(xn, L.post_attn_norm.view(), eps, xn);  // gemma3
-  be.add(x, xn);
-  be.rms_norm(x, L.ffn_norm.view(), eps, xn);
+  be.add_rms_norm(x, xn, L.ffn_norm.view(), eps, xn);
   return ffn(L, l, n);
 }
 
@@ -127,7 +125,8 @@ void Executor::expert(const backend::WeightView& gate_w, const backend::WeightVi
 Status Executor::moe_ffn(const LayerWeights& L, int l, int64_t n) {
   backend::Backend& be = *be_;
   const Config& c = *cfg_;
-  const Tensor xn = xn_.first_rows(n), logits = logits_.first_rows(n), sgate = sgate_.first_rows(n);
+  const Tensor x = x_.first_rows(n), xn = xn_.first_rows(n), logits = logits_.first_rows(n),
+               sgate = sgate_.first_rows(n);
   const bool shared = L.gate_shexp.present();
   if (shared) {
     const backend::WeightView w[] = {L.gate_inp.view(), L.gate_inp_shexp.view()};
@@ -136,8 +135,22 @@ Status Executor::moe_ffn(const LayerWeights& L, int l, int64_t n) {
   } else {
     be.matmul(L.gate_inp.view(), xn, logits);
   }
+  // Prefetch: the next layer's router on this layer's residual stream, normed as the next layer
+  // will norm it (xg_ is free until the experts gather their rows), fetched with this router's
+  // logits (one wait for the backend either way).
+  const LayerWeights* next = placement_ ? placement_->predictor(l) : nullptr;
+  if (next) {
+    const Tensor pxn = xg_.first_rows(n), plogits = pred_logits_.first_rows(n);
+    be.rms_norm(x, next->ffn_norm.view(), c.rms_eps, pxn);
+    be.matmul(next->gate_inp.view(), pxn, plogits);
+  }
   const std::span<float> lh(logits_host_.data(), size_t(n) * size_t(c.n_expert));
   be.download(logits, lh.data());
+  if (next) {
+    const std::span<float> ph(pred_host_.data(), size_t(n) * size_t(c.n_expert));
+    be.download(pred_logits_.first_rows(n), ph.data());
+    route_experts(ph, int(n), c.n_expert, c.n_expert_used, c.expert_weights_norm, c.expert_weights_scale, pred_);
+  }
   route_experts(lh, int(n), c.n_expert, c.n_expert_used, c.expert_weights_norm, c.expert_weights_scale, routing_);
   group_by_expert(routing_, c.n_expert, batches_);
   const std::span<const int32_t> all(all_rows_.data(), size_t(n));
@@ -148,46 +161,55 @@ Status Executor::moe_ffn(const LayerWeights& L, int l, int64_t n) {
     expert(L.gate_shexp.view(), L.up_shexp.view(), L.down_shexp.view(), xn, all,
            std::span<const float>(sgate_host_.data(), size_t(n)), n);
   }
-  if (placement_) {
-    sites_.resize(batches_.size());
-    SLUICE_RETURN_IF_ERROR(placement_->place(l, int(n), batches_, sites_));
-    // The host's experts read the normed rows: fetch them now, while this backend's queue holds
-    // nothing the download would wait for (a GPU has one compute queue).
-    if (std::any_of(sites_.begin(), sites_.end(), [](const ExpertPlacement::Site& s) { return s.host; })) {
-      xn_host_.resize(size_t(n * c.n_embd));
-      be.download(xn, xn_host_.data());
-    }
-  }
-  host_batches_.clear();
-  for (size_t i = 0; i < batches_.size(); ++i) {
-    if (placement_ && sites_[i].host) {
-      host_batches_.push_back(i);
-      continue;
-    }
-    const ExpertBatch& b = batches_[i];
-    const int64_t m = int64_t(b.rows.size());
-    Tensor in = xn;
-    if (m != n) {  // else every token chose this expert: its rows are 0 .. n-1, xn as it is
-      in = xg_.first_rows(m);
-      be.gather_rows(xn, b.rows, in);
-    }
-    if (placement_) {
-      expert(sites_[i].gate, sites_[i].up, sites_[i].down, in, b.rows, b.weights, n);
-    } else {
-      expert(L.gate_exps.expert(b.expert), L.up_exps.expert(b.expert), L.down_exps.expert(b.expert), in, b.rows,
-             b.weights, n);
-    }
-  }
-  if (!placement_) return Status::ok();
-  // The host computes its experts while this backend runs the ones just issued.
+  // Experts in groups the placement can hold at once (one group without a placement, or with one
+  // that holds any layer's experts), each group placed then computed, in ascending expert order.
+  const size_t group = std::clamp<size_t>(placement_ ? placement_->max_batches_per_place() : batches_.size(), 1,
+                                         std::max<size_t>(batches_.size(), 1));
+  sites_.resize(batches_.size());
   double host_s = 0;
-  if (!host_batches_.empty()) {
-    SLUICE_CHECK(host_ != nullptr, "executor: a placement gave the host experts but there is no host executor");
-    const auto t0 = std::chrono::steady_clock::now();
-    host_->host_experts(*this, n);
-    host_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (size_t g0 = 0; g0 < batches_.size(); g0 += group) {
+    const size_t g1 = std::min(batches_.size(), g0 + group);
+    if (placement_) {
+      const std::span<const ExpertBatch> gb(batches_.data() + g0, g1 - g0);
+      SLUICE_RETURN_IF_ERROR(placement_->place(l, int(n), gb, std::span<ExpertPlacement::Site>(sites_.data() + g0, g1 - g0)));
+      if (next && g1 == batches_.size()) placement_->predicted(l + 1, pred_);
+      // The host's experts read the normed rows: fetch them now, while this backend's queue holds
+      // nothing the download would wait for (a GPU has one compute queue).
+      if (std::any_of(sites_.begin() + ptrdiff_t(g0), sites_.begin() + ptrdiff_t(g1),
+                      [](const ExpertPlacement::Site& s) { return s.host; })) {
+        xn_host_.resize(size_t(n * c.n_embd));
+        be.download(xn, xn_host_.data());
+      }
+    }
+    host_batches_.clear();
+    for (size_t i = g0; i < g1; ++i) {
+      if (placement_ && sites_[i].host) {
+        host_batches_.push_back(i);
+        continue;
+      }
+      const ExpertBatch& b = batches_[i];
+      const int64_t m = int64_t(b.rows.size());
+      Tensor in = xn;
+      if (m != n) {  // else every token chose this expert: its rows are 0 .. n-1, xn as it is
+        in = xg_.first_rows(m);
+        be.gather_rows(xn, b.rows, in);
+      }
+      if (placement_) {
+        expert(sites_[i].gate, sites_[i].up, sites_[i].down, in, b.rows, b.weights, n);
+      } else {
+        expert(L.gate_exps.expert(b.expert), L.up_exps.expert(b.expert), L.down_exps.expert(b.expert), in, b.rows,
+               b.weights, n);
+      }
+    }
+    // The host computes its experts while this backend runs the ones just issued.
+    if (!host_batches_.empty()) {
+      SLUICE_CHECK(host_ != nullptr, "executor: a placement gave the host experts but there is no host executor");
+      const auto t0 = std::chrono::steady_clock::now();
+      host_->host_experts(*this, n);
+      host_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
   }
-  placement_->done(l, host_s);
+  if (placement_) placement_->done(l, host_s);
   return Status::ok();
 }
 

@@ -87,11 +87,12 @@ class Executor {
   backend::Tensor up_;    // ffn up                [n_ff_max]
   // Mixture of experts (Config::moe()).
   backend::Tensor logits_;  // router logits          [n_expert]
+  backend::Tensor pred_logits_;  // the next layer's router on this layer's state [n_expert] (prefetch)
   backend::Tensor sgate_;   // shared expert's gate   [1]
   backend::Tensor xg_;      // one expert's rows      [n_embd]
   backend::Tensor ey_;      // one expert's output    [n_embd]
-  std::vector<float> logits_host_, sgate_host_;
-  MoeRouting routing_;
+  std::vector<float> logits_host_, sgate_host_, pred_host_;
+  MoeRouting routing_, pred_;
   std::vector<ExpertBatch> batches_;
   std::vector<int32_t> all_rows_;
   ExpertPlacement* placement_ = nullptr;

@@ -74,9 +74,10 @@ class LlamaFamilyModel final : public Model {
       }
     }
     if (ExpertPlacement* p = src_->experts()) {
-      SLUICE_CHECK(host_ != nullptr, "an expert placement needs the source's host executor");
+      // Without a host executor every expert runs on the main backend (a placement that never
+      // gives the host an expert: the CPU-only RAM expert cache).
       main_.set_experts(p, host_.get(), handoff_);
-      host_->set_experts(nullptr, nullptr, handoff_);
+      if (host_) host_->set_experts(nullptr, nullptr, handoff_);
     }
     SLUICE_ASSIGN_OR_RETURN(logits_, be_->alloc(backend::DType::kF32, cfg_.n_vocab, kLogitRows));
     return Status::ok();
@@ -148,10 +149,19 @@ class LlamaFamilyModel final : public Model {
     SLUICE_RETURN_IF_ERROR(src.begin_pass(int(n)));
     // A decode pass over resident weights repeats the same ops every token: one replayable step.
     // Not for mixtures of experts: routing downloads the router's logits in every layer.
-    const bool step = n == 1 && src.weights_fixed() && !on_layer_ && !host_ && !cfg_.moe();
-    if (step) be.begin_step();
+    const bool step = n == 1 && out != nullptr && src.weights_fixed() && !on_layer_ && !host_ && !cfg_.moe();
+    // The embedding lookup is host work (the table stays in host memory): outside the step.
     be.get_rows(g.token_embd.view(), ids, main_.x(n));
     if (cfg_.embd_scale != 1.0f) be.scale(main_.x(n), cfg_.embd_scale);  // gemma3: sqrt(n_embd)
+    if (step) {
+      // Every decode step of a resident model issues the same ops; only the position changes.
+      constexpr uint64_t kDecodeStepKey = 1;
+      if (be.replay_step(kDecodeStepKey, pos0)) {
+        be.download(logits_.first_rows(1), out);
+        return Status::ok();
+      }
+      be.begin_step(kDecodeStepKey, pos0);
+    }
     Executor* cur = &main_;
     for (int l = 0; l < cfg_.n_layer; ++l) {
       Executor* e = host_ && src.on_host(l) ? host_.get() : &main_;

@@ -39,9 +39,10 @@ enum class BackendKind { kAuto, kCpu, kCuda };
 
 struct LoadOptions {
   BackendKind backend = BackendKind::kCpu;
-  // kCuda: record each decode step as a CUDA graph and replay it. Off by default: on an H100 the
-  // per-token re-recording (positions change) costs more than it saves (docs/CUDA.md).
-  bool cuda_graphs = false;
+  // kCuda: record the decode step of a resident model once (per 256 positions) as a CUDA graph and
+  // replay it for every token (Backend::replay_step; docs/CUDA.md). Off: every kernel is issued
+  // from the host (A/B runs, --no-graphs).
+  bool cuda_graphs = true;
   int n_threads = 0;   // 0: all physical cores
   // CPU backend: repack resident weights into the packed layout of their format where this CPU
   // has a kernel for it (backend::CpuOptions::pack_weights); the CPU streamer repacks its layers

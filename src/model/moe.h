@@ -8,7 +8,9 @@
 // divided by their sum (clamped below at 2^-14) when `norm`, then multiplied by `scale`.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <vector>
 
@@ -16,6 +18,8 @@
 #include "core/status.h"
 
 namespace sluice::model {
+
+struct LayerWeights;
 
 struct MoeRouting {
   int n_tokens = 0;
@@ -57,6 +61,27 @@ class ExpertPlacement {
   // Every expert of `layer` has been issued (the main backend's may still run); host_seconds is
   // the host's time computing its experts (0 when it had none), for the placement's cost model.
   virtual void done(int layer, double host_seconds) = 0;
+
+  // The most batches one place() may take (a cache with fewer slots than a layer's pass may
+  // route to): the executor then places and computes a layer's experts in groups of at most this
+  // many, in the same ascending expert order, so the sums are those of one group.
+  virtual size_t max_batches_per_place() const { return std::numeric_limits<size_t>::max(); }
+
+  // Prefetch of the next layer's experts. predictor(layer): the weights whose router predicts the
+  // experts of the layer after `layer` (its ffn_norm and gate_inp, readable by the main backend),
+  // or nullptr for no prediction. The executor then applies them to this layer's residual stream
+  // at the router (after attention: the state the next layer's FFN will see, less this layer's
+  // FFN and the next attention) and hands the routing it gives to predicted() after the last
+  // place() of `layer`, so the placement can start moving those experts while `layer` computes.
+  // Prediction only changes where experts are and when they move, never what is computed.
+  virtual const LayerWeights* predictor(int layer) {
+    (void)layer;
+    return nullptr;
+  }
+  virtual void predicted(int next_layer, const MoeRouting& routing) {
+    (void)next_layer;
+    (void)routing;
+  }
 };
 
 }  // namespace sluice::model

@@ -131,6 +131,8 @@ Result<std::unique_ptr<ExpertStreamer>> ExpertStreamer::create(const gguf::File&
   s->host_backend_ = host;
   s->prefill_batch_ = opts.prefill_batch;
   s->policy_ = opts.policy;
+  s->prefetch_ = opts.prefetch;
+  s->trace_ = opts.trace;
   s->h2d_bw_ = opts.h2d_bytes_per_s;
   s->cpu_bw_ = opts.cpu_bytes_per_s;
   s->n_layer_ = int(w.layers.size());
@@ -264,6 +266,9 @@ Result<std::unique_ptr<ExpertStreamer>> ExpertStreamer::create(const gguf::File&
   s->last_use_.assign(keys, 0);
   s->stats_.layer_uses.assign(n_layer, 0);
   s->stats_.layer_hits.assign(n_layer, 0);
+  s->stats_.decode_layer_uses.assign(n_layer, 0);
+  s->stats_.decode_layer_hits.assign(n_layer, 0);
+  s->mark_.assign(size_t(w.n_expert), false);
   // Initial contents: the same number of experts in every layer (expert-major), until routing
   // statistics say otherwise.
   size_t next = 0;
@@ -313,7 +318,7 @@ int ExpertStreamer::victim() const {
   int best = -1;
   for (size_t i = 0; i < slots_.size(); ++i) {
     const Slot& s = slots_[i];
-    if (s.busy == stamp_) continue;  // read by the layer being placed
+    if (s.busy == stamp_ || s.reserved == stamp_) continue;  // read by the layer being placed, or prefetched for the next
     if (s.key < 0) return int(i);
     if (best < 0) {
       best = int(i);
@@ -344,6 +349,26 @@ Status ExpertStreamer::place(int layer, int n_tokens, std::span<const model::Exp
   const bool one = n_tokens == 1;
   // Marks at or below `old` passed long ago (and may have been recycled): not waited on.
   const Mark old = newest_mark_ > kMarkHorizon ? newest_mark_ - kMarkHorizon : 0;
+  const int64_t t0 = trace_ ? trace_->now_us() : 0;
+  if (predicted_layer_ == layer) {
+    // The prediction made in the previous layer against what the router chose.
+    for (const model::ExpertBatch& b : batches) mark_[size_t(b.expert)] = true;
+    uint64_t hit = 0;
+    for (int32_t e : predicted_set_) hit += mark_[size_t(e)] ? 1 : 0;
+    for (const model::ExpertBatch& b : batches) mark_[size_t(b.expert)] = false;
+    stats_.predicted += predicted_set_.size();
+    stats_.predicted_used += hit;
+    stats_.predicted_actual += batches.size();
+    if (one) stats_.decode_predicted_used += hit, stats_.decode_predicted_actual += batches.size();
+    predicted_layer_ = -1;
+  }
+  auto trace = [&](int expert, const char* tier, uint64_t bytes) {
+    if (!trace_) return;
+    trace_->append({t0, trace_->now_us(), "expert", layer,
+                    "blk." + std::to_string(layer) + ".exp." + std::to_string(expert) + ".pass." +
+                        std::to_string(stats_.passes - 1),
+                    tier, bytes});
+  };
   std::vector<size_t> misses;
   for (size_t i = 0; i < batches.size(); ++i) {
     const int key = layer * n_expert_ + batches[i].expert;
@@ -353,7 +378,7 @@ Status ExpertStreamer::place(int layer, int n_tokens, std::span<const model::Exp
     const uint64_t bytes = h.bytes();
     ++stats_.uses;
     ++stats_.layer_uses[size_t(layer)];
-    if (one) ++stats_.decode_uses;
+    if (one) ++stats_.decode_uses, ++stats_.decode_layer_uses[size_t(layer)];
     if (const int w = where_[size_t(key)]; w >= 0) {
       Slot& slot = slots_[size_t(w)];
       slot.busy = stamp_;
@@ -363,7 +388,10 @@ Status ExpertStreamer::place(int layer, int n_tokens, std::span<const model::Exp
       ++stats_.hits;
       ++stats_.layer_hits[size_t(layer)];
       stats_.hit_bytes += bytes;
-      if (one) ++stats_.decode_hits, stats_.decode_hit_bytes += bytes;
+      if (one) ++stats_.decode_hits, stats_.decode_hit_bytes += bytes, ++stats_.decode_layer_hits[size_t(layer)];
+      trace(batches[i].expert, slot.prefetched ? "prefetch" : "vram hit", bytes);
+      if (slot.prefetched) ++stats_.prefetch_used;
+      slot.prefetched = false;
       continue;
     }
     misses.push_back(i);
@@ -394,6 +422,8 @@ Status ExpertStreamer::place(int layer, int n_tokens, std::span<const model::Exp
       t_copy += copy_cost;
       ++stats_.copy_misses;
       stats_.copy_bytes += bytes;
+      slot.prefetched = false;
+      trace(batches[i].expert, "copied", bytes);
       if (one) ++stats_.decode_copy, stats_.decode_copy_bytes += bytes;
     } else {
       sites[i] = {true, h.cpu[0], h.cpu[1], h.cpu[2]};
@@ -401,6 +431,7 @@ Status ExpertStreamer::place(int layer, int n_tokens, std::span<const model::Exp
       layer_cpu_bytes_ += bytes;
       ++stats_.cpu_misses;
       stats_.cpu_bytes += bytes;
+      trace(batches[i].expert, "cpu", bytes);
       if (one) ++stats_.decode_cpu, stats_.decode_cpu_bytes += bytes;
     }
   }
@@ -420,6 +451,64 @@ void ExpertStreamer::done(int layer, double host_seconds) {
   if (pass_tokens_ == 1 && host_seconds > 0 && layer_cpu_bytes_ > 0) {
     cpu_bw_ = 0.8 * cpu_bw_ + 0.2 * (double(layer_cpu_bytes_) / host_seconds);
   }
+}
+
+const model::LayerWeights* ExpertStreamer::predictor(int layer) {
+  if (!prefetch_ || policy_ == MissPolicy::kCpu || slots_.empty() || pass_tokens_ >= prefill_batch_ ||
+      layer + 1 >= n_layer_) {
+    return nullptr;
+  }
+  const model::LayerWeights& next = layers_[size_t(layer) + 1];
+  return next.moe() ? &next : nullptr;
+}
+
+void ExpertStreamer::predicted(int next_layer, const model::MoeRouting& r) {
+  if (next_layer >= n_layer_) return;
+  predicted_set_.clear();
+  for (int32_t e : r.experts) {
+    if (!mark_[size_t(e)]) {
+      mark_[size_t(e)] = true;
+      predicted_set_.push_back(e);
+    }
+  }
+  for (int32_t e : predicted_set_) mark_[size_t(e)] = false;
+  std::sort(predicted_set_.begin(), predicted_set_.end());
+  predicted_layer_ = next_layer;
+  // Copy the predicted experts the cache lacks into slots this layer does not read, after the
+  // copies of this layer's misses: they run while this layer's experts compute.
+  const Mark old = newest_mark_ > kMarkHorizon ? newest_mark_ - kMarkHorizon : 0;
+  for (int32_t e : predicted_set_) {
+    const int key = next_layer * n_expert_ + e;
+    if (where_[size_t(key)] >= 0) continue;
+    const int v = victim();
+    if (v < 0) break;
+    Slot& slot = slots_[size_t(v)];
+    if (slot.free_mark <= old) slot.free_mark = 0;
+    fill(slot, key);
+    slot.reserved = stamp_;
+    slot.prefetched = true;
+    const uint64_t bytes = host_expert(key).bytes();
+    ++stats_.prefetch_copies;
+    stats_.prefetch_bytes += bytes;
+    if (pass_tokens_ == 1) stats_.decode_prefetch_bytes += bytes;
+    if (trace_) {
+      trace_->append({trace_->now_us(), trace_->now_us(), "h2d expert", next_layer,
+                      "blk." + std::to_string(next_layer) + ".exp." + std::to_string(e) + ".pass." +
+                          std::to_string(stats_.passes - 1),
+                      "prefetch", bytes});
+    }
+  }
+}
+
+std::string ExpertStreamer::layer_line() const {
+  std::string out = "experts: decode hit rate per layer (%):";
+  char b[16];
+  for (size_t l = 0; l < stats_.decode_layer_uses.size(); ++l) {
+    std::snprintf(b, sizeof b, " %.0f",
+                  100.0 * double(stats_.decode_layer_hits[l]) / double(std::max<uint64_t>(stats_.decode_layer_uses[l], 1)));
+    out += b;
+  }
+  return out;
 }
 
 std::string ExpertStreamer::describe() const {
@@ -448,7 +537,20 @@ std::string ExpertStreamer::stats_line() const {
                 double(s.decode_hit_bytes) / tok / 1e6, double(s.decode_cpu_bytes) / tok / 1e6,
                 s.decode_host_seconds / tok * 1e3, double(s.decode_copy_bytes) / tok / 1e6,
                 100.0 * double(s.decode_cpu) / double(std::max<uint64_t>(s.decode_uses, 1)));
-  return buf;
+  std::string out = buf;
+  if (prefetch_ && policy_ != MissPolicy::kCpu) {
+    std::snprintf(buf, sizeof buf,
+                  "; prefetch: accuracy %.1f%% (%llu of %llu used experts predicted), copied ahead %.1f MB/token, "
+                  "%llu of %llu copies ahead used",
+                  100.0 * double(s.decode_predicted_used) / double(std::max<uint64_t>(s.decode_predicted_actual, 1)),
+                  (unsigned long long)s.decode_predicted_used, (unsigned long long)s.decode_predicted_actual,
+                  double(s.decode_prefetch_bytes) / tok / 1e6, (unsigned long long)s.prefetch_used,
+                  (unsigned long long)s.prefetch_copies);
+    out += buf;
+  } else {
+    out += "; prefetch off";
+  }
+  return out;
 }
 
 std::function<Result<std::unique_ptr<model::LayerSource>>(const gguf::File&, const model::Weights&, backend::Backend&)>

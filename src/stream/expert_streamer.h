@@ -27,6 +27,7 @@
 #include "model/model.h"
 #include "model/weights.h"
 #include "stream/host_memory.h"
+#include "stream/trace.h"
 
 namespace sluice::gguf {
 class File;
@@ -53,6 +54,13 @@ struct ExpertStreamOptions {
   double cpu_bytes_per_s = 40e9;
   uint64_t cache_bytes = 0;   // tests and sweeps: cap the expert cache (0: what the budget leaves)
   bool allow_host_backend = false;  // tests: run on the CPU backend (streaming calls synchronous)
+  // Prefetch (--expert-prefetch): the next layer's router applied to this layer's state predicts
+  // its experts; the missing ones are copied into the cache while this layer computes. Decode
+  // passes only (fewer than prefill_batch tokens), not with MissPolicy::kCpu (no copies).
+  bool prefetch = true;
+  // Optional (not owned; outlives the streamer): one "expert" row per expert use, tier "vram hit",
+  // "prefetch" (a hit on an expert copied ahead), "cpu" or "copied".
+  TraceWriter* trace = nullptr;
 };
 
 // The sizes behind a placement (pure; ExpertStreamer::create and --plan use it): what stays
@@ -77,6 +85,12 @@ struct ExpertStats {
   uint64_t decode_hit_bytes = 0, decode_cpu_bytes = 0, decode_copy_bytes = 0;
   double host_seconds = 0, decode_host_seconds = 0;
   std::vector<uint64_t> layer_uses, layer_hits;  // per layer
+  std::vector<uint64_t> decode_layer_uses, decode_layer_hits;
+  // Prefetch: experts the predictions named, those of them the layer used, every expert used by a
+  // predicted layer; copies started ahead, those used.
+  uint64_t predicted = 0, predicted_used = 0, predicted_actual = 0;
+  uint64_t decode_predicted_used = 0, decode_predicted_actual = 0;
+  uint64_t prefetch_copies = 0, prefetch_used = 0, prefetch_bytes = 0, decode_prefetch_bytes = 0;
 };
 
 class ExpertStreamer final : public model::LayerSource, public model::ExpertPlacement {
@@ -98,6 +112,8 @@ class ExpertStreamer final : public model::LayerSource, public model::ExpertPlac
   Status place(int layer, int n_tokens, std::span<const model::ExpertBatch> batches,
                std::span<Site> sites) override;
   void done(int layer, double host_seconds) override;
+  const model::LayerWeights* predictor(int layer) override;
+  void predicted(int next_layer, const model::MoeRouting& routing) override;
 
   const ExpertStats& stats() const { return stats_; }
   int cache_slots() const { return int(slots_.size()); }
@@ -112,6 +128,8 @@ class ExpertStreamer final : public model::LayerSource, public model::ExpertPlac
   std::string describe() const;
   // "experts: ..." summary of stats() (hit rate, per-tier bytes per token, CPU vs GPU share).
   std::string stats_line() const;
+  // Decode hit rate of every layer.
+  std::string layer_line() const;
 
  private:
   explicit ExpertStreamer(backend::Backend& be) : be_(be) {}
@@ -121,6 +139,8 @@ class ExpertStreamer final : public model::LayerSource, public model::ExpertPlac
     backend::Backend::Mark copy_mark = 0;  // end of the copy that filled it
     backend::Backend::Mark free_mark = 0;  // compute mark after the last layer that read it
     uint64_t busy = 0;                     // layer stamp of the pass that reads it now
+    uint64_t reserved = 0;                 // layer stamp of the place() that prefetched into it
+    bool prefetched = false;               // copied ahead and not used yet
   };
   // The three matrices of expert `key` in host memory: where the copy engine reads (pinned) and
   // where the CPU computes (packed where made, else the pinned bytes).
@@ -160,6 +180,11 @@ class ExpertStreamer final : public model::LayerSource, public model::ExpertPlac
   double h2d_bw_ = 25e9, cpu_bw_ = 40e9;
   uint64_t layer_cpu_bytes_ = 0;                 // host bytes of the layer being placed
   std::vector<int> busy_slots_;
+  bool prefetch_ = true;
+  int predicted_layer_ = -1;               // the layer predicted_set_ is for
+  std::vector<int32_t> predicted_set_;
+  std::vector<bool> mark_;                 // n_expert scratch
+  TraceWriter* trace_ = nullptr;
   ExpertStats stats_;
 };
 

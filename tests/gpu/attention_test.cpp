@@ -28,6 +28,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/attention.h"
+#include "backend/cuda/gemv.h"
 #include "gpu/gpu_util.h"
 #include "quant/half.h"
 
@@ -59,6 +60,8 @@ struct Outcome {
   double exact_err = 0;
   double cpu_err = 0;
   bool all_finite = true;
+  bool q8_checked = false;  // decode with a dense output: the combine wrote out's int8 activation
+  int64_t q8_mismatches = 0;  // its bytes vs quantize_activation_q8 of out
 };
 
 float round_f16(float x) { return quant::fp16_to_fp32(quant::fp32_to_fp16(x)); }
@@ -160,16 +163,33 @@ Outcome run_case(const Case& c, bool corrupt = false) {
   a.scale = 1.0f / std::sqrt(float(hd));
   a.pos0 = c.pos0;
   a.window = c.window;
+  const int64_t q8_bytes = cu::q8_activation_bytes(q_cols, c.n_tokens);
+  DeviceBuffer dq8(static_cast<size_t>(q8_bytes)), dq8_ref(static_cast<size_t>(q8_bytes));
+  dq8.poison();
+  const cu::Q8Activation xq = cu::q8_activation_view(dq8.get(), q_cols, c.n_tokens);
+  a.out_q = xq.q;
+  a.out_ds = xq.ds;
+  const bool q8 = cu::attention_writes_q8(a);
   const Status st = cu::attention(a, dws.get(), ws_bytes, sm, nullptr);
   SLUICE_CHECK(st.is_ok(), st.message());
   GPU_CHECK(cudaDeviceSynchronize());
+  Outcome o;
+  if (q8) {
+    const cu::Q8Activation ref = cu::q8_activation_view(dq8_ref.get(), q_cols, c.n_tokens);
+    SLUICE_CHECK(cu::quantize_activation_q8(a.out, ref, nullptr).is_ok(), "quantize");
+    GPU_CHECK(cudaDeviceSynchronize());
+    std::vector<uint8_t> got(static_cast<size_t>(q8_bytes)), want(static_cast<size_t>(q8_bytes));
+    dq8.download(got.data(), got.size());
+    dq8_ref.download(want.data(), want.size());
+    o.q8_checked = true;
+    for (size_t i = 0; i < got.size(); ++i) o.q8_mismatches += got[i] != want[i];
+  }
   std::vector<float> out_s(q_s.size());
   dout.download(out_s.data(), out_s.size() * 4);
   std::vector<float> out(size_t(c.n_tokens * q_cols));
   for (int t = 0; t < c.n_tokens; ++t)
     std::copy_n(out_s.begin() + t * q_stride, q_cols, out.begin() + t * q_cols);
 
-  Outcome o;
   for (float x : out) o.all_finite = o.all_finite && std::isfinite(x);
 
   // CPU backend, all heads.
@@ -219,6 +239,9 @@ TEST_P(AttentionParity, MatchesReferences) {
   EXPECT_TRUE(o.all_finite) << "unwritten (NaN-poisoned) or non-finite outputs";
   EXPECT_LE(o.exact_err, kExactTol) << "seed " << test_seed();
   EXPECT_LE(o.cpu_err, kCpuTol) << "seed " << test_seed();
+  // Decode rows with a dense output: the combine's int8 activation equals quantizing out afterwards.
+  EXPECT_EQ(o.q8_checked, c.n_tokens <= 4 && c.pad == 0);
+  EXPECT_EQ(o.q8_mismatches, 0);
   // One greppable line per case for the report.
   std::printf("ATTN %-26s heads=%d/%d hd=%d pos0=%d tokens=%d exact=%.3e cpu=%.3e\n", c.name.c_str(), c.n_head,
               c.n_head_kv, c.head_dim, c.pos0, c.n_tokens, o.exact_err, o.cpu_err);

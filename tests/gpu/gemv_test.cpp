@@ -151,6 +151,7 @@ std::vector<Param> params() {
         {"v1_batch5", {129, 2048, 5, 1}},
         {"v1_4096x14336", {4096, 14336, 1, 1}},
         {"v1_14336x4096", {14336, 4096, 1, 1}},
+        {"v0_14336x4096", {14336, 4096, 1, 0}},
     };
     for (const auto& [name, c] : shapes) out.push_back({f, name, c});
   }
@@ -161,6 +162,82 @@ INSTANTIATE_TEST_SUITE_P(AllFormats, GemvParity, ::testing::ValuesIn(params()),
                          [](const ::testing::TestParamInfo<Param>& i) {
                            return std::string(i.param.fmt.name) + "_" + i.param.shape_name;
                          });
+
+// Several matrices in one launch (gemv_group): Q/K/V-like row counts that do not divide evenly,
+// each matrix with its own activation, every launch shape. Each output is compared with its own
+// reference (exact: the q8 activation the kernel multiplied), so a row sent to the wrong matrix,
+// activation or output fails.
+TEST(GemvGroup, MatchesScalarReferencePerMatrix) {
+  SLUICE_SKIP_WITHOUT_GPU();
+  Result<cu::DeviceInfo> dev = cu::query_device(0);
+  ASSERT_TRUE(dev.is_ok());
+  const int64_t cols = 1024;
+  const int64_t rows[] = {1001, 64, 257, 3};
+  constexpr int kN = 4;
+  for (const FormatRef& f : weight_formats()) {
+    if (f.type != quant::Type::kQ4_K && f.type != quant::Type::kQ6_K && f.type != quant::Type::kQ8_0 &&
+        f.type != quant::Type::kF16 && f.type != quant::Type::kQ5_0) {
+      continue;
+    }
+    for (int tokens : {1, 3}) {
+      for (int variant = -1; variant < cu::kGemvVariants; ++variant) {
+        std::vector<QuantMatrix> ms;
+        std::vector<std::vector<float>> xs, x_used(kN);
+        std::vector<DeviceBuffer> w, dx, dy, dq;
+        cu::GemvGroupArgs g;
+        g.type = f.type;
+        g.cols = cols;
+        g.tokens = tokens;
+        g.variant = variant;
+        const bool q8 = cu::gemv_needs_q8(f.type);
+        for (int i = 0; i < kN; ++i) {
+          const uint64_t salt = uint64_t(f.type) * 100 + uint64_t(i) * 10 + uint64_t(tokens) + uint64_t(variant + 1) * 1000;
+          ms.push_back(make_matrix(f, rows[i], cols, salt));
+          xs.push_back(random_floats(size_t(cols * tokens), 1.0f, salt + 7));
+          w.emplace_back(ms[size_t(i)].bytes.size());
+          dx.emplace_back(xs[size_t(i)].size() * 4);
+          dy.emplace_back(size_t(rows[i] * tokens) * 4);
+          dq.emplace_back(size_t(cu::q8_activation_bytes(cols, tokens)));
+        }
+        for (int i = 0; i < kN; ++i) {
+          w[size_t(i)].upload(ms[size_t(i)].bytes.data(), ms[size_t(i)].bytes.size());
+          dx[size_t(i)].upload(xs[size_t(i)].data(), xs[size_t(i)].size() * 4);
+          dy[size_t(i)].poison();
+          cu::GemvMatrix& m = g.m[g.n++];
+          m.w = w[size_t(i)].get();
+          m.rows = rows[i];
+          m.x = dx[size_t(i)].get<float>();
+          m.y = dy[size_t(i)].get<float>();
+          x_used[size_t(i)] = xs[size_t(i)];
+          if (q8) {
+            m.xq = cu::q8_activation_view(dq[size_t(i)].get(), cols, tokens);
+            ASSERT_TRUE(cu::quantize_activation_q8(m.x, m.xq, nullptr).is_ok());
+            GPU_CHECK(cudaDeviceSynchronize());
+            const int64_t nq = cols * tokens;
+            std::vector<int8_t> q(static_cast<size_t>(nq));
+            std::vector<float2> ds(static_cast<size_t>(nq / 32));
+            GPU_CHECK(cudaMemcpy(q.data(), m.xq.q, size_t(nq), cudaMemcpyDeviceToHost));
+            GPU_CHECK(cudaMemcpy(ds.data(), m.xq.ds, ds.size() * sizeof(float2), cudaMemcpyDeviceToHost));
+            for (int64_t e = 0; e < nq; ++e) x_used[size_t(i)][size_t(e)] = float(q[size_t(e)]) * ds[size_t(e / 32)].x;
+          }
+        }
+        const Status st = cu::gemv_group(*dev, g, nullptr);
+        ASSERT_TRUE(st.is_ok()) << st.message();
+        GPU_CHECK(cudaDeviceSynchronize());
+        for (int i = 0; i < kN; ++i) {
+          std::vector<float> y(size_t(rows[i] * tokens));
+          dy[size_t(i)].download(y.data(), y.size() * 4);
+          bool finite = true;
+          for (float v : y) finite = finite && std::isfinite(v);
+          EXPECT_TRUE(finite) << f.name << " matrix " << i << " variant " << variant;
+          const double err = normalized_error_d(y, ref_gemv(ms[size_t(i)].values, x_used[size_t(i)], rows[i], cols, tokens));
+          EXPECT_LE(err, kExactTolFew) << f.name << " matrix " << i << " tokens " << tokens << " variant " << variant
+                                       << " seed " << test_seed();
+        }
+      }
+    }
+  }
+}
 
 // The comparison can fail: corrupted weights must be caught.
 TEST(GemvParityControl, CorruptedWeightsAreDetected) {

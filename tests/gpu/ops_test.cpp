@@ -724,5 +724,100 @@ TEST(FusedDecodeOps, NormAndSwigluWithQ8EqualSeparateOps) {
   }
 }
 
+// add_rms_norm_q8 equals add, then rms_norm, then quantize_activation_q8, bit for bit; dst aliasing
+// src (the decode layer's use: xn = norm(x += xn)) included.
+TEST(FusedDecodeOps, AddNormWithQ8EqualsSeparateOps) {
+  SLUICE_SKIP_WITHOUT_GPU();
+  for (const int rows : {1, 3, 8}) {
+    for (const int64_t cols : {int64_t(576), int64_t(4096), int64_t(8192)}) {
+      for (const bool alias : {false, true}) {
+        const auto x = random_floats(size_t(rows * cols), 2.0f, 81 + uint64_t(rows));
+        const auto r = random_floats(size_t(rows * cols), 1.0f, 82 + uint64_t(cols));
+        const auto w = random_floats(size_t(cols), 0.5f, 83);
+        DeviceBuffer x1(x.size() * 4), x2(x.size() * 4), r1(r.size() * 4), r2(r.size() * 4), dw(w.size() * 4),
+            y1(x.size() * 4), y2(x.size() * 4);
+        x1.upload(x.data(), x.size() * 4);
+        x2.upload(x.data(), x.size() * 4);
+        r1.upload(r.data(), r.size() * 4);
+        r2.upload(r.data(), r.size() * 4);
+        dw.upload(w.data(), w.size() * 4);
+        y1.poison();
+        const int64_t qb = cu::q8_activation_bytes(cols, rows);
+        DeviceBuffer b1(static_cast<size_t>(qb)), b2(static_cast<size_t>(qb));
+        const auto q1 = cu::q8_activation_view(b1.get(), cols, rows), q2 = cu::q8_activation_view(b2.get(), cols, rows);
+        float* out1 = alias ? r1.get<float>() : y1.get<float>();
+        ASSERT_TRUE(cu::add_rms_norm_q8(x1.get<float>(), cols, r1.get<float>(), cols, out1, cols, rows, cols,
+                                        dw.get<float>(), 1e-6f, q1, nullptr)
+                        .is_ok());
+        ASSERT_TRUE(cu::add(x2.get<float>(), cols, r2.get<float>(), cols, rows, cols, nullptr).is_ok());
+        ASSERT_TRUE(cu::rms_norm(x2.get<float>(), cols, y2.get<float>(), cols, rows, cols, dw.get<float>(), cols, 1e-6f,
+                                 nullptr)
+                        .is_ok());
+        ASSERT_TRUE(cu::quantize_activation_q8(y2.get<float>(), q2, nullptr).is_ok());
+        GPU_CHECK(cudaDeviceSynchronize());
+        EXPECT_EQ(download_f32(x1, x.size()), download_f32(x2, x.size())) << "residual rows " << rows;
+        EXPECT_EQ(download_f32(alias ? r1 : y1, x.size()), download_f32(y2, x.size()))
+            << "norm rows " << rows << " cols " << cols << " alias " << alias;
+        expect_same_q8(q1, q2, cols, rows);
+      }
+    }
+  }
+}
+
+// rope_store_kv equals rope(q), rope(k), store_rows(k), store_rows(v) bit for bit: both modes, a
+// partial rotation, frequency factors, GQA head counts, several rows at a late position; cache
+// rows outside [pos0, pos0 + rows) untouched.
+TEST(FusedDecodeOps, RopeStoreKvEqualsSeparateOps) {
+  SLUICE_SKIP_WITHOUT_GPU();
+  struct C {
+    bool neox;
+    int n_head, n_head_k, head_dim, n_rot, rows, pos0;
+    bool factors;
+  };
+  const C cases[] = {{false, 32, 8, 128, 128, 1, 37, false}, {true, 16, 4, 128, 64, 5, 4000, false},
+                     {false, 9, 3, 64, 64, 8, 100000, true}, {true, 8, 8, 96, 32, 2, 0, true}};
+  for (const C& c : cases) {
+    const int64_t qc = int64_t(c.n_head) * c.head_dim, kc = int64_t(c.n_head_k) * c.head_dim, vc = kc;
+    const int64_t cache_rows = c.pos0 + c.rows + 3;
+    const auto q = random_floats(size_t(c.rows * qc), 1.0f, 91);
+    const auto k = random_floats(size_t(c.rows * kc), 1.0f, 92);
+    const auto v = random_floats(size_t(c.rows * vc), 1.0f, 93);
+    std::vector<float> ff(size_t(c.n_rot / 2));
+    for (size_t i = 0; i < ff.size(); ++i) ff[i] = 1.0f + 7.0f * float(i) / float(ff.size());
+    DeviceBuffer q1(q.size() * 4), q2(q.size() * 4), k1(k.size() * 4), k2(k.size() * 4), v1(v.size() * 4),
+        dff(ff.size() * 4), kc1(size_t(cache_rows * kc) * 2), kc2(size_t(cache_rows * kc) * 2),
+        vc1(size_t(cache_rows * vc) * 2), vc2(size_t(cache_rows * vc) * 2);
+    q1.upload(q.data(), q.size() * 4);
+    q2.upload(q.data(), q.size() * 4);
+    k1.upload(k.data(), k.size() * 4);
+    k2.upload(k.data(), k.size() * 4);
+    v1.upload(v.data(), v.size() * 4);
+    dff.upload(ff.data(), ff.size() * 4);
+    for (DeviceBuffer* b : {&kc1, &kc2, &vc1, &vc2}) GPU_CHECK(cudaMemset(b->get(), 0x3C, b->bytes()));
+    cu::RopeArgs a;
+    a.neox = c.neox;
+    a.n_head = c.n_head;
+    a.head_dim = c.head_dim;
+    a.n_rot = c.n_rot;
+    a.freq_base = 500000.0f;
+    a.freq_scale = 1.0f;
+    a.freq_factors = c.factors ? dff.get<float>() : nullptr;
+    ASSERT_TRUE(cu::rope_store_kv(q1.get<float>(), qc, k1.get<float>(), kc, c.n_head_k, v1.get<float>(), vc, vc, c.rows,
+                                  a, kc1.get(), kc, vc1.get(), vc, c.pos0, nullptr)
+                    .is_ok());
+    ASSERT_TRUE(cu::rope(q2.get<float>(), qc, c.rows, a, c.pos0, nullptr).is_ok());
+    cu::RopeArgs ak = a;
+    ak.n_head = c.n_head_k;
+    ASSERT_TRUE(cu::rope(k2.get<float>(), kc, c.rows, ak, c.pos0, nullptr).is_ok());
+    ASSERT_TRUE(cu::store_rows_f16(k2.get<float>(), kc, c.rows, kc, kc2.get(), kc, c.pos0, nullptr).is_ok());
+    ASSERT_TRUE(cu::store_rows_f16(v1.get<float>(), vc, c.rows, vc, vc2.get(), vc, c.pos0, nullptr).is_ok());
+    GPU_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(download_f32(q1, q.size()), download_f32(q2, q.size())) << "q, neox " << c.neox;
+    EXPECT_EQ(download_f32(k1, k.size()), download_f32(k2, k.size())) << "k, neox " << c.neox;
+    EXPECT_EQ(download_u16(kc1, size_t(cache_rows * kc)), download_u16(kc2, size_t(cache_rows * kc))) << "k cache";
+    EXPECT_EQ(download_u16(vc1, size_t(cache_rows * vc)), download_u16(vc2, size_t(cache_rows * vc))) << "v cache";
+  }
+}
+
 }  // namespace
 }  // namespace sluice::test::gpu

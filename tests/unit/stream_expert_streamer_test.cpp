@@ -58,8 +58,9 @@ struct Placed {
   ExpertStreamer* streamer = nullptr;
 };
 
-Placed load_placed(const std::string& path, MissPolicy policy, int cache_experts) {
+Placed load_placed(const std::string& path, MissPolicy policy, int cache_experts, bool prefetch = true) {
   ExpertStreamOptions eo;
+  eo.prefetch = prefetch;
   eo.allow_host_backend = true;
   eo.policy = policy;
   eo.host_cpu.n_threads = 2;
@@ -116,6 +117,48 @@ TEST(StreamExperts, PlacementsComputeWhatTheResidentModelComputes) {
       EXPECT_GT(st.decode_cpu, 0u);
     }
   }
+  std::filesystem::remove(path);
+}
+
+// Prefetch (the next layer's router on this layer's state; predicted misses copied into the cache
+// ahead) changes where experts are, never what is computed: with every miss copied (no host sums),
+// the logits of every step are those of the run without prefetch, bit for bit. Every decode pass
+// predicts layers 1 .. L-1; the copies ahead that were used show up as hits.
+TEST(StreamExperts, PrefetchChangesOnlyPlacement) {
+  const std::string path = write_moe(quant::Type::kQ8_0, "prefetch");
+  std::vector<int32_t> tokens;
+  Placed off = load_placed(path, MissPolicy::kCopy, 5, false);
+  ASSERT_TRUE(off.model);
+  const auto want = run(*off.model, tokens);
+  Placed on = load_placed(path, MissPolicy::kCopy, 5, true);
+  ASSERT_TRUE(on.model);
+  const auto got = run(*on.model, tokens);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t s = 0; s < got.size(); ++s) EXPECT_EQ(got[s], want[s]) << "step " << s;
+  const ExpertStats& a = off.streamer->stats();
+  const ExpertStats& b = on.streamer->stats();
+  EXPECT_EQ(a.prefetch_copies, 0u);
+  EXPECT_EQ(a.decode_predicted_actual, 0u);
+  EXPECT_EQ(b.decode_predicted_actual, uint64_t(12 * (kL - 1) * kK));
+  EXPECT_LE(b.decode_predicted_used, b.decode_predicted_actual);
+  EXPECT_GT(b.prefetch_copies, 0u);
+  EXPECT_LE(b.prefetch_used, b.prefetch_copies);
+  // A copy ahead that was used replaced a miss: hits + prefetch-used misses add up the same way.
+  EXPECT_EQ(b.uses, b.hits + b.cpu_misses + b.copy_misses);
+  // On this model (random routers, 5 of 24 experts cached) the copies ahead raise decode hits
+  // (measured: 21 of 72 with prefetch, 3 without).
+  EXPECT_GT(b.decode_hits, a.decode_hits);
+  std::printf("[ info ] prefetch: accuracy %.1f%% (%llu of %llu), %llu of %llu copies ahead used; decode hits %llu "
+              "(without prefetch %llu) of %llu\n",
+              100.0 * double(b.decode_predicted_used) / double(b.decode_predicted_actual),
+              (unsigned long long)b.decode_predicted_used, (unsigned long long)b.decode_predicted_actual,
+              (unsigned long long)b.prefetch_used, (unsigned long long)b.prefetch_copies,
+              (unsigned long long)b.decode_hits, (unsigned long long)a.decode_hits, (unsigned long long)b.decode_uses);
+  // The cpu policy never copies, so it never prefetches.
+  Placed cpu = load_placed(path, MissPolicy::kCpu, 5, true);
+  ASSERT_TRUE(cpu.model);
+  run(*cpu.model, tokens);
+  EXPECT_EQ(cpu.streamer->stats().prefetch_copies, 0u);
   std::filesystem::remove(path);
 }
 

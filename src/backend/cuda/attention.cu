@@ -19,9 +19,10 @@ attn::DecodePlan plan_decode(const AttentionArgs& a, int sm_count) {
   plan.group = a.n_head / a.n_head_kv;
   plan.n_hgroups = int(ceil_div(plan.group, attn::kMaxHeadsPerBlock));
   plan.heads_per_block = int(ceil_div(plan.group, plan.n_hgroups));  // balanced: 6 -> 3 + 3, not 4 + 2
-  // Keys [first_key(0), pos0 + n_tokens): every key some row sees (row 0's window starts first,
-  // the last row ends last). Splits cut this range.
-  const int64_t n_ctx = int64_t(a.pos0) + a.n_tokens - a.first_key(0);
+  // Keys of the last (longest) query row, or the range of positions the plan is made for. With a
+  // sliding window the splits still cut [0, n_ctx): those wholly before a row's window are empty
+  // for that row (the kernel skips them), so one plan serves every position of a replayed step.
+  const int64_t n_ctx = std::max<int64_t>(int64_t(a.pos0) + a.n_tokens, a.plan_ctx);
   const int64_t base_blocks = int64_t(a.n_tokens) * a.n_head_kv * plan.n_hgroups;
   const int64_t target = int64_t(attn::kDecodeBlocksPerSm) * sm_count;
   const int64_t splits = std::clamp<int64_t>(ceil_div(target, base_blocks), 1, attn::max_splits(n_ctx));
@@ -72,6 +73,11 @@ int64_t attention_workspace_bytes(int n_tokens, int n_head, int head_dim, int ma
   // buffer sized for the largest batch serves the decode calls (at most kDecodeMaxTokens rows).
   const int64_t rows = std::min(n_tokens, attn::kDecodeMaxTokens);
   return attn::decode_workspace_bytes(rows, n_head, head_dim, attn::max_splits(max_positions));
+}
+
+bool attention_writes_q8(const AttentionArgs& args) {
+  return args.n_tokens > 0 && args.n_tokens <= attn::kDecodeMaxTokens &&
+         args.out_stride == int64_t(args.n_head) * args.head_dim && args.head_dim % 32 == 0;
 }
 
 Status attention(const AttentionArgs& args, void* workspace, int64_t workspace_bytes, int sm_count,

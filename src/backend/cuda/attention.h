@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cuda_runtime_api.h>
+#include <vector_types.h>
 
 #include <cstdint>
 
@@ -35,9 +36,19 @@ struct AttentionArgs {
   float scale = 1.0f;
   int pos0 = 0;                 // query t sees cache rows [0, pos0 + t]
   int window = 0;               // > 0: query t sees only rows (pos0 + t - window, pos0 + t] (sliding window)
-  // First cache row query t sees.
-  int first_key(int t) const { return window > 0 ? (pos0 + t - window + 1 > 0 ? pos0 + t - window + 1 : 0) : 0; }
+  // Decode only (optional): the kernels read pos0 from this device int when they run (a recorded
+  // step replayed at later positions), and the key splits are planned for plan_ctx positions
+  // (>= pos0 + n_tokens; splits past the context are empty), so one plan serves a range of
+  // positions. Results depend only on the plan, not on which of these set it.
+  const int* pos_dev = nullptr;
+  int plan_ctx = 0;
+  // Decode only (optional): also write the int8 activation of out ([n_tokens][n_head * head_dim],
+  // as quantize_activation_q8 makes it; out must be dense) for the output projection's GEMV.
+  int8_t* out_q = nullptr;
+  float2* out_ds = nullptr;
 };
+// True when attention() writes out_q/out_ds for this call shape (decode rows, dense output).
+bool attention_writes_q8(const AttentionArgs& args);
 
 // Workspace bytes attention() needs for this call shape at most `max_positions` cache rows
 // (allocate once for the largest call; 0 is a valid answer).

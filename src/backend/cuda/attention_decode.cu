@@ -52,8 +52,8 @@ struct DecodeParams {
   int n_splits;
   int split_keys;
   int pos0;
-  int window;  // AttentionArgs::window
-  int key0;    // first key of any row (row 0's first_key): splits cut [key0, pos0 + n_tokens)
+  int window;          // AttentionArgs::window (0: none)
+  const int* pos_dev;  // non-null: pos0 is read here (a replayed step)
   float scale_log2;  // scale * log2(e): scores come out in log2 units, so exp2f is the exponential
 };
 
@@ -61,6 +61,8 @@ struct DecodeParams {
 // fastest so the blocks sharing a KV head's rows run side by side and the second reads hit L2.
 template <int HD>
 __global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(const DecodeParams p) {
+  pdl_wait();
+  pdl_trigger();
   using S = DecodeShape<HD>;
   __shared__ float sc[2][kMaxHeadsPerBlock][kDecodeTile];  // scores, then probabilities; 2 tiles
   __shared__ float alpha_s[kMaxHeadsPerBlock];             // per-tile rescale of the accumulators
@@ -82,12 +84,12 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(const Deco
   const bool piece_ok = c < S::kPieces;
 
   // Query row t sees keys [lo, pos0 + t] (lo = 0, or its sliding window's start); this split owns
-  // [begin, end) of them (maybe none when t is not the last row: the plan is made for the longest
-  // row). Every key of [begin, end) is visible, so each tile's first key is and the tile max is
-  // finite. Split 0 starts at key0 <= lo < key0 + t + 1 <= key0 + split_keys: it is never empty.
-  const int n_kv = p.pos0 + t + 1;
+  // [begin, end) of them (maybe none: when t is not the last row, the plan is made for the longest
+  // row or the step's position range; with a window, for splits wholly before it). Every key of
+  // [begin, end) is visible, so each tile's first key is and the tile max is finite.
+  const int n_kv = (p.pos_dev != nullptr ? *p.pos_dev : p.pos0) + t + 1;
   const int lo = p.window > 0 ? max(0, n_kv - p.window) : 0;
-  const int split0 = p.key0 + split * p.split_keys;
+  const int split0 = split * p.split_keys;
   const int begin = max(split0, lo);
   const int end = min(split0 + p.split_keys, n_kv);
   const int slot0 = hg * p.heads_per_block;
@@ -241,12 +243,16 @@ __device__ float block_reduce(float v, float* scratch) {
 }
 
 // One block per (head, query row): out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s.
-// Split 0 always holds key 0, so M is finite and the denominator positive.
+// Each row has a non-empty split (the one holding its own position), so M is finite and the
+// denominator positive; empty splits (before a sliding window, past a short row) weigh 0.
 __global__ void __launch_bounds__(kDecodeThreads)
     decode_combine_kernel(const float* __restrict__ ws_acc, const float2* __restrict__ ws_ml, float* __restrict__ out,
-                          int64_t out_stride, int n_head, int head_dim, int n_splits) {
+                          int64_t out_stride, int n_head, int head_dim, int n_splits, int8_t* __restrict__ out_q,
+                          float2* __restrict__ out_ds) {
   __shared__ float w[kMaxSplits];
   __shared__ float scratch[kDecodeThreads / kWarpSize];
+  pdl_wait();
+  pdl_trigger();
   const int head = int(blockIdx.x);
   const int t = int(blockIdx.y);
   const int64_t row0 = (int64_t(t) * n_head + head) * n_splits;
@@ -263,20 +269,28 @@ __global__ void __launch_bounds__(kDecodeThreads)
   }
   denom = block_reduce<false>(denom, scratch);  // its barriers also publish w[]
   const float inv = 1.0f / denom;
+  // head_dim is a multiple of 32: each warp covers 32 consecutive outputs, one q8 block of the
+  // dense output row (out_q: the output projection's int8 activation, written here).
   for (int d = int(threadIdx.x); d < head_dim; d += kDecodeThreads) {
     float acc = 0.0f;
     for (int s = 0; s < n_splits; ++s) acc = fmaf(w[s], ws_acc[(row0 + s) * head_dim + d], acc);
-    out[int64_t(t) * out_stride + int64_t(head) * head_dim + d] = acc * inv;
+    const float y = acc * inv;
+    const int64_t e = int64_t(t) * out_stride + int64_t(head) * head_dim + d;
+    out[e] = y;
+    if (out_q != nullptr) q8_block(y, out_q + (e - int64_t(threadIdx.x % kWarpSize)), out_ds + e / 32);
   }
 }
 
 template <int HD>
-Status launch_decode_hd(const DecodeParams& p, int n_tokens, float* out, int64_t out_stride, cudaStream_t stream) {
+Status launch_decode_hd(const DecodeParams& p, int n_tokens, float* out, int64_t out_stride, int8_t* out_q,
+                        float2* out_ds, cudaStream_t stream) {
   const int64_t blocks = int64_t(n_tokens) * p.n_head_kv * p.n_hgroups * p.n_splits;
-  decode_split_kernel<HD><<<dim3(unsigned(blocks)), kDecodeThreads, 0, stream>>>(p);
+  SLUICE_CUDA_RETURN_IF_ERROR(
+      launch_pdl(decode_split_kernel<HD>, dim3(unsigned(blocks)), dim3(kDecodeThreads), 0, stream, p));
   SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("decode_split_kernel");
-  decode_combine_kernel<<<dim3(unsigned(p.n_head), unsigned(n_tokens)), kDecodeThreads, 0, stream>>>(
-      p.ws_acc, p.ws_ml, out, out_stride, p.n_head, HD, p.n_splits);
+  SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(decode_combine_kernel, dim3(unsigned(p.n_head), unsigned(n_tokens)),
+                                         dim3(kDecodeThreads), 0, stream, p.ws_acc, p.ws_ml, out, out_stride,
+                                         p.n_head, HD, p.n_splits, out_q, out_ds));
   SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("decode_combine_kernel");
   return Status::ok();
 }
@@ -303,17 +317,20 @@ Status launch_decode(const AttentionArgs& a, const DecodePlan& plan, void* works
   p.split_keys = plan.split_keys;
   p.pos0 = a.pos0;
   p.window = a.window;
-  p.key0 = a.first_key(0);
+  p.pos_dev = a.pos_dev;
   p.scale_log2 = a.scale * kLog2e;
+  const bool q8 = a.out_q != nullptr && a.out_ds != nullptr && attention_writes_q8(a);
+  int8_t* q = q8 ? a.out_q : nullptr;
+  float2* ds = q8 ? a.out_ds : nullptr;
   switch (a.head_dim) {
-    case 32: return launch_decode_hd<32>(p, a.n_tokens, a.out, a.out_stride, stream);
-    case 64: return launch_decode_hd<64>(p, a.n_tokens, a.out, a.out_stride, stream);
-    case 96: return launch_decode_hd<96>(p, a.n_tokens, a.out, a.out_stride, stream);
-    case 128: return launch_decode_hd<128>(p, a.n_tokens, a.out, a.out_stride, stream);
-    case 160: return launch_decode_hd<160>(p, a.n_tokens, a.out, a.out_stride, stream);
-    case 192: return launch_decode_hd<192>(p, a.n_tokens, a.out, a.out_stride, stream);
-    case 224: return launch_decode_hd<224>(p, a.n_tokens, a.out, a.out_stride, stream);
-    case 256: return launch_decode_hd<256>(p, a.n_tokens, a.out, a.out_stride, stream);
+    case 32: return launch_decode_hd<32>(p, a.n_tokens, a.out, a.out_stride, q, ds, stream);
+    case 64: return launch_decode_hd<64>(p, a.n_tokens, a.out, a.out_stride, q, ds, stream);
+    case 96: return launch_decode_hd<96>(p, a.n_tokens, a.out, a.out_stride, q, ds, stream);
+    case 128: return launch_decode_hd<128>(p, a.n_tokens, a.out, a.out_stride, q, ds, stream);
+    case 160: return launch_decode_hd<160>(p, a.n_tokens, a.out, a.out_stride, q, ds, stream);
+    case 192: return launch_decode_hd<192>(p, a.n_tokens, a.out, a.out_stride, q, ds, stream);
+    case 224: return launch_decode_hd<224>(p, a.n_tokens, a.out, a.out_stride, q, ds, stream);
+    case 256: return launch_decode_hd<256>(p, a.n_tokens, a.out, a.out_stride, q, ds, stream);
     default: break;
   }
   return unsupported("attention: head_dim " + std::to_string(a.head_dim) + " has no decode kernel");

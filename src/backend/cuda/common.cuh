@@ -13,6 +13,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <utility>
+
 #include <cstdint>
 #include <string>
 
@@ -52,6 +54,47 @@ namespace sluice::backend::cuda {
 
 inline constexpr int kWarpSize = 32;
 
+// Programmatic dependent launch (compute capability 9.0+; DeviceInfo::pdl). A kernel launched
+// with it may start while the previous kernel of its stream still runs: before pdl_wait() it may
+// only read memory no earlier kernel writes (weights), and pdl_wait() returns once that kernel
+// has finished and its writes are visible. pdl_trigger() lets the kernels launched after this one
+// with the attribute start now (they still wait for all of it in their pdl_wait()). Both are
+// no-ops on older GPUs and in kernels launched without the attribute.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// True where kernels are launched as programmatic dependents: compute capability 9.0+ on the
+// current device, unless SLUICE_CUDA_PDL=0 (A/B runs). Asked once per process (gemv.cu).
+bool pdl_enabled();
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent of the
+// kernel before it where pdl_enabled(): its launch and ramp-up overlap that kernel's tail. The
+// kernel must call pdl_wait() before touching any memory an earlier kernel writes (the decode
+// path's small kernels call it first thing, then pdl_trigger()).
+template <class... KArgs, class... Args>
+cudaError_t launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                       Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = kWarpSize / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -89,6 +132,22 @@ __device__ __forceinline__ float bf16_bits_to_float(uint32_t h) { return __uint_
 // leaves the two's-complement int8 difference that dp4a reads as signed.
 __device__ __forceinline__ int sub_bytes(uint32_t q, uint32_t k4) {
   return int(((q | 0x80808080u) - k4) ^ 0x80808080u);
+}
+
+// The int8 activation of 32 consecutive values held one per lane of a warp (every lane takes
+// part), exactly as gemv.cu's quantize_q8_kernel makes it: d = max|v| / 127,
+// q = rne(v * 127 / max|v|), ds = (d, d * sum q). q points at the block's first byte, ds at its
+// entry. The fused decode ops (norm, SwiGLU, attention combine) write their output's activation
+// with it, so the GEMV that reads it needs no quantize launch.
+__device__ __forceinline__ void q8_block(float v, int8_t* q, float2* ds) {
+  const int lane = threadIdx.x % kWarpSize;
+  const float amax = warp_max(fabsf(v));
+  const float d = __fdiv_rn(amax, 127.0f);
+  const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
+  const int qi = __float2int_rn(__fmul_rn(v, id));
+  q[lane] = int8_t(qi);
+  const int sum = warp_sum_int(qi);
+  if (lane == 0) *ds = make_float2(d, __fmul_rn(d, float(sum)));
 }
 
 }  // namespace sluice::backend::cuda

@@ -125,6 +125,7 @@ class CudaBackend final : public Backend {
     for (void* p : device_allocs_) cudaFree(p);
     if (staging_) cudaFreeHost(staging_);
     if (staging_free_) cudaEventDestroy(staging_free_);
+    if (pos_copied_) cudaEventDestroy(pos_copied_);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -216,13 +217,32 @@ class CudaBackend final : public Backend {
     return double(ms) * 1e-3;
   }
 
-  void begin_step() override {
+  // ---- replayed decode steps (graphs_) --------------------------------------------------------
+  // A step is recorded once per (caller's key, position bucket) and replayed for every later
+  // token with that key: the ops that depend on the position (rope, KV store, attention) read it
+  // from pos_dev_, which a copy from pinned memory sets before each launch, and the attention's
+  // key splits are planned for the bucket's last position, so the recorded kernels stay valid for
+  // every position of the bucket.
+  static constexpr int kStepBucket = 256;  // positions per recorded attention plan
+
+  bool replay_step(uint64_t key, int pos) override {
+    if (!graphs_ || !exec_ || exec_key_ != step_key(key, pos)) return false;
+    set_step_pos(pos);
+    SLUICE_CUDA_CHECK(cudaGraphLaunch(exec_, stream_));
+    ++graph_launches_;
+    return true;
+  }
+
+  void begin_step(uint64_t key, int pos) override {
     if (!graphs_) return;
     SLUICE_CHECK(!capturing_, "begin_step: a step is already open");
-    SLUICE_CUDA_CHECK(cudaStreamSynchronize(stream_));  // idle already (the last step downloaded)
+    set_step_pos(pos);
+    SLUICE_CUDA_CHECK(cudaStreamSynchronize(stream_));
     // Relaxed: a scratch buffer may grow (cudaMalloc) while the first step is recorded.
     SLUICE_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
     capturing_ = true;
+    step_pos_ = pos;
+    pending_key_ = step_key(key, pos);
   }
 
   void end_step() override {
@@ -243,6 +263,7 @@ class CudaBackend final : public Backend {
     }
     if (!exec_) SLUICE_CUDA_CHECK(cudaGraphInstantiate(&exec_, graph, 0));
     SLUICE_CUDA_CHECK(cudaGraphDestroy(graph));
+    exec_key_ = pending_key_;
     SLUICE_CUDA_CHECK(cudaGraphLaunch(exec_, stream_));
     ++graph_launches_;
   }
@@ -317,6 +338,45 @@ class CudaBackend final : public Backend {
          "rms_norm");
   }
 
+  void add_rms_norm(const Tensor& x, const Tensor& src, const WeightView& w, float eps, const Tensor& dst) override {
+    SLUICE_CHECK(src.cols == x.cols && src.rows == x.rows && w.type == quant::Type::kF32 && w.ne0 == x.cols &&
+                     dst.cols == x.cols && dst.rows == x.rows,
+                 "add_rms_norm: shape mismatch");
+    if (!(x.rows <= kMaxGemvTokens && x.cols % 32 == 0 && dst.stride == dst.cols)) {
+      Backend::add_rms_norm(x, src, w, eps, dst);
+      return;
+    }
+    invalidate_q8();
+    const Q8Activation q8 = q8_view(x.cols, int(x.rows));
+    must(add_rms_norm_q8(f32(x), x.stride, f32(src), src.stride, f32(dst), dst.stride, x.rows, x.cols,
+                         static_cast<const float*>(w.data), eps, q8, stream_),
+         "add_rms_norm_q8");
+    set_q8(dst);
+  }
+
+  void rope_store_kv(const Tensor& q, const RopeParams& rq, const Tensor& k, const RopeParams& rk, const Tensor& v,
+                     const Tensor& k_cache, const Tensor& v_cache, int pos0) override {
+    const bool same_rope = rq.mode == rk.mode && rq.head_dim == rk.head_dim && rq.n_rot == rk.n_rot &&
+                           rq.freq_base == rk.freq_base && rq.freq_scale == rk.freq_scale &&
+                           rq.freq_factors.data == rk.freq_factors.data;
+    if (!same_rope) {
+      Backend::rope_store_kv(q, rq, k, rk, v, k_cache, v_cache, pos0);
+      return;
+    }
+    SLUICE_CHECK(int64_t(rq.n_head) * rq.head_dim == q.cols && int64_t(rk.n_head) * rk.head_dim == k.cols &&
+                     k.rows == q.rows && v.rows == q.rows,
+                 "rope_store_kv: shape mismatch");
+    SLUICE_CHECK(k.dtype == DType::kF32 && v.dtype == DType::kF32 && k_cache.dtype == DType::kF16 &&
+                     v_cache.dtype == DType::kF16 && k.cols == k_cache.cols && v.cols == v_cache.cols && pos0 >= 0 &&
+                     pos0 + k.rows <= k_cache.rows && pos0 + v.rows <= v_cache.rows,
+                 "rope_store_kv: out of range");
+    invalidate_q8();
+    must(cuda::rope_store_kv(f32(q), q.stride, f32(k), k.stride, rk.n_head, f32(v), v.stride, v.cols, q.rows,
+                             rope_args(rq), k_cache.data, k_cache.stride, v_cache.data, v_cache.stride, pos0, stream_,
+                             step_pos_for(pos0)),
+         "rope_store_kv");
+  }
+
   void add_bias(const Tensor& y, const WeightView& b) override {
     SLUICE_CHECK(b.type == quant::Type::kF32 && b.ne0 == y.cols, "add_bias: shape mismatch");
     invalidate_q8();
@@ -381,22 +441,15 @@ class CudaBackend final : public Backend {
   void rope(const Tensor& x, const RopeParams& p, int pos0) override {
     SLUICE_CHECK(int64_t(p.n_head) * p.head_dim == x.cols, "rope: n_head * head_dim != cols");
     invalidate_q8();
-    RopeArgs a;
-    a.neox = p.mode == RopeMode::kNeox;
-    a.n_head = p.n_head;
-    a.head_dim = p.head_dim;
-    a.n_rot = p.n_rot;
-    a.freq_base = p.freq_base;
-    a.freq_scale = p.freq_scale;
-    a.freq_factors = p.freq_factors.empty() ? nullptr : static_cast<const float*>(p.freq_factors.data);
-    must(cuda::rope(f32(x), x.stride, x.rows, a, pos0, stream_), "rope");
+    must(cuda::rope(f32(x), x.stride, x.rows, rope_args(p), pos0, stream_, step_pos_for(pos0)), "rope");
   }
 
   void store_rows(const Tensor& src, const Tensor& cache, int64_t pos0) override {
     SLUICE_CHECK(src.dtype == DType::kF32 && cache.dtype == DType::kF16 && src.cols == cache.cols && pos0 >= 0 &&
                      pos0 + src.rows <= cache.rows,
                  "store_rows: out of range");
-    must(store_rows_f16(f32(src), src.stride, src.rows, src.cols, cache.data, cache.stride, pos0, stream_),
+    must(store_rows_f16(f32(src), src.stride, src.rows, src.cols, cache.data, cache.stride, pos0, stream_,
+                        step_pos_for(pos0)),
          "store_rows");
   }
 
@@ -421,13 +474,62 @@ class CudaBackend final : public Backend {
     a.scale = p.scale;
     a.pos0 = p.pos0;
     a.window = p.window;
+    // Decode plans its key splits for the end of the position bucket (capped by the cache), in
+    // and out of recorded steps alike, so both give the same results.
+    a.plan_ctx = int(std::min<int64_t>((int64_t(p.pos0) + q.rows + kStepBucket - 1) / kStepBucket * kStepBucket,
+                                       k_cache.rows));
+    a.pos_dev = step_pos_for(p.pos0);
     const int64_t need = attention_workspace_bytes(a.n_tokens, p.n_head, p.head_dim, int(k_cache.rows));
     void* ws = grow(attn_ws_, need);
+    // Decode: the combine pass also writes the output's int8 activation for the output projection.
+    const bool q8 = attention_writes_q8(a) && out.stride == out.cols;
+    if (q8) {
+      const Q8Activation xq = q8_view(out.cols, int(out.rows));
+      a.out_q = xq.q;
+      a.out_ds = xq.ds;
+    }
     must(cuda::attention(a, ws, attn_ws_.bytes, dev_.sm_count, stream_), "attention");
+    if (q8) set_q8(out);
   }
 
  private:
   static float* f32(const Tensor& t) { return static_cast<float*>(t.data); }
+
+  static uint64_t step_key(uint64_t key, int pos) {
+    return key * 0x9E3779B97F4A7C15ull ^ uint64_t(pos / kStepBucket);
+  }
+  // Positions read by a recorded step: copied from pinned memory on the compute stream, ordered
+  // before the step's kernels. The host waits for the previous copy before rewriting the value.
+  void set_step_pos(int pos) {
+    if (!pos_dev_) {
+      SLUICE_CUDA_CHECK(cudaMalloc(&pos_dev_, sizeof(int)));
+      device_allocs_.push_back(pos_dev_);
+      SLUICE_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pos_host_), sizeof(int), cudaHostAllocDefault));
+      host_allocs_.push_back(pos_host_);
+      SLUICE_CUDA_CHECK(cudaEventCreateWithFlags(&pos_copied_, cudaEventDisableTiming));
+    }
+    SLUICE_CUDA_CHECK(cudaEventSynchronize(pos_copied_));
+    *pos_host_ = pos;
+    SLUICE_CUDA_CHECK(cudaMemcpyAsync(pos_dev_, pos_host_, sizeof(int), cudaMemcpyHostToDevice, stream_));
+    SLUICE_CUDA_CHECK(cudaEventRecord(pos_copied_, stream_));
+  }
+  // The device position for an op at host position pos0 inside a recorded step (else nullptr).
+  const int* step_pos_for(int64_t pos0) const {
+    if (!capturing_) return nullptr;
+    SLUICE_CHECK(pos0 == step_pos_, "a recorded step's ops must use the step's position");
+    return static_cast<const int*>(pos_dev_);
+  }
+  static RopeArgs rope_args(const RopeParams& p) {
+    RopeArgs a;
+    a.neox = p.mode == RopeMode::kNeox;
+    a.n_head = p.n_head;
+    a.head_dim = p.head_dim;
+    a.n_rot = p.n_rot;
+    a.freq_base = p.freq_base;
+    a.freq_scale = p.freq_scale;
+    a.freq_factors = p.freq_factors.empty() ? nullptr : static_cast<const float*>(p.freq_factors.data);
+    return a;
+  }
 
   // Marks are events in a ring, recycled after kMarkRing newer marks: a pipeline looks a few
   // layers back at most, so a recycled mark is one that passed long ago.
@@ -520,24 +622,26 @@ class CudaBackend final : public Backend {
         set_q8(x);
       }
     }
+    // Matrices of one format with dense outputs go out as one launch (Q/K/V, gate/up).
+    std::vector<bool> done(ws.size(), false);
     for (size_t i = 0; i < ws.size(); ++i) {
-      const WeightView& w = ws[i];
-      SLUICE_CHECK(gemv_supported(w.type), "matmul: no CUDA kernel for this weight format");
-      const Tensor& y = ys[i];
-      const bool y_dense = y.stride == y.cols;
-      if (dense && y_dense) {
-        GemvArgs a;
-        a.type = w.type;
-        a.w = w.data;
-        a.rows = w.ne1;
-        a.cols = w.ne0;
-        a.tokens = int(x.rows);
-        a.x = f32(x);
-        a.xq = xq;
-        a.y = f32(y);
-        must(gemv(dev_, a, stream_), "gemv");
-        continue;
+      SLUICE_CHECK(gemv_supported(ws[i].type), "matmul: no CUDA kernel for this weight format");
+      if (done[i] || !dense || ys[i].stride != ys[i].cols) continue;
+      GemvGroupArgs g;
+      g.type = ws[i].type;
+      g.cols = ws[i].ne0;
+      g.tokens = int(x.rows);
+      for (size_t j = i; j < ws.size() && g.n < kMaxGemvMatrices; ++j) {
+        if (done[j] || ws[j].type != g.type || ys[j].stride != ys[j].cols) continue;
+        g.m[g.n++] = GemvMatrix{ws[j].data, ws[j].ne1, f32(x), xq, f32(ys[j])};
+        done[j] = true;
       }
+      must(gemv_group(dev_, g, stream_), "gemv");
+    }
+    for (size_t i = 0; i < ws.size(); ++i) {
+      if (done[i]) continue;
+      const WeightView& w = ws[i];
+      const Tensor& y = ys[i];
       // Strided rows (not produced by model/ today): one token at a time.
       for (int64_t t = 0; t < x.rows; ++t) {
         const Tensor xt = x.row_range(t, 1), yt = y.row_range(t, 1);
@@ -600,6 +704,11 @@ class CudaBackend final : public Backend {
   bool capturing_ = false;
   cudaGraphExec_t exec_ = nullptr;
   int64_t graph_launches_ = 0;
+  uint64_t exec_key_ = 0, pending_key_ = 0;  // the recorded step's key (step_key)
+  int step_pos_ = 0;                         // the position of the step being recorded
+  void* pos_dev_ = nullptr;                  // device int: the replayed step's position
+  int* pos_host_ = nullptr;                  // pinned source of its copy
+  cudaEvent_t pos_copied_ = nullptr;
   // Streaming.
   cudaStream_t copy_stream_ = nullptr;
   std::vector<cudaEvent_t> marks_;  // ring of kMarkRing events

@@ -1,4 +1,5 @@
 // Entry points of the GEMV family: device query, activation quantization, format dispatch.
+#include <cstdlib>
 #include <string>
 
 #include "backend/cuda/common.cuh"
@@ -42,7 +43,23 @@ Result<DeviceInfo> query_device(int device) {
   info.cc_minor = prop.minor;
   info.global_mem_bytes = int64_t(prop.totalGlobalMem);
   info.l2_bytes = prop.l2CacheSize;
+  const char* pdl = std::getenv("SLUICE_CUDA_PDL");
+  info.pdl = prop.major >= 9 && !(pdl != nullptr && std::string(pdl) == "0");
   return info;
+}
+
+bool pdl_enabled() {
+  // Immutable after its first initialization (the device's capability and the environment).
+  static const bool enabled = [] {
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    const char* env = std::getenv("SLUICE_CUDA_PDL");
+    return major >= 9 && !(env != nullptr && std::string(env) == "0");
+  }();
+  return enabled;
 }
 
 int64_t q8_activation_bytes(int64_t cols, int tokens) {
@@ -65,6 +82,8 @@ namespace {
 // round-to-nearest-even activation quantizer bit for bit (IEEE division and multiply, rint).
 __global__ void quantize_q8_kernel(const float* __restrict__ x, int8_t* __restrict__ q, float2* __restrict__ ds,
                                    int64_t nblocks) {
+  pdl_wait();
+  pdl_trigger();  // the GEMV that reads this activation may start streaming its weights
   const int lane = threadIdx.x % kWarpSize;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarpSize);
   for (int64_t blk = int64_t(blockIdx.x) * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize; blk < nblocks;
@@ -91,7 +110,8 @@ Status quantize_activation_q8(const float* x, const Q8Activation& out, cudaStrea
   constexpr int kBlock = 256;
   const int64_t want = (nblocks + kBlock / kWarpSize - 1) / (kBlock / kWarpSize);
   const int grid = int(std::min<int64_t>(want, 4096));
-  quantize_q8_kernel<<<grid, kBlock, 0, stream>>>(x, out.q, out.ds, nblocks);
+  SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(quantize_q8_kernel, dim3(unsigned(grid)), dim3(kBlock), 0, stream, x, out.q,
+                                         out.ds, nblocks));
   SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("quantize_q8_kernel");
   return Status::ok();
 }
@@ -112,6 +132,17 @@ bool gemv_supported(quant::Type type) {
 }
 
 Status gemv(const DeviceInfo& dev, const GemvArgs& args, cudaStream_t stream) {
+  GemvGroupArgs g;
+  g.type = args.type;
+  g.cols = args.cols;
+  g.tokens = args.tokens;
+  g.variant = args.variant;
+  g.n = 1;
+  g.m[0] = GemvMatrix{args.w, args.rows, args.x, args.xq, args.y};
+  return gemv_group(dev, g, stream);
+}
+
+Status gemv_group(const DeviceInfo& dev, const GemvGroupArgs& args, cudaStream_t stream) {
   switch (args.type) {
     case quant::Type::kF32: case quant::Type::kF16: case quant::Type::kBF16:
       return gemv_float_formats(dev, args, stream);

@@ -30,6 +30,9 @@ struct DeviceInfo {
   int cc_major = 0, cc_minor = 0;
   int64_t global_mem_bytes = 0;
   int64_t l2_bytes = 0;
+  // GEMVs are launched as programmatic dependents (compute capability 9.0+): they start copying
+  // weights while the kernel before them finishes. SLUICE_CUDA_PDL=0 turns it off (A/B runs).
+  bool pdl = false;
 };
 Result<DeviceInfo> query_device(int device);
 
@@ -54,6 +57,11 @@ bool gemv_needs_q8(quant::Type type);
 // True where a gemv kernel exists for this weight format.
 bool gemv_supported(quant::Type type);
 
+// Launch shape of a gemv: -1 = chosen by the rows of the launch (default); 0 = 8 warps x 2 KB
+// stages, 1 = 4 warps x 4 KB stages (see gemv_kernel.cuh); 0 and 1 are for benchmarks and tests.
+// Results are identical up to f32 summation order.
+inline constexpr int kGemvVariants = 2;
+
 struct GemvArgs {
   quant::Type type = quant::Type::kF32;
   const void* w = nullptr;     // [rows][row_bytes(type, cols)]
@@ -63,14 +71,34 @@ struct GemvArgs {
   const float* x = nullptr;    // [tokens][cols] f32, read for F32/F16/BF16 weights
   Q8Activation xq;             // read for block-quantized weights
   float* y = nullptr;          // [tokens][rows]
-  // Launch shape: -1 = chosen by shape (default), 0 = 8 warps x 2 KB stages, 1 = 4 warps x 4 KB
-  // stages (see gemv_kernel.cuh); 0 and 1 are for benchmarks and tests. Results are identical up
-  // to f32 summation order.
-  int variant = -1;
+  int variant = -1;            // launch shape (above)
 };
 
 // Enqueues y = W x. Fast path: W 16-byte aligned and row_bytes a multiple of 16 (every GGUF
 // tensor of the usual model shapes); otherwise a correct, slower path that loads bytes one by one.
 Status gemv(const DeviceInfo& dev, const GemvArgs& args, cudaStream_t stream);
+
+// Several matrices of one format and one column count, each with its own activation and output,
+// multiplied in one launch: Q, K and V (or gate and up) of a layer, which share their input, or
+// the experts of a mixture-of-experts layer, each on its own input. The rows of all of them are
+// spread over the GPU as the rows of one matrix would be, so small matrices no longer pay a
+// launch, a ramp-up and a tail each.
+inline constexpr int kMaxGemvMatrices = 16;
+struct GemvMatrix {
+  const void* w = nullptr;   // [rows][row_bytes(type, cols)]
+  int64_t rows = 0;
+  const float* x = nullptr;  // [tokens][cols] f32 (F32/F16/BF16 weights)
+  Q8Activation xq;           // block-quantized weights
+  float* y = nullptr;        // [tokens][rows]
+};
+struct GemvGroupArgs {
+  quant::Type type = quant::Type::kF32;
+  int64_t cols = 0;
+  int tokens = 1;
+  int variant = -1;
+  int n = 0;                             // matrices, 1..kMaxGemvMatrices
+  GemvMatrix m[kMaxGemvMatrices];
+};
+Status gemv_group(const DeviceInfo& dev, const GemvGroupArgs& args, cudaStream_t stream);
 
 }  // namespace sluice::backend::cuda

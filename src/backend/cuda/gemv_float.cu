@@ -4,7 +4,7 @@
 namespace sluice::backend::cuda {
 using namespace gemv_detail;
 
-Status gemv_float_formats(const DeviceInfo& dev, const GemvArgs& g, cudaStream_t stream) {
+Status gemv_float_formats(const DeviceInfo& dev, const GemvGroupArgs& g, cudaStream_t stream) {
   switch (g.type) {
     case quant::Type::kF32: return launch_gemv<FmtF32>(dev, g, stream);
     case quant::Type::kF16: return launch_gemv<FmtF16>(dev, g, stream);

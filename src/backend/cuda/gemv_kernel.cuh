@@ -9,7 +9,8 @@
 // 2-byte alignment costs only extra shared loads.
 //
 // Work split: a persistent grid (as many blocks as are resident at once: 4 per SM at <= 64
-// registers, 4 * 48 KB fitting the 228 KB of an H100 SM); block b owns rows
+// registers, 4 * 48 KB fitting the 228 KB of an H100 SM) over the rows of all the launch's
+// matrices (Q, K and V, or gate and up, or several experts: one launch); block b owns rows
 // [b*rows/G, (b+1)*rows/G) so every SM gets the same bytes to within one row, and warp w of the
 // block takes rows w, w + kWarps, ... of that range. A warp's chunk stream runs across its rows
 // without draining, so kStages-1 chunks (up to 4 KB per warp, 128 KB per SM) stay in flight.
@@ -26,7 +27,8 @@ namespace sluice::backend::cuda::gemv_detail {
 //   kWide:  8 warps, 3 stages of 2 KB per warp (32 warps per SM, more warps to hide latency)
 //   kDeep:  4 warps, 3 stages of 4 KB per warp (16 warps per SM, two or more pieces per lane per
 //           chunk, so each lane has independent work in flight; up to 128 registers per thread)
-// Both keep 2 chunks per warp in flight: 128 KB per SM.
+// Both keep 2 chunks per warp in flight: 128 KB per SM. (Measured and dropped, 2026-11-25: two
+// rows per warp sharing each activation load, 8 or 4 warps: slower on every shape, 2-27%.)
 struct CfgWide {
   static constexpr int kWarps = 8, kStages = 3, kStageBytes = 2048;
 };
@@ -43,17 +45,35 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// The matrices of one launch (kernel parameters): matrix m owns global rows [row0[m], row0[m+1]),
+// its weight w[m] (row r at w[m] + (r - row0[m]) * row_bytes), activation a[m] and output y[m]
+// ([tokens][rows of m]). Every matrix has the same format and column count.
+inline constexpr int kMaxSegs = 16;
+struct Segs {
+  int n = 0;
+  int64_t row0[kMaxSegs + 1] = {};
+  const uint8_t* w[kMaxSegs] = {};
+  float* y[kMaxSegs] = {};
+  ActRef a[kMaxSegs] = {};
+};
+// The matrix holding global row `row` (n <= kMaxSegs: a scan of the parameter bank).
+__device__ __forceinline__ int seg_of(const Segs& s, int64_t row) {
+  int m = 0;
+  while (m + 1 < s.n && row >= s.row0[m + 1]) ++m;
+  return m;
+}
+
 // Shapes (host-checked): cols = nb * F::kBlockElems; chunk = cb blocks, cb * kBlockBytes <=
-// kStageBytes; nchunks = ceil(nb / cb). kAligned: w and row_bytes and cb * kBlockBytes are
+// kStageBytes; nchunks = ceil(nb / cb). kAligned: every w, row_bytes and cb * kBlockBytes are
 // multiples of 16 (else bytes are copied one at a time: the slow, general path).
 template <class F, int NT, bool kAligned, class Cfg>
-__global__ void __launch_bounds__(Cfg::kWarps * kWarpSize) gemv_kernel(const uint8_t* __restrict__ w, int64_t rows,
-                                                        int64_t row_bytes, int nb, int cb, int nchunks,
-                                                        ActRef a, float* __restrict__ y) {
+__global__ void __launch_bounds__(Cfg::kWarps * kWarpSize) gemv_kernel(const __grid_constant__ Segs segs,
+                                                        int64_t row_bytes, int nb, int cb, int nchunks) {
   constexpr int kWarps = Cfg::kWarps, kStages = Cfg::kStages, kStageBytes = Cfg::kStageBytes;
   __shared__ alignas(16) uint8_t stage[kWarps][kStages][kStageBytes];
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
+  const int64_t rows = segs.row0[segs.n];
   const int64_t r_begin = int64_t(blockIdx.x) * rows / gridDim.x;
   const int64_t r_end = int64_t(blockIdx.x + 1) * rows / gridDim.x;
   const int64_t first_row = r_begin + warp;
@@ -62,10 +82,11 @@ __global__ void __launch_bounds__(Cfg::kWarps * kWarpSize) gemv_kernel(const uin
 
   auto issue = [&](int64_t i) {
     const int64_t row = first_row + (i / nchunks) * kWarps;
+    const int m = seg_of(segs, row);
     const int c = int(i % nchunks);
     const int nblk = min(cb, nb - c * cb);
     const int bytes = nblk * F::kBlockBytes;
-    const uint8_t* src = w + row * row_bytes + int64_t(c) * cb * F::kBlockBytes;
+    const uint8_t* src = segs.w[m] + (row - segs.row0[m]) * row_bytes + int64_t(c) * cb * F::kBlockBytes;
     uint8_t* dst = stage[warp][i % kStages];
     if constexpr (kAligned) {
       for (int off = lane * 16; off < bytes; off += kWarpSize * 16) cp_async_16(dst + off, src + off);
@@ -74,11 +95,16 @@ __global__ void __launch_bounds__(Cfg::kWarps * kWarpSize) gemv_kernel(const uin
     }
   };
 
+  pdl_trigger();  // a following GEMV may start streaming its weights as SMs free up
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < total) issue(s);
     cp_async_commit();  // empty groups keep the group count uniform
   }
+  // Launched as a programmatic dependent (DeviceInfo::pdl): the first weight chunks are on their
+  // way while the kernel before this one (the norm or SwiGLU that makes the activation) finishes;
+  // from here on the activation and the outputs are touched.
+  pdl_wait();
 
   float acc[NT];
 #pragma unroll
@@ -91,6 +117,8 @@ __global__ void __launch_bounds__(Cfg::kWarps * kWarpSize) gemv_kernel(const uin
     __syncwarp();                  // ... and for every lane's
 
     const int64_t row = first_row + (i / nchunks) * kWarps;
+    const int m = seg_of(segs, row);
+    const ActRef& a = segs.a[m];
     const int c = int(i % nchunks);
     const int nblk = min(cb, nb - c * cb);
     const uint8_t* buf = stage[warp][i % kStages];
@@ -106,10 +134,11 @@ __global__ void __launch_bounds__(Cfg::kWarps * kWarpSize) gemv_kernel(const uin
     if (p < npieces) F::template dot<NT>(buf, p, e_chunk, a, acc);
 
     if (c == nchunks - 1) {
+      const int64_t seg_rows = segs.row0[m + 1] - segs.row0[m];
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         const float s = warp_sum(acc[t]);
-        if (lane == 0) y[int64_t(t) * rows + row] = s;
+        if (lane == 0) segs.y[m][int64_t(t) * seg_rows + (row - segs.row0[m])] = s;
         acc[t] = 0.0f;
       }
     }

@@ -41,8 +41,8 @@ inline ChunkPlan plan_chunks(int64_t nb, int block_bytes, int multiple, int stag
 // instantiation's registers: more tokens, more registers), so that the even row split is also an
 // even split of bytes per SM and no second wave trails.
 template <class F, int NT, bool kAligned, class Cfg>
-Status launch_one(const DeviceInfo& dev, cudaStream_t stream, const uint8_t* w, int64_t rows, int64_t row_bytes,
-                  int nb, const ChunkPlan& plan, const ActRef& a, float* y) {
+Status launch_one(const DeviceInfo& dev, cudaStream_t stream, const Segs& segs, int64_t row_bytes, int nb,
+                  const ChunkPlan& plan) {
   auto* kernel = gemv_kernel<F, NT, kAligned, Cfg>;
   constexpr int kThreads = Cfg::kWarps * kWarpSize;
   // Blocks per SM depend only on the instantiation (registers, shared memory) and the GPU
@@ -57,86 +57,125 @@ Status launch_one(const DeviceInfo& dev, cudaStream_t stream, const uint8_t* w, 
     }
     return v;
   }();
-  const int grid = int(std::min<int64_t>(int64_t(dev.sm_count) * std::max(per_sm, 1), rows));
-  kernel<<<grid, kThreads, 0, stream>>>(w, rows, row_bytes, nb, plan.cb, plan.nchunks, a, y);
+  const int grid = int(std::min<int64_t>(int64_t(dev.sm_count) * std::max(per_sm, 1), segs.row0[segs.n]));
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(grid));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = dev.pdl ? 1 : 0;
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&cfg, kernel, segs, row_bytes, nb, plan.cb, plan.nchunks));
   SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("gemv_kernel");
   return Status::ok();
 }
 
 template <class F, class Cfg>
-Status launch_tokens(int tokens, const DeviceInfo& dev, cudaStream_t stream, const uint8_t* w, int64_t rows,
-                     int64_t row_bytes, int nb, const ChunkPlan& plan, const ActRef& a, float* y) {
+Status launch_tokens(int tokens, const DeviceInfo& dev, cudaStream_t stream, const Segs& segs, int64_t row_bytes,
+                     int nb, const ChunkPlan& plan) {
   static_assert(kMaxGemvTokens == 8);
   switch (tokens) {
-    case 1: return launch_one<F, 1, true, Cfg>(dev, stream, w, rows, row_bytes, nb, plan, a, y);
-    case 2: return launch_one<F, 2, true, Cfg>(dev, stream, w, rows, row_bytes, nb, plan, a, y);
-    case 3: return launch_one<F, 3, true, Cfg>(dev, stream, w, rows, row_bytes, nb, plan, a, y);
-    case 4: return launch_one<F, 4, true, Cfg>(dev, stream, w, rows, row_bytes, nb, plan, a, y);
-    case 5: return launch_one<F, 5, true, Cfg>(dev, stream, w, rows, row_bytes, nb, plan, a, y);
-    case 6: return launch_one<F, 6, true, Cfg>(dev, stream, w, rows, row_bytes, nb, plan, a, y);
-    case 7: return launch_one<F, 7, true, Cfg>(dev, stream, w, rows, row_bytes, nb, plan, a, y);
-    case 8: return launch_one<F, 8, true, Cfg>(dev, stream, w, rows, row_bytes, nb, plan, a, y);
+    case 1: return launch_one<F, 1, true, Cfg>(dev, stream, segs, row_bytes, nb, plan);
+    case 2: return launch_one<F, 2, true, Cfg>(dev, stream, segs, row_bytes, nb, plan);
+    case 3: return launch_one<F, 3, true, Cfg>(dev, stream, segs, row_bytes, nb, plan);
+    case 4: return launch_one<F, 4, true, Cfg>(dev, stream, segs, row_bytes, nb, plan);
+    case 5: return launch_one<F, 5, true, Cfg>(dev, stream, segs, row_bytes, nb, plan);
+    case 6: return launch_one<F, 6, true, Cfg>(dev, stream, segs, row_bytes, nb, plan);
+    case 7: return launch_one<F, 7, true, Cfg>(dev, stream, segs, row_bytes, nb, plan);
+    case 8: return launch_one<F, 8, true, Cfg>(dev, stream, segs, row_bytes, nb, plan);
     default: return invalid_argument("gemv: bad token count");
   }
 }
 
+// Measured on an H100 (docs/CUDA.md): the deep shape wins where every warp gets many rows
+// (14336 and 128256 rows), the wide one on 4096-row matrices with long rows.
+inline int pick_variant(int variant, int64_t rows) {
+  if (variant >= 0) return variant;
+  return rows >= 12288 ? 1 : 0;
+}
+
 template <class F>
-Status launch_gemv(const DeviceInfo& dev, const GemvArgs& g, cudaStream_t stream) {
+Status launch_gemv(const DeviceInfo& dev, const GemvGroupArgs& g, cudaStream_t stream) {
   static_assert(F::kBlockElems % F::kPieceElems == 0 || F::kPieceElems % F::kBlockElems == 0);
   static_assert(F::kBlockBytes <= CfgWide::kStageBytes);
   const int64_t elem_multiple = std::max(F::kBlockElems, F::kPieceElems);
-  if (g.rows < 0 || g.cols <= 0 || g.cols % elem_multiple != 0) {
+  if (g.n < 1 || g.n > kMaxGemvMatrices) {
+    return invalid_argument("gemv: " + std::to_string(g.n) + " matrices in one launch (1.." +
+                            std::to_string(kMaxGemvMatrices) + ")");
+  }
+  if (g.cols <= 0 || g.cols % elem_multiple != 0) {
     return invalid_argument("gemv " + std::string(gemv_type_name(g.type)) + ": cols " + std::to_string(g.cols) +
                             " must be a positive multiple of " + std::to_string(elem_multiple));
   }
   if (g.tokens < 1 || g.tokens > kMaxGemvTokens) {
     return invalid_argument("gemv: tokens " + std::to_string(g.tokens) + " outside 1.." + std::to_string(kMaxGemvTokens));
   }
-  if (g.w == nullptr || g.y == nullptr) return invalid_argument("gemv: null weight or output pointer");
-  ActRef a{g.x, g.xq.q, g.xq.ds, g.cols};
-  if constexpr (F::kQ8) {
-    if (g.xq.q == nullptr || g.xq.ds == nullptr || g.xq.cols != g.cols || g.xq.tokens < g.tokens) {
-      return invalid_argument("gemv: quantized activation missing or of the wrong shape");
-    }
-    if (reinterpret_cast<uintptr_t>(g.xq.q) % 16 != 0 || reinterpret_cast<uintptr_t>(g.xq.ds) % 8 != 0) {
-      return invalid_argument("gemv: quantized activation must be 16-byte aligned");
-    }
-  } else {
-    if (g.x == nullptr || reinterpret_cast<uintptr_t>(g.x) % 16 != 0) {
-      return invalid_argument("gemv: f32 activation missing or not 16-byte aligned");
-    }
-  }
-  if (g.rows == 0) return Status::ok();
-
+  if (g.variant < -1 || g.variant >= kGemvVariants) return invalid_argument("gemv: bad launch variant");
   const int64_t nb64 = g.cols / F::kBlockElems;
   if (nb64 > (int64_t(1) << 30)) return invalid_argument("gemv: row too long");
   const int nb = int(nb64);
   const int64_t row_bytes = nb64 * F::kBlockBytes;
-  const auto* w = static_cast<const uint8_t*>(g.w);
-  const int piece_blocks = std::max(1, F::kPieceElems / F::kBlockElems);
-  const bool aligned = reinterpret_cast<uintptr_t>(w) % 16 == 0 && row_bytes % 16 == 0;
+
+  Segs segs;
+  bool aligned = row_bytes % 16 == 0;
+  for (int i = 0; i < g.n; ++i) {
+    const GemvMatrix& mx = g.m[i];
+    if (mx.rows < 0) return invalid_argument("gemv: negative row count");
+    if (mx.w == nullptr || mx.y == nullptr) return invalid_argument("gemv: null weight or output pointer");
+    if constexpr (F::kQ8) {
+      if (mx.xq.q == nullptr || mx.xq.ds == nullptr || mx.xq.cols != g.cols || mx.xq.tokens < g.tokens) {
+        return invalid_argument("gemv: quantized activation missing or of the wrong shape");
+      }
+      if (reinterpret_cast<uintptr_t>(mx.xq.q) % 16 != 0 || reinterpret_cast<uintptr_t>(mx.xq.ds) % 8 != 0) {
+        return invalid_argument("gemv: quantized activation must be 16-byte aligned");
+      }
+    } else {
+      if (mx.x == nullptr || reinterpret_cast<uintptr_t>(mx.x) % 16 != 0) {
+        return invalid_argument("gemv: f32 activation missing or not 16-byte aligned");
+      }
+    }
+    aligned = aligned && reinterpret_cast<uintptr_t>(mx.w) % 16 == 0;
+    segs.w[segs.n] = static_cast<const uint8_t*>(mx.w);
+    segs.y[segs.n] = mx.y;
+    segs.a[segs.n] = ActRef{mx.x, mx.xq.q, mx.xq.ds, g.cols};
+    segs.row0[segs.n + 1] = segs.row0[segs.n] + mx.rows;
+    ++segs.n;
+  }
+  const int64_t rows = segs.row0[segs.n];
+  if (rows == 0) return Status::ok();
 
   // Blocks per chunk must be a multiple of: 16-byte alignment of chunk starts (aligned path),
   // whole float pieces, and 32 pieces per chunk where that fits.
   const int align_blocks = aligned ? 16 / std::gcd(F::kBlockBytes, 16) : 1;
+  const int piece_blocks = std::max(1, F::kPieceElems / F::kBlockElems);
   const int lane_blocks = 32 * F::kPieceElems / std::gcd(32 * F::kPieceElems, F::kBlockElems);
-  // Measured on an H100 (docs/CUDA.md): the deep shape wins where every warp gets many rows
-  // (14336 and 128256 rows: +3..12%), the wide one on 4096-row matrices with long rows.
-  const bool deep = g.variant == 1 || (g.variant < 0 && g.rows >= 12288);
+  const bool deep = aligned && pick_variant(g.variant, rows) == 1;
   const int stage_bytes = deep ? CfgDeep::kStageBytes : CfgWide::kStageBytes;
   int multiple = std::lcm(align_blocks, piece_blocks);
   if (std::lcm(multiple, lane_blocks) * F::kBlockBytes <= stage_bytes) multiple = std::lcm(multiple, lane_blocks);
   const ChunkPlan plan = plan_chunks(nb, F::kBlockBytes, multiple, stage_bytes);
   if (aligned) {
-    return deep ? launch_tokens<F, CfgDeep>(g.tokens, dev, stream, w, g.rows, row_bytes, nb, plan, a, g.y)
-                : launch_tokens<F, CfgWide>(g.tokens, dev, stream, w, g.rows, row_bytes, nb, plan, a, g.y);
+    return deep ? launch_tokens<F, CfgDeep>(g.tokens, dev, stream, segs, row_bytes, nb, plan)
+                : launch_tokens<F, CfgWide>(g.tokens, dev, stream, segs, row_bytes, nb, plan);
   }
-  // Slow general path, one launch per token (the weight bytes are re-read per token).
-  for (int t = 0; t < g.tokens; ++t) {
-    const ActRef at{g.x ? g.x + t * g.cols : nullptr, g.xq.q ? g.xq.q + t * g.cols : nullptr,
-                    g.xq.ds ? g.xq.ds + t * (g.cols / 32) : nullptr, g.cols};
-    const Status st = launch_one<F, 1, false, CfgWide>(dev, stream, w, g.rows, row_bytes, nb, plan, at, g.y + t * g.rows);
-    if (!st.is_ok()) return st;
+  // Slow general path, one launch per matrix and token (the weight bytes are re-read per token).
+  for (int i = 0; i < g.n; ++i) {
+    const GemvMatrix& mx = g.m[i];
+    for (int t = 0; t < g.tokens; ++t) {
+      Segs one;
+      one.n = 1;
+      one.row0[1] = mx.rows;
+      one.w[0] = static_cast<const uint8_t*>(mx.w);
+      one.y[0] = mx.y + t * mx.rows;
+      one.a[0] = ActRef{mx.x ? mx.x + t * g.cols : nullptr, mx.xq.q ? mx.xq.q + t * g.cols : nullptr,
+                        mx.xq.ds ? mx.xq.ds + t * (g.cols / 32) : nullptr, g.cols};
+      if (mx.rows == 0) continue;
+      const Status st = launch_one<F, 1, false, CfgWide>(dev, stream, one, row_bytes, nb, plan);
+      if (!st.is_ok()) return st;
+    }
   }
   return Status::ok();
 }
@@ -145,7 +184,9 @@ Status launch_gemv(const DeviceInfo& dev, const GemvArgs& g, cudaStream_t stream
 
 namespace sluice::backend::cuda {
 // One per family .cu file; gemv() in gemv.cu dispatches on the type.
-Status gemv_float_formats(const DeviceInfo& dev, const GemvArgs& g, cudaStream_t stream);
-Status gemv_legacy_formats(const DeviceInfo& dev, const GemvArgs& g, cudaStream_t stream);
-Status gemv_k_formats(const DeviceInfo& dev, const GemvArgs& g, cudaStream_t stream);
+Status gemv_float_formats(const DeviceInfo& dev, const GemvGroupArgs& g, cudaStream_t stream);
+Status gemv_legacy_formats(const DeviceInfo& dev, const GemvGroupArgs& g, cudaStream_t stream);
+Status gemv_k_formats(const DeviceInfo& dev, const GemvGroupArgs& g, cudaStream_t stream);
+Status gemv_k45_formats(const DeviceInfo& dev, const GemvGroupArgs& g, cudaStream_t stream);
+Status gemv_k6_format(const DeviceInfo& dev, const GemvGroupArgs& g, cudaStream_t stream);
 }  // namespace sluice::backend::cuda

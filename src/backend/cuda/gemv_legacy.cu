@@ -4,7 +4,7 @@
 namespace sluice::backend::cuda {
 using namespace gemv_detail;
 
-Status gemv_legacy_formats(const DeviceInfo& dev, const GemvArgs& g, cudaStream_t stream) {
+Status gemv_legacy_formats(const DeviceInfo& dev, const GemvGroupArgs& g, cudaStream_t stream) {
   switch (g.type) {
     case quant::Type::kQ4_0: return launch_gemv<FmtQ4_0>(dev, g, stream);
     case quant::Type::kQ4_1: return launch_gemv<FmtQ4_1>(dev, g, stream);

@@ -30,6 +30,8 @@ bool aligned_to(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>
 // so in-place use (dst aliasing an input with the same stride) is safe; no pointer is __restrict__.
 template <int V, class Op>
 __global__ void __launch_bounds__(kThreads) rowwise_kernel(Op op, int64_t rows, int64_t cols) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t col_step = int64_t(gridDim.x) * kThreads * V;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
     for (int64_t c = (int64_t(blockIdx.x) * kThreads + threadIdx.x) * V; c < cols; c += col_step) {
@@ -45,9 +47,9 @@ Status launch_rowwise(const Op& op, int64_t rows, int64_t cols, bool vec4, cudaS
   const int64_t col_blocks = (cols + int64_t(kThreads) * v - 1) / (int64_t(kThreads) * v);
   const dim3 grid(unsigned(std::min(col_blocks, kMaxGridX)), unsigned(std::min(rows, kMaxGridY)));
   if (vec4) {
-    rowwise_kernel<4><<<grid, kThreads, 0, stream>>>(op, rows, cols);
+    SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(rowwise_kernel<4, Op>, grid, dim3(kThreads), 0, stream, op, rows, cols));
   } else {
-    rowwise_kernel<1><<<grid, kThreads, 0, stream>>>(op, rows, cols);
+    SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(rowwise_kernel<1, Op>, grid, dim3(kThreads), 0, stream, op, rows, cols));
   }
   SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("rowwise_kernel");
   return Status::ok();
@@ -238,6 +240,8 @@ struct NormArgs {
 
 // Small groups (Q/K head norms, head_dim 64..256): one warp per group, 8 groups per block.
 __global__ void __launch_bounds__(kThreads) rms_norm_warp_kernel(NormArgs a) {
+  pdl_wait();
+  pdl_trigger();
   constexpr int kWarps = kThreads / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   const int64_t step = int64_t(gridDim.x) * kWarps;
@@ -285,22 +289,11 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_block_kernel(NormArgs a
   }
 }
 
-// The int8 activation of 32 consecutive values held one per lane, exactly as gemv.cu's
-// quantize_q8_kernel makes it (d = max|v| / 127, q = rne(v * 127 / max|v|), (d, d * sum q)).
-__device__ __forceinline__ void q8_block(float v, int8_t* q, float2* ds) {
-  const int lane = threadIdx.x % kWarpSize;
-  const float amax = warp_max(fabsf(v));
-  const float d = __fdiv_rn(amax, 127.0f);
-  const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
-  const int qi = __float2int_rn(__fmul_rn(v, id));
-  q[lane] = int8_t(qi);
-  const int sum = warp_sum_int(qi);
-  if (lane == 0) *ds = make_float2(d, __fmul_rn(d, float(sum)));
-}
-
 // rms_norm of whole rows that also writes the rows' int8 activation (decode: the norm's output
 // only feeds matrix products). group == cols, cols % 32 == 0, rows dense in the activation.
 __global__ void __launch_bounds__(kNormThreads) rms_norm_q8_kernel(NormArgs a, int8_t* q, float2* ds) {
+  pdl_wait();
+  pdl_trigger();  // the GEMVs reading this activation may start streaming their weights
   __shared__ double partial[kNormThreads / kWarpSize];
   for (int64_t item = blockIdx.x; item < a.items; item += gridDim.x) {
     const float* xr = a.src_of(item);
@@ -311,6 +304,31 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_q8_kernel(NormArgs a, i
       const float y = __fmul_rn(__fmul_rn(xr[i], scale), a.w[i]);
       yr[i] = y;
       const int64_t e = item * a.group + i;  // element index in the dense activation
+      q8_block(y, q + (e - threadIdx.x % kWarpSize), ds + e / 32);
+    }
+  }
+}
+
+// x += src (the residual), then rms_norm_q8 of x: add, norm and int8 activation in one launch.
+// Each thread adds, squares and normalizes the same elements (i = threadIdx.x + k * kNormThreads,
+// as block_sum_squares reads them), so it reads only its own writes; dst may alias src (src is
+// read before the block's first barrier, dst written after it).
+__global__ void __launch_bounds__(kNormThreads) add_rms_norm_q8_kernel(NormArgs a, const float* src,
+                                                                       int64_t src_stride, int8_t* q, float2* ds) {
+  pdl_wait();
+  pdl_trigger();  // the GEMVs reading this activation may start streaming their weights
+  __shared__ double partial[kNormThreads / kWarpSize];
+  for (int64_t item = blockIdx.x; item < a.items; item += gridDim.x) {
+    float* xr = const_cast<float*>(a.src_of(item));
+    const float* sr = src + item * src_stride;
+#pragma unroll 4
+    for (int i = threadIdx.x; i < a.group; i += kNormThreads) xr[i] = __fadd_rn(xr[i], sr[i]);
+    const float scale = rms_scale(block_sum_squares(xr, a.group, partial), a.group, a.eps);
+    float* yr = a.dst_of(item);
+    for (int i = threadIdx.x; i < a.group; i += kNormThreads) {
+      const float y = __fmul_rn(__fmul_rn(xr[i], scale), a.w[i]);
+      yr[i] = y;
+      const int64_t e = item * a.group + i;
       q8_block(y, q + (e - threadIdx.x % kWarpSize), ds + e / 32);
     }
   }
@@ -341,37 +359,87 @@ struct RopeKernelArgs {
   float freq_scale;
   const float* freq_factors;  // nullptr or [half]
   int64_t pos0;
+  const int* pos_dev;  // non-null: the position of row 0 is *pos_dev (a replayed decode step)
+  __device__ int64_t base() const { return pos_dev != nullptr ? int64_t(*pos_dev) : pos0; }
 };
 
 constexpr int kRopeThreads = 512;  // a decode row: 2048 pairs in 4 steps per thread
+
+// The row's cos/sin table, as rope_kernel fills it (one entry per rotating pair of a head).
+__device__ __forceinline__ void rope_table(const RopeKernelArgs& a, int64_t r, float* cs, float* sn) {
+  const float pos = float(a.base() + r);
+  for (int i = threadIdx.x; i < a.half; i += kRopeThreads) {
+    float theta = pos;
+    for (int k = 0; k < i; ++k) theta = __fmul_rn(theta, a.theta_scale);
+    const float th = __fmul_rn(a.freq_scale, a.freq_factors ? __fdiv_rn(theta, a.freq_factors[i]) : theta);
+    double sv, cv;
+    sincos(double(th), &sv, &cv);
+    cs[i] = __double2float_rn(cv);
+    sn[i] = __double2float_rn(sv);
+  }
+}
+
+__device__ __forceinline__ void rope_row(const RopeKernelArgs& a, float* xr, int n_head, const float* cs,
+                                         const float* sn) {
+  const int pairs = n_head * a.half;
+  for (int p = threadIdx.x; p < pairs; p += kRopeThreads) {
+    const int h = p / a.half, i = p % a.half;
+    float* v = xr + int64_t(h) * a.head_dim;
+    const int i0 = a.neox ? i : 2 * i;
+    const int i1 = a.neox ? i + a.half : 2 * i + 1;
+    const float x0 = v[i0], x1 = v[i1];
+    v[i0] = __fsub_rn(__fmul_rn(x0, cs[i]), __fmul_rn(x1, sn[i]));
+    v[i1] = __fadd_rn(__fmul_rn(x0, sn[i]), __fmul_rn(x1, cs[i]));
+  }
+}
+
+// rope of q and k (same table: same rope parameters but the head count), then k and v stored into
+// the f16 caches at row pos0 + r: four launches of the layer in one. One block per token.
+struct RopeStoreArgs {
+  RopeKernelArgs q;  // x = q rows; q.n_head query heads
+  float* k;
+  int64_t k_stride;
+  int n_head_k;
+  const float* v;
+  int64_t v_stride;
+  int64_t v_cols;
+  __half* k_cache;
+  int64_t k_cache_stride;
+  __half* v_cache;
+  int64_t v_cache_stride;
+};
+
+__global__ void __launch_bounds__(kRopeThreads) rope_store_kernel(RopeStoreArgs a) {
+  pdl_wait();
+  pdl_trigger();
+  extern __shared__ float table[];
+  float* cs = table;
+  float* sn = table + a.q.half;
+  const int64_t k_cols = int64_t(a.n_head_k) * a.q.head_dim;
+  for (int64_t r = blockIdx.x; r < a.q.rows; r += gridDim.x) {
+    rope_table(a.q, r, cs, sn);
+    __syncthreads();
+    rope_row(a.q, a.q.x + r * a.q.stride, a.q.n_head, cs, sn);
+    float* kr = a.k + r * a.k_stride;
+    rope_row(a.q, kr, a.n_head_k, cs, sn);
+    __syncthreads();  // k rotated (by other threads) before it is stored; the table is reused
+    const int64_t row = a.q.base() + r;
+    __half* kc = a.k_cache + row * a.k_cache_stride;
+    for (int64_t c = threadIdx.x; c < k_cols; c += kRopeThreads) kc[c] = __float2half_rn(kr[c]);
+    const float* vr = a.v + r * a.v_stride;
+    __half* vc = a.v_cache + row * a.v_cache_stride;
+    for (int64_t c = threadIdx.x; c < a.v_cols; c += kRopeThreads) vc[c] = __float2half_rn(vr[c]);
+  }
+}
 
 __global__ void __launch_bounds__(kRopeThreads) rope_kernel(RopeKernelArgs a) {
   extern __shared__ float table[];  // cos [half], then sin [half]
   float* cs = table;
   float* sn = table + a.half;
-  const int pairs = a.n_head * a.half;
   for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
-    const float pos = float(a.pos0 + r);  // int64 -> f32, round to nearest even, as the CPU
-    for (int i = threadIdx.x; i < a.half; i += kRopeThreads) {
-      float theta = pos;
-      for (int k = 0; k < i; ++k) theta = __fmul_rn(theta, a.theta_scale);
-      const float th = __fmul_rn(a.freq_scale, a.freq_factors ? __fdiv_rn(theta, a.freq_factors[i]) : theta);
-      double s, c;
-      sincos(double(th), &s, &c);
-      cs[i] = __double2float_rn(c);
-      sn[i] = __double2float_rn(s);
-    }
+    rope_table(a, r, cs, sn);
     __syncthreads();
-    float* xr = a.x + r * a.stride;
-    for (int p = threadIdx.x; p < pairs; p += kRopeThreads) {
-      const int h = p / a.half, i = p % a.half;
-      float* v = xr + int64_t(h) * a.head_dim;
-      const int i0 = a.neox ? i : 2 * i;
-      const int i1 = a.neox ? i + a.half : 2 * i + 1;
-      const float x0 = v[i0], x1 = v[i1];
-      v[i0] = __fsub_rn(__fmul_rn(x0, cs[i]), __fmul_rn(x1, sn[i]));
-      v[i1] = __fadd_rn(__fmul_rn(x0, sn[i]), __fmul_rn(x1, cs[i]));
-    }
+    rope_row(a, a.x + r * a.stride, a.n_head, cs, sn);
     __syncthreads();  // the table is rewritten for the next row
   }
 }
@@ -379,6 +447,8 @@ __global__ void __launch_bounds__(kRopeThreads) rope_kernel(RopeKernelArgs a) {
 __global__ void __launch_bounds__(kThreads) swiglu_q8_kernel(const float* gate, int64_t gate_stride, const float* up,
                                                              int64_t up_stride, float* dst, int64_t dst_stride,
                                                              int64_t rows, int64_t cols, int8_t* q, float2* ds) {
+  pdl_wait();
+  pdl_trigger();  // the down projection may start streaming its weights
   const int64_t n = rows * cols;
   const int64_t step = int64_t(gridDim.x) * kThreads;
   // n % 32 == 0 and the stride is a multiple of 32, so whole warps stay in one q8 block.
@@ -404,7 +474,8 @@ Status rms_norm_q8(const float* x, int64_t x_stride, float* dst, int64_t dst_str
   SLUICE_RETURN_IF_ERROR(check_stride("rms_norm_q8", "dst", dst, dst_stride, cols));
   if (w == nullptr) return invalid_argument("rms_norm_q8: w is null");
   NormArgs a{x, x_stride, dst, dst_stride, rows, 1, int(cols), w, eps};
-  rms_norm_q8_kernel<<<unsigned(std::min(rows, kMaxGridX)), kNormThreads, 0, stream>>>(a, out.q, out.ds);
+  SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(rms_norm_q8_kernel, dim3(unsigned(std::min(rows, kMaxGridX))),
+                                         dim3(kNormThreads), 0, stream, a, out.q, out.ds));
   SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("rms_norm_q8_kernel");
   return Status::ok();
 }
@@ -421,8 +492,8 @@ Status swiglu_q8(const float* gate, int64_t gate_stride, const float* up, int64_
   SLUICE_RETURN_IF_ERROR(check_stride("swiglu_q8", "dst", dst, dst_stride, cols));
   const int64_t n = rows * cols;
   const int64_t blocks = std::min((n + kThreads - 1) / kThreads, kMaxGridX);
-  swiglu_q8_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(gate, gate_stride, up, up_stride, dst, dst_stride,
-                                                               rows, cols, out.q, out.ds);
+  SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(swiglu_q8_kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, gate,
+                                         gate_stride, up, up_stride, dst, dst_stride, rows, cols, out.q, out.ds));
   SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("swiglu_q8_kernel");
   return Status::ok();
 }
@@ -443,7 +514,7 @@ Status rms_norm(const float* x, int64_t x_stride, float* dst, int64_t dst_stride
   if (group <= 1024) {
     constexpr int64_t kWarps = kThreads / kWarpSize;
     const int64_t blocks = std::min((a.items + kWarps - 1) / kWarps, kMaxGridX * 4);
-    rms_norm_warp_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(a);
+    SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(rms_norm_warp_kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, a));
     SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("rms_norm_warp_kernel");
   } else {
     const int64_t blocks = std::min(a.items, kMaxGridX * 4);
@@ -590,7 +661,8 @@ Status scale(float* x, int64_t stride, int64_t rows, int64_t cols, float s, cuda
   return launch_rowwise(ScaleOp{x, stride, s}, rows, cols, vec4, stream);
 }
 
-Status rope(float* x, int64_t stride, int64_t rows, const RopeArgs& args, int pos0, cudaStream_t stream) {
+namespace {
+Status check_rope(const RopeArgs& args) {
   if (args.n_head <= 0 || args.head_dim <= 0 || int64_t(args.n_head) * args.head_dim > (int64_t(1) << 30)) {
     return invalid_argument("rope: bad n_head " + std::to_string(args.n_head) + " / head_dim " +
                             std::to_string(args.head_dim));
@@ -600,9 +672,11 @@ Status rope(float* x, int64_t stride, int64_t rows, const RopeArgs& args, int po
     return invalid_argument("rope: n_rot " + std::to_string(args.n_rot) + " must be even, in (0, head_dim " +
                             std::to_string(args.head_dim) + "] and <= 2048");
   }
-  if (rows < 0) return invalid_argument("rope: negative rows");
-  if (rows == 0) return Status::ok();
-  SLUICE_RETURN_IF_ERROR(check_stride("rope", "x", x, stride, int64_t(args.n_head) * args.head_dim));
+  return Status::ok();
+}
+
+RopeKernelArgs rope_kernel_args(float* x, int64_t stride, int64_t rows, const RopeArgs& args, int pos0,
+                                const int* pos_dev) {
   RopeKernelArgs a;
   a.x = x;
   a.stride = stride;
@@ -616,10 +690,72 @@ Status rope(float* x, int64_t stride, int64_t rows, const RopeArgs& args, int po
   a.freq_scale = args.freq_scale;
   a.freq_factors = args.freq_factors;
   a.pos0 = pos0;
+  a.pos_dev = pos_dev;
+  return a;
+}
+}  // namespace
+
+Status rope(float* x, int64_t stride, int64_t rows, const RopeArgs& args, int pos0, cudaStream_t stream,
+            const int* pos_dev) {
+  SLUICE_RETURN_IF_ERROR(check_rope(args));
+  if (rows < 0) return invalid_argument("rope: negative rows");
+  if (rows == 0) return Status::ok();
+  SLUICE_RETURN_IF_ERROR(check_stride("rope", "x", x, stride, int64_t(args.n_head) * args.head_dim));
+  const RopeKernelArgs a = rope_kernel_args(x, stride, rows, args, pos0, pos_dev);
   const unsigned grid = unsigned(std::min(rows, kMaxGridY));
   const size_t smem = size_t(a.half) * 2 * sizeof(float);  // <= 8 KB
   rope_kernel<<<grid, kRopeThreads, smem, stream>>>(a);
   SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("rope_kernel");
+  return Status::ok();
+}
+
+Status rope_store_kv(float* q, int64_t q_stride, float* k, int64_t k_stride, int n_head_k, const float* v,
+                     int64_t v_stride, int64_t v_cols, int64_t rows, const RopeArgs& args, void* k_cache,
+                     int64_t k_cache_stride, void* v_cache, int64_t v_cache_stride, int64_t pos0,
+                     cudaStream_t stream, const int* pos_dev) {
+  SLUICE_RETURN_IF_ERROR(check_rope(args));
+  if (n_head_k <= 0 || v_cols <= 0) return invalid_argument("rope_store_kv: bad k heads or v columns");
+  if (rows < 0 || pos0 < 0) return invalid_argument("rope_store_kv: negative rows or pos0");
+  if (rows == 0) return Status::ok();
+  if (k_cache == nullptr || v_cache == nullptr) return invalid_argument("rope_store_kv: null cache");
+  SLUICE_RETURN_IF_ERROR(check_stride("rope_store_kv", "q", q, q_stride, int64_t(args.n_head) * args.head_dim));
+  SLUICE_RETURN_IF_ERROR(check_stride("rope_store_kv", "k", k, k_stride, int64_t(n_head_k) * args.head_dim));
+  SLUICE_RETURN_IF_ERROR(check_stride("rope_store_kv", "v", v, v_stride, v_cols));
+  RopeStoreArgs a;
+  a.q = rope_kernel_args(q, q_stride, rows, args, int(pos0), pos_dev);
+  a.k = k;
+  a.k_stride = k_stride;
+  a.n_head_k = n_head_k;
+  a.v = v;
+  a.v_stride = v_stride;
+  a.v_cols = v_cols;
+  a.k_cache = static_cast<__half*>(k_cache);
+  a.k_cache_stride = k_cache_stride;
+  a.v_cache = static_cast<__half*>(v_cache);
+  a.v_cache_stride = v_cache_stride;
+  const unsigned grid = unsigned(std::min(rows, kMaxGridY));
+  const size_t smem = size_t(a.q.half) * 2 * sizeof(float);
+  SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(rope_store_kernel, dim3(grid), dim3(kRopeThreads), smem, stream, a));
+  SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("rope_store_kernel");
+  return Status::ok();
+}
+
+Status add_rms_norm_q8(float* x, int64_t x_stride, const float* src, int64_t src_stride, float* dst,
+                       int64_t dst_stride, int64_t rows, int64_t cols, const float* w, float eps,
+                       const Q8Activation& out, cudaStream_t stream) {
+  SLUICE_RETURN_IF_ERROR(check_rows("add_rms_norm_q8", rows, cols));
+  if (cols % 32 != 0 || out.cols != cols || out.tokens != rows || !out.q || !out.ds) {
+    return invalid_argument("add_rms_norm_q8: the activation must be [rows][cols] with cols % 32 == 0");
+  }
+  if (rows == 0) return Status::ok();
+  SLUICE_RETURN_IF_ERROR(check_stride("add_rms_norm_q8", "x", x, x_stride, cols));
+  SLUICE_RETURN_IF_ERROR(check_stride("add_rms_norm_q8", "src", src, src_stride, cols));
+  SLUICE_RETURN_IF_ERROR(check_stride("add_rms_norm_q8", "dst", dst, dst_stride, cols));
+  if (w == nullptr) return invalid_argument("add_rms_norm_q8: w is null");
+  NormArgs a{x, x_stride, dst, dst_stride, rows, 1, int(cols), w, eps};
+  SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(add_rms_norm_q8_kernel, dim3(unsigned(std::min(rows, kMaxGridX))),
+                                         dim3(kNormThreads), 0, stream, a, src, src_stride, out.q, out.ds));
+  SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("add_rms_norm_q8_kernel");
   return Status::ok();
 }
 
@@ -634,8 +770,32 @@ Status f32_to_f16(const float* src, int64_t src_stride, void* dst, int64_t dst_s
   return launch_rowwise(ToHalfOp{src, src_stride, static_cast<__half*>(dst), dst_stride}, rows, cols, vec4, stream);
 }
 
+namespace {
+// store_rows_f16 at the device-held position (a replayed decode step): one block per row.
+__global__ void __launch_bounds__(kThreads) store_rows_dev_kernel(const float* src, int64_t src_stride, int64_t rows,
+                                                                  int64_t cols, __half* cache, int64_t cache_stride,
+                                                                  const int* pos_dev) {
+  pdl_wait();
+  pdl_trigger();
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    __half* dst = cache + (int64_t(*pos_dev) + r) * cache_stride;
+    for (int64_t c = threadIdx.x; c < cols; c += kThreads) dst[c] = __float2half_rn(src[r * src_stride + c]);
+  }
+}
+}  // namespace
+
 Status store_rows_f16(const float* src, int64_t src_stride, int64_t rows, int64_t cols, void* cache,
-                      int64_t cache_stride, int64_t pos0, cudaStream_t stream) {
+                      int64_t cache_stride, int64_t pos0, cudaStream_t stream, const int* pos_dev) {
+  if (pos_dev != nullptr) {
+    SLUICE_RETURN_IF_ERROR(check_rows("store_rows_f16", rows, cols));
+    if (rows == 0 || cols == 0) return Status::ok();
+    if (cache == nullptr) return invalid_argument("store_rows_f16: cache is null");
+    SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(store_rows_dev_kernel, dim3(unsigned(std::min(rows, kMaxGridX))),
+                                           dim3(kThreads), 0, stream, src, src_stride, rows, cols,
+                                           static_cast<__half*>(cache), cache_stride, pos_dev));
+    SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("store_rows_dev_kernel");
+    return Status::ok();
+  }
   if (pos0 < 0) return invalid_argument("store_rows_f16: negative pos0 " + std::to_string(pos0));
   if (cache == nullptr) return invalid_argument("store_rows_f16: cache is null");
   // Row pos0 of the cache; the caller guarantees the cache holds pos0 + rows rows.

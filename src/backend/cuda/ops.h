@@ -30,6 +30,12 @@ Status rms_norm(const float* x, int64_t x_stride, float* dst, int64_t dst_stride
 Status rms_norm_q8(const float* x, int64_t x_stride, float* dst, int64_t dst_stride, int64_t rows, int64_t cols,
                    const float* w, float eps, const Q8Activation& out, cudaStream_t stream);
 
+// x += src, then rms_norm_q8 of x into dst (the residual add and the next norm in one launch).
+// dst may alias src.
+Status add_rms_norm_q8(float* x, int64_t x_stride, const float* src, int64_t src_stride, float* dst,
+                       int64_t dst_stride, int64_t rows, int64_t cols, const float* w, float eps,
+                       const Q8Activation& out, cudaStream_t stream);
+
 // swiglu (below) that also writes dst's int8 activation into `out` (the down projection's input).
 Status swiglu_q8(const float* gate, int64_t gate_stride, const float* up, int64_t up_stride, float* dst,
                  int64_t dst_stride, int64_t rows, int64_t cols, const Q8Activation& out, cudaStream_t stream);
@@ -68,12 +74,22 @@ struct RopeArgs {
   float freq_scale = 1.0f;
   const float* freq_factors = nullptr;  // optional device array of n_rot / 2 divisors
 };
-// Rotates x in place; row t is at position pos0 + t.
-Status rope(float* x, int64_t stride, int64_t rows, const RopeArgs& args, int pos0, cudaStream_t stream);
+// Rotates x in place; row t is at position pos0 + t. pos_dev (optional): pos0 is read from this
+// device int when the kernel runs instead (a recorded decode step replayed at later positions).
+Status rope(float* x, int64_t stride, int64_t rows, const RopeArgs& args, int pos0, cudaStream_t stream,
+            const int* pos_dev = nullptr);
+
+// rope(q) and rope(k) with the same parameters (k has n_head_k heads), then k and v rows stored
+// as f16 into the caches at rows [pos0, pos0 + rows): the four calls of a layer in one launch.
+Status rope_store_kv(float* q, int64_t q_stride, float* k, int64_t k_stride, int n_head_k, const float* v,
+                     int64_t v_stride, int64_t v_cols, int64_t rows, const RopeArgs& args, void* k_cache,
+                     int64_t k_cache_stride, void* v_cache, int64_t v_cache_stride, int64_t pos0,
+                     cudaStream_t stream, const int* pos_dev = nullptr);
 
 // cache rows [pos0, pos0 + rows) = f16(src rows); cache is f16 with cache_stride elements per row.
+// pos_dev (optional): pos0 read from device memory when the kernel runs (as for rope).
 Status store_rows_f16(const float* src, int64_t src_stride, int64_t rows, int64_t cols, void* cache,
-                      int64_t cache_stride, int64_t pos0, cudaStream_t stream);
+                      int64_t cache_stride, int64_t pos0, cudaStream_t stream, const int* pos_dev = nullptr);
 
 // dst (f16, [rows][dst_stride]) = f16(src) for the first `cols` elements of each row.
 Status f32_to_f16(const float* src, int64_t src_stride, void* dst, int64_t dst_stride, int64_t rows, int64_t cols,
