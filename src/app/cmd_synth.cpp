@@ -15,14 +15,16 @@ int cmd_synth(int argc, char** argv) {
   std::string shape_name, out, type = "q4_k_m";
   uint64_t seed = 1;
   unsigned threads = 0;
-  std::optional<uint32_t> layers, dim, ffn, heads, kv_heads, head_dim, vocab, experts, experts_used, shared_ffn, ctx;
+  std::optional<uint32_t> layers, dim, ffn, heads, kv_heads, head_dim, vocab, experts, experts_used, shared_ffn, ctx,
+      sliding_window, swa_period;
   std::optional<float> rope_theta, route_skew;
   std::optional<std::string> arch;
   bool rope_scaling = false, tied = false;
   app.add_option("shape", shape_name, names)->required();
   app.add_option("-o,--output", out, "output GGUF file")->required();
   app.add_option("--type", type, "q4_k_m (default), q6_k, q8_0, f16, or any format name");
-  app.add_option("--arch", arch, "llama | qwen2 | qwen3 (with --experts: mixtral-style llama, qwen2moe, qwen3moe)");
+  app.add_option("--arch", arch,
+                 "llama | qwen2 | qwen3 (with --experts: mixtral-style llama, qwen2moe, qwen3moe) | gemma3");
   app.add_option("--layers", layers, "number of layers");
   app.add_option("--dim", dim, "embedding dimension");
   app.add_option("--ffn", ffn, "feed-forward dimension (per expert for MoE)");
@@ -37,6 +39,8 @@ int cmd_synth(int argc, char** argv) {
                  "MoE: Zipf exponent S of expert popularity (rank r gets ~r^-S of the selections, per layer; "
                  "default 0: unbiased random router)");
   app.add_option("--ctx", ctx, "context length");
+  app.add_option("--sliding-window", sliding_window, "gemma3: sliding window of the local layers (default 0: none)");
+  app.add_option("--swa-period", swa_period, "gemma3: every N-th layer is global (default 6)");
   app.add_option("--rope-theta", rope_theta, "rope frequency base");
   app.add_flag("--rope-scaling", rope_scaling, "llama-3.1-style rope scaling (rope_freqs.weight)");
   app.add_flag("--tied-output", tied, "no output.weight (tied to token_embd)");
@@ -72,6 +76,8 @@ int cmd_synth(int argc, char** argv) {
   if (experts && *experts == 0 && !experts_used) s.experts_used = 0;
   if (((experts && *experts == 0) || (arch && *arch != "qwen2")) && !shared_ffn) s.shared_ffn = 0;
   if (ctx) s.ctx = *ctx;
+  if (sliding_window) s.sliding_window = *sliding_window;
+  if (swa_period) s.swa_period = *swa_period;
   if (rope_theta) s.rope_theta = *rope_theta;
   s.rope_scaling = s.rope_scaling || rope_scaling;
   s.tied_output = s.tied_output || tied;

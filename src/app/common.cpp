@@ -460,6 +460,20 @@ Result<model::ChatTemplate> chat_template_for(const gguf::File& file, const std:
   if (!override_name.empty()) return model::ChatTemplate::by_name(override_name);
   const gguf::Value* v = file.find("tokenizer.chat_template");
   const std::string text = v != nullptr && v->type == gguf::ValueType::kString ? v->s : "";
+  if (text.empty()) {
+    // No template in the file (the published Gemma 3 270M GGUF has none): the architecture's own
+    // chat format, where its vocabulary has that format's turn markers as tokens.
+    const gguf::Value* arch = file.find("general.architecture");
+    const gguf::Value* tokens = file.find("tokenizer.ggml.tokens");
+    if (arch != nullptr && arch->type == gguf::ValueType::kString && tokens != nullptr &&
+        tokens->type == gguf::ValueType::kArray) {
+      auto has_token = [&](std::string_view s) {
+        return std::any_of(tokens->items.begin(), tokens->items.end(),
+                           [&](const gguf::Value& t) { return t.type == gguf::ValueType::kString && t.s == s; });
+      };
+      if (auto t = model::ChatTemplate::for_architecture(arch->s, has_token); t.is_ok()) return t;
+    }
+  }
   auto t = model::ChatTemplate::detect(text);
   if (!t.is_ok()) {
     return invalid_argument(file.path() + ": " + t.status().message() +

@@ -19,7 +19,8 @@ namespace sluice::app {
 struct SynthShape {
   std::string name = "custom";
   // llama (mixtral with experts) | qwen2 (q/k/v biases; qwen2moe with experts, which adds a
-  // shared expert) | qwen3 (q/k norms; qwen3moe with experts)
+  // shared expert) | qwen3 (q/k norms; qwen3moe with experts) | gemma3 (q/k norms, post-attention
+  // and post-FFN norms, GeGLU, sliding-window layers; dense only)
   std::string arch = "llama";
   uint32_t layers = 2;
   uint32_t dim = 256;
@@ -36,6 +37,11 @@ struct SynthShape {
   float rms_eps = 1e-5f;
   bool rope_scaling = false;   // llama-3.1 style: rope_freqs.weight (factor 8, 8192 original ctx)
   bool tied_output = false;    // no output.weight (uses token_embd)
+  // gemma3: <arch>.attention.sliding_window (0: none, every layer global) and the period of
+  // sliding_window_pattern (every period-th layer global); local layers rotate with RoPE base
+  // 10000 (rope.freq_base_swa), global ones with rope_theta.
+  uint32_t sliding_window = 0;
+  uint32_t swa_period = 6;
   // MoE: Zipf exponent S of expert popularity (0: the unbiased random router). See RouteSkew.
   float route_skew = 0.0f;
 

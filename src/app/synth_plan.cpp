@@ -105,8 +105,15 @@ Status validate(const SynthShape& s) {
   auto bad = [](const std::string& opt, uint64_t v, const std::string& why) {
     return invalid_argument("--" + opt + " " + std::to_string(v) + ": " + why);
   };
-  if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "qwen3") {
-    return invalid_argument("--arch '" + s.arch + "': expected llama, qwen2 or qwen3");
+  if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "qwen3" && s.arch != "gemma3") {
+    return invalid_argument("--arch '" + s.arch + "': expected llama, qwen2, qwen3 or gemma3");
+  }
+  if (s.arch == "gemma3" && s.experts > 0) return bad("experts", s.experts, "gemma3 has no experts");
+  if (s.arch != "gemma3" && s.sliding_window > 0) {
+    return bad("sliding-window", s.sliding_window, "only gemma3 has sliding-window layers");
+  }
+  if (s.sliding_window > 0 && (s.swa_period < 1 || s.swa_period > 1000)) {
+    return bad("swa-period", s.swa_period, "must be in 1..1000");
   }
   if (s.layers < 1 || s.layers > 1000) return bad("layers", s.layers, "must be in 1..1000");
   if (s.dim < 1 || s.dim > 65536) return bad("dim", s.dim, "must be in 1..65536");
@@ -279,6 +286,11 @@ Result<SynthPlan> make_plan(const SynthShape& s, const TypeMix& mix, uint64_t se
     kv.push_back({a("attention.value_length"), Value::u32(hd)});
   }
   kv.push_back({a("vocab_size"), Value::u32(s.vocab)});
+  if (s.sliding_window > 0) {
+    kv.push_back({a("attention.sliding_window"), Value::u32(s.sliding_window)});
+    kv.push_back({a("attention.sliding_window_pattern"), Value::u32(s.swa_period)});
+    kv.push_back({a("rope.freq_base_swa"), Value::f32(10000.0f)});
+  }
   if (moe) {
     kv.push_back({a("expert_count"), Value::u32(s.experts)});
     kv.push_back({a("expert_used_count"), Value::u32(s.experts_used)});
@@ -345,15 +357,17 @@ Result<SynthPlan> make_plan(const SynthShape& s, const TypeMix& mix, uint64_t se
       f32(p + "attn_k.bias", kv_dim, TensorKind::kBias, 0.02f);
       f32(p + "attn_v.bias", kv_dim, TensorKind::kBias, 0.02f);
     }
-    if (s.arch == "qwen3") {
+    if (s.arch == "qwen3" || s.arch == "gemma3") {
       f32(p + "attn_q_norm.weight", hd, TensorKind::kNorm, 0.05f);
       f32(p + "attn_k_norm.weight", hd, TensorKind::kNorm, 0.05f);
     }
+    if (s.arch == "gemma3") f32(p + "post_attention_norm.weight", s.dim, TensorKind::kNorm, 0.05f);
     f32(p + "ffn_norm.weight", s.dim, TensorKind::kNorm, 0.05f, Reserved::kUnitGains);
     if (!moe) {
       matrix(p + "ffn_gate.weight", {s.dim, s.ffn}, q4);
       matrix(p + "ffn_up.weight", {s.dim, s.ffn}, q4);
       matrix(p + "ffn_down.weight", {s.ffn, s.dim}, down);
+      if (s.arch == "gemma3") f32(p + "post_ffw_norm.weight", s.dim, TensorKind::kNorm, 0.05f);
       continue;
     }
     // The router stays F32, as llama.cpp's quantizer leaves it (and route skew computes it).

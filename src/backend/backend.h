@@ -11,6 +11,8 @@
 // where the host waits for them.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -69,6 +71,13 @@ struct Tensor {
   Tensor first_rows(int64_t n) const { return row_range(0, n); }
 };
 
+// GELU with the tanh approximation, in f32: the definition every backend's geglu is tested
+// against (GPT-2's and Gemma's activation; llama.cpp's ggml_gelu).
+inline float gelu_tanh(float x) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f, kCoef = 0.044715f;
+  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * (1.0f + kCoef * x * x)));
+}
+
 enum class RopeMode {
   kNormal,  // rotates adjacent pairs (x[2i], x[2i+1]): Llama, Mistral
   kNeox,    // rotates halves (x[i], x[i + n_rot/2]): Qwen2, Qwen3
@@ -91,6 +100,11 @@ struct AttentionParams {
   int head_dim = 0;
   float scale = 1.0f; // applied to q.k before the softmax (1/sqrt(head_dim))
   int pos0 = 0;       // position of the first query row; query t sees cache rows [0, pos0 + t]
+  // Sliding-window attention (Gemma 3's local layers): query t (position p = pos0 + t) sees only
+  // the `window` most recent positions (p - window, p]. 0: no window (every earlier position).
+  int window = 0;
+  // The first cache row query t attends to.
+  int first_key(int t) const { return window > 0 ? std::max(0, pos0 + t - window + 1) : 0; }
 };
 
 class Backend {
@@ -231,6 +245,11 @@ class Backend {
 
   // dst = silu(gate) * up, elementwise. dst may alias gate or up.
   virtual void swiglu(const Tensor& gate, const Tensor& up, const Tensor& dst) = 0;
+  // dst = gelu(gate) * up, elementwise, with GELU's tanh approximation
+  // gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (Gemma's GeGLU). dst may alias gate or up.
+  virtual void geglu(const Tensor& gate, const Tensor& up, const Tensor& dst) = 0;
+  // x *= s, elementwise (Gemma's embedding scaling by sqrt(n_embd)).
+  virtual void scale(const Tensor& x, float s) = 0;
 
   // Rotates x in place; row t is at position pos0 + t.
   virtual void rope(const Tensor& x, const RopeParams& p, int pos0) = 0;
@@ -239,7 +258,8 @@ class Backend {
   virtual void store_rows(const Tensor& src, const Tensor& cache, int64_t pos0) = 0;
 
   // Causal multi-head attention of q (rows = tokens) over the caches (rows = positions):
-  // out[t][h] = softmax(scale * q[t][h] . K[0..pos0+t][h/g]) V[0..pos0+t][h/g],  g = n_head/n_head_kv.
+  // out[t][h] = softmax(scale * q[t][h] . K[a..pos0+t][h/g]) V[a..pos0+t][h/g],  g = n_head/n_head_kv,
+  // a = p.first_key(t) (0 without a sliding window).
   virtual void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                          const Tensor& out, const AttentionParams& p) = 0;
 };

@@ -40,6 +40,16 @@ constexpr LayerTensorSpec kMoeSharedFfn[] = {
     {LT::kDownSh, true},
 };
 
+// Gemma 3: Qwen3-style attention (Q/K norms, no biases) plus an RMSNorm of the attention output
+// before the residual add; the FFN's output is normed the same way.
+constexpr LayerTensorSpec kGemma3Attn[] = {
+    {LT::kAttnNorm, true}, {LT::kWq, true},    {LT::kWk, true},    {LT::kWv, true},
+    {LT::kWo, true},       {LT::kQNorm, true}, {LT::kKNorm, true}, {LT::kPostAttnNorm, true},
+};
+constexpr LayerTensorSpec kGemma3Ffn[] = {
+    {LT::kFfnNorm, true}, {LT::kWGate, true}, {LT::kWUp, true}, {LT::kWDown, true}, {LT::kPostFfnNorm, true},
+};
+
 constexpr ArchSpec kArchs[] = {
     {"llama", RM::kNormal, kLlamaAttn, kDenseFfn, kMoeFfn, {true, false, true}},
     {"mistral", RM::kNormal, kLlamaAttn, kDenseFfn, {}, {}},
@@ -47,6 +57,7 @@ constexpr ArchSpec kArchs[] = {
     {"qwen3", RM::kNeox, kQwen3Attn, kDenseFfn, {}, {}},
     {"qwen3moe", RM::kNeox, kQwen3Attn, {}, kMoeFfn, {true, true, true}},
     {"qwen2moe", RM::kNeox, kQwen2Attn, {}, kMoeSharedFfn, {true, true, false}},
+    {"gemma3", RM::kNeox, kGemma3Attn, kGemma3Ffn, {}, {}, FfnActivation::kGeluTanh, {true, true}},
 };
 
 }  // namespace
@@ -75,6 +86,8 @@ const char* layer_tensor_suffix(LayerTensor t) {
     case LT::kGateSh: return "ffn_gate_shexp.weight";
     case LT::kUpSh: return "ffn_up_shexp.weight";
     case LT::kDownSh: return "ffn_down_shexp.weight";
+    case LT::kPostAttnNorm: return "post_attention_norm.weight";
+    case LT::kPostFfnNorm: return "post_ffw_norm.weight";
   }
   return "?";
 }

@@ -37,6 +37,9 @@ enum class LayerTensor {
   kGateSh,     // ffn_gate_shexp.weight     [n_embd, n_ff_shexp]
   kUpSh,       // ffn_up_shexp.weight       [n_embd, n_ff_shexp]
   kDownSh,     // ffn_down_shexp.weight     [n_ff_shexp, n_embd]
+  // Gemma 3: RMSNorms of each block's output before it joins the residual stream.
+  kPostAttnNorm,  // post_attention_norm.weight [n_embd]                      f32
+  kPostFfnNorm,   // post_ffw_norm.weight       [n_embd]                      f32
 };
 const char* layer_tensor_suffix(LayerTensor t);  // "attn_q.weight"
 
@@ -54,6 +57,21 @@ struct MoeSpec {
   bool norm_weights = false;
 };
 
+// The feed-forward block's gated activation: act(W_gate x) * (W_up x).
+enum class FfnActivation {
+  kSilu,      // SwiGLU (llama, mistral, qwen)
+  kGeluTanh,  // GeGLU with GELU's tanh approximation (gemma3)
+};
+
+// Gemma 3 (llama.cpp's gemma3 graph): token embeddings scaled by sqrt(n_embd), GeGLU, a
+// post-attention and a post-FFN RMSNorm (their tensors in the arch table), Q/K norms, and layers
+// that alternate sliding-window (local) and global attention, each kind with its own RoPE base
+// (<arch>.attention.sliding_window, .attention.sliding_window_pattern, .rope.freq_base_swa).
+struct GemmaSpec {
+  bool embd_scale = false;      // x = token_embd[id] * sqrt(n_embd)
+  bool sliding_window = false;  // reads the sliding-window keys (a window of 0 or absent: all global)
+};
+
 struct ArchSpec {
   std::string_view name;  // general.architecture
   backend::RopeMode rope_mode;
@@ -61,6 +79,8 @@ struct ArchSpec {
   std::span<const LayerTensorSpec> dense_ffn;      // ffn_norm + the dense FFN
   std::span<const LayerTensorSpec> moe_ffn;        // ffn_norm + router + experts (+ shared expert)
   MoeSpec moe;
+  FfnActivation ffn_act = FfnActivation::kSilu;
+  GemmaSpec gemma = {};
 };
 
 // nullptr when the architecture is not supported.

@@ -63,6 +63,14 @@ Result<ChatTemplate> ChatTemplate::by_name(std::string_view name) {
                           "' (known: chatml, llama3, mistral, llama2, gemma)");
 }
 
+Result<ChatTemplate> ChatTemplate::for_architecture(std::string_view arch,
+                                                   const std::function<bool(std::string_view)>& has_token) {
+  if (arch.rfind("gemma", 0) == 0 && has_token("<start_of_turn>") && has_token("<end_of_turn>")) {
+    return ChatTemplate(ChatFamily::kGemma);
+  }
+  return unsupported("no chat format known for architecture " + std::string(arch) + " without a template");
+}
+
 Result<ChatTemplate> ChatTemplate::detect(std::string_view t) {
   // Most specific markers first: llama2 templates also contain [INST].
   if (t.find("<|im_start|>") != std::string_view::npos) {

@@ -20,6 +20,7 @@
 // need special-token parsing.
 #pragma once
 
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -44,6 +45,11 @@ class ChatTemplate {
   // From a tokenizer.chat_template text. kUnsupported naming the known families when no
   // marker matches (the caller may then pick one with by_name()).
   static Result<ChatTemplate> detect(std::string_view jinja_text);
+  // For a file without tokenizer.chat_template: the format its architecture was trained with
+  // (gemma, gemma2, gemma3 -> gemma), when the vocabulary has that format's turn markers
+  // (has_token("<start_of_turn>") and has_token("<end_of_turn>")). kUnsupported otherwise.
+  static Result<ChatTemplate> for_architecture(std::string_view arch,
+                                               const std::function<bool(std::string_view)>& has_token);
   // "chatml", "llama3", "mistral", "llama2", "gemma"; kInvalidArgument otherwise.
   static Result<ChatTemplate> by_name(std::string_view name);
 

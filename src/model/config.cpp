@@ -76,6 +76,47 @@ Status read_experts(const gguf::File& file, const ArchSpec& arch, const Reader& 
   return Status::ok();
 }
 
+// Gemma 3's sliding-window layers and their RoPE base (llama.cpp's gemma3 hyper-parameters).
+Status read_sliding_window(const gguf::File& file, const Reader& r, Config& c) {
+  if (!r.has("attention.sliding_window")) return Status::ok();  // every layer global
+  auto w = file.get_uint(r.key("attention.sliding_window"));
+  if (!w) return w.status();
+  if (*w == 0) return Status::ok();
+  if (*w > kMaxDim) return r.bad("attention.sliding_window", std::to_string(*w), "must be at most " + std::to_string(kMaxDim));
+  c.n_swa = int(*w);
+  c.swa_layers.assign(size_t(c.n_layer), false);
+  const gguf::Value* pat = file.find(r.key("attention.sliding_window_pattern"));
+  if (pat != nullptr && pat->type == gguf::ValueType::kArray) {
+    // One entry per layer: true (or nonzero) for a sliding-window layer.
+    if (pat->items.size() != size_t(c.n_layer)) {
+      return r.bad("attention.sliding_window_pattern", "an array of " + std::to_string(pat->items.size()),
+                   "must have one entry per layer (" + std::to_string(c.n_layer) + ")");
+    }
+    for (size_t l = 0; l < pat->items.size(); ++l) {
+      const gguf::Value& v = pat->items[l];
+      if (!(v.is_unsigned() || v.is_signed())) {
+        return r.bad("attention.sliding_window_pattern", std::string("an array of ") + gguf::value_type_name(v.type),
+                     "must hold bools or integers");
+      }
+      c.swa_layers[l] = v.is_unsigned() ? v.u != 0 : v.i != 0;
+    }
+  } else {
+    // A period P: in each run of P layers the last is global (llama.cpp's default for gemma3: 6).
+    uint64_t period = 6;
+    if (pat != nullptr) {
+      auto p = file.get_uint(r.key("attention.sliding_window_pattern"));
+      if (!p) return p.status();
+      if (*p > kMaxDim) return r.bad("attention.sliding_window_pattern", std::to_string(*p), "too large");
+      period = *p;
+    }
+    for (int l = 0; l < c.n_layer; ++l) c.swa_layers[size_t(l)] = period == 0 || uint64_t(l) % period < period - 1;
+  }
+  if (r.has("rope.freq_base_swa")) {
+    SLUICE_ASSIGN_OR_RETURN(c.rope_freq_base_swa, r.positive("rope.freq_base_swa"));
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 Result<Config> read_config(const gguf::File& file, const ArchSpec& arch) {
@@ -158,6 +199,26 @@ Result<Config> read_config(const gguf::File& file, const ArchSpec& arch) {
                             ", expected [" + std::to_string(c.n_embd) + ", n_vocab]");
   }
   c.n_vocab = int(embd->shape[1]);
+
+  c.ffn_act = arch.ffn_act;
+  c.attn_scale = 1.0f / std::sqrt(float(c.head_dim));
+  if (arch.gemma.embd_scale) c.embd_scale = std::sqrt(float(c.n_embd));
+  if (arch.gemma.sliding_window) {
+    SLUICE_RETURN_IF_ERROR(read_sliding_window(file, r, c));
+    // Gemma 3 27B (62 layers) scales queries by 1/sqrt(n_embd / n_head) (its
+    // query_pre_attn_scalar), the other sizes by 1/sqrt(head_dim); the GGUF has no key for it, so
+    // this follows llama.cpp, which tells the sizes apart by layer count.
+    if (c.n_layer == 62) c.attn_scale = 1.0f / std::sqrt(float(c.n_embd / c.n_head));
+    // Final-logit soft-capping (Gemma 2) is not implemented: refuse a file that asks for it.
+    if (r.has("final_logit_softcapping")) {
+      auto cap = file.get_float(r.key("final_logit_softcapping"));
+      if (!cap) return cap.status();
+      if (*cap != 0) {
+        return unsupported(file.path() + ": " + r.key("final_logit_softcapping") + " = " + std::to_string(*cap) +
+                           ": final-logit soft-capping is not supported");
+      }
+    }
+  }
   return c;
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "core/status.h"
@@ -16,6 +17,7 @@ class File;
 namespace sluice::model {
 
 struct ArchSpec;
+enum class FfnActivation;
 
 struct Config {
   std::string arch;             // general.architecture
@@ -40,6 +42,18 @@ struct Config {
   int n_ff_shexp = 0;           // <arch>.expert_shared_feed_forward_length (qwen2moe; 0: none)
   bool expert_weights_norm = false;  // top-k weights renormalized to sum 1 (from the arch table)
   float expert_weights_scale = 1.0f; // <arch>.expert_weights_scale (0 or absent: 1)
+  // Gemma 3 (ArchSpec::gemma); the defaults are every other architecture's behaviour.
+  FfnActivation ffn_act{};      // from the arch table (SwiGLU unless stated)
+  float embd_scale = 1.0f;      // token embeddings are multiplied by this (gemma3: sqrt(n_embd))
+  float attn_scale = 0.0f;      // q.k scale (1/sqrt(head_dim); gemma3 27B: 1/sqrt(n_embd / n_head))
+  int n_swa = 0;                // <arch>.attention.sliding_window (0: every layer global)
+  // Sliding-window layers: <arch>.attention.sliding_window_pattern, a period P (layer l is local
+  // unless l % P == P - 1; default 6 for gemma3) or one bool per layer. Empty: none.
+  std::vector<bool> swa_layers;
+  float rope_freq_base_swa = 10000.0f;  // <arch>.rope.freq_base_swa (local layers' RoPE base)
+  float rope_freq_scale_swa = 1.0f;     // local layers are never position-scaled
+
+  bool is_swa(int layer) const { return n_swa > 0 && size_t(layer) < swa_layers.size() && swa_layers[size_t(layer)]; }
 
   bool moe() const { return n_expert > 0; }
   // Widest FFN hidden activation a layer needs (dense, routed expert or shared expert).

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cmath>
 
+#include "model/arch.h"
+
 namespace sluice::model {
 
 using backend::Tensor;
@@ -45,10 +47,22 @@ Status Executor::layer(const LayerWeights& L, int l, int64_t n, int pos0) {
   const Tensor x = x_.first_rows(n), xn = xn_.first_rows(n), q = q_.first_rows(n), k = k_.first_rows(n),
                v = v_.first_rows(n), attn = attn_.first_rows(n), gate = gate_.first_rows(n), up = up_.first_rows(n);
   const float eps = c.rms_eps;
-  backend::RopeParams rq{c.rope_mode, c.n_head, c.head_dim, c.n_rot, c.rope_freq_base, c.rope_freq_scale, rope_freqs_};
+  // Sliding-window layers (Gemma 3's local layers) see the last n_swa positions and rotate with
+  // their own RoPE base; global layers see every position.
+  const bool swa = c.is_swa(l);
+  backend::RopeParams rq{c.rope_mode,
+                         c.n_head,
+                         c.head_dim,
+                         c.n_rot,
+                         swa ? c.rope_freq_base_swa : c.rope_freq_base,
+                         swa ? c.rope_freq_scale_swa : c.rope_freq_scale,
+                         rope_freqs_};
   backend::RopeParams rk = rq;
   rk.n_head = c.n_head_kv;
-  const backend::AttentionParams ap{c.n_head, c.n_head_kv, c.head_dim, 1.0f / std::sqrt(float(c.head_dim)), pos0};
+  // read_config sets attn_scale for every architecture; 1/sqrt(head_dim) stands in for a Config
+  // made by hand.
+  const float scale = c.attn_scale > 0 ? c.attn_scale : 1.0f / std::sqrt(float(c.head_dim));
+  const backend::AttentionParams ap{c.n_head, c.n_head_kv, c.head_dim, scale, pos0, swa ? c.n_swa : 0};
 
   // Attention block: x += Wo . attention(rope(norm(Wq xn)), rope(norm(Wk xn)), Wv xn).
   be.rms_norm(x, L.attn_norm.view(), eps, xn);
@@ -63,20 +77,27 @@ Status Executor::layer(const LayerWeights& L, int l, int64_t n, int pos0) {
   be.rope_store_kv(q, rq, k, rk, v, kv_.k(l), kv_.v(l), pos0);
   be.attention(q, kv_.k(l), kv_.v(l), attn, ap);
   be.matmul(L.wo.view(), attn, xn);
+  if (L.post_attn_norm.present()) be.rms_norm(xn, L.post_attn_norm.view(), eps, xn);  // gemma3
   be.add_rms_norm(x, xn, L.ffn_norm.view(), eps, xn);
   return ffn(L, l, n);
 }
 
 Status Executor::ffn(const LayerWeights& L, int l, int64_t n) {
   if (L.moe()) return moe_ffn(L, l, n);
-  // Dense feed-forward block: x += W_down . (silu(W_gate xn) * (W_up xn)).
+  // Dense feed-forward block: x += W_down . (act(W_gate xn) * (W_up xn)), act = silu (SwiGLU) or
+  // tanh-approximated gelu (GeGLU); Gemma 3 norms the block's output before the add.
   backend::Backend& be = *be_;
   const Tensor x = x_.first_rows(n), xn = xn_.first_rows(n), gate = gate_.first_rows(n), up = up_.first_rows(n);
   const backend::WeightView gate_up_w[] = {L.w_gate.view(), L.w_up.view()};
   const Tensor gate_up_y[] = {gate, up};
   be.matmul_multi(gate_up_w, xn, gate_up_y);
-  be.swiglu(gate, up, gate);
+  if (cfg_->ffn_act == FfnActivation::kGeluTanh) {
+    be.geglu(gate, up, gate);
+  } else {
+    be.swiglu(gate, up, gate);
+  }
   be.matmul(L.w_down.view(), gate, xn);
+  if (L.post_ffn_norm.present()) be.rms_norm(xn, L.post_ffn_norm.view(), cfg_->rms_eps, xn);
   be.add(x, xn);
   return Status::ok();
 }

@@ -152,6 +152,7 @@ class LlamaFamilyModel final : public Model {
     const bool step = n == 1 && out != nullptr && src.weights_fixed() && !on_layer_ && !host_ && !cfg_.moe();
     // The embedding lookup is host work (the table stays in host memory): outside the step.
     be.get_rows(g.token_embd.view(), ids, main_.x(n));
+    if (cfg_.embd_scale != 1.0f) be.scale(main_.x(n), cfg_.embd_scale);  // gemma3: sqrt(n_embd)
     if (step) {
       // Every decode step of a resident model issues the same ops; only the position changes.
       constexpr uint64_t kDecodeStepKey = 1;

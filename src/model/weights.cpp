@@ -101,6 +101,8 @@ LayerSlot layer_slot(LayerTensor t, const Config& c) {
     case LT::kGateSh: return {&LayerWeights::gate_shexp, c.n_embd, c.n_ff_shexp, Use::kMatrix};
     case LT::kUpSh: return {&LayerWeights::up_shexp, c.n_embd, c.n_ff_shexp, Use::kMatrix};
     case LT::kDownSh: return {&LayerWeights::down_shexp, c.n_ff_shexp, c.n_embd, Use::kMatrix};
+    case LT::kPostAttnNorm: return {&LayerWeights::post_attn_norm, c.n_embd, 1, Use::kVector};
+    case LT::kPostFfnNorm: return {&LayerWeights::post_ffn_norm, c.n_embd, 1, Use::kVector};
   }
   SLUICE_CHECK(false, "unknown layer tensor");
   return {};

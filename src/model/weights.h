@@ -68,8 +68,11 @@ struct LayerWeights {
   TensorRef gate_shexp;     // [n_embd, n_ff_shexp]
   TensorRef up_shexp;       // [n_embd, n_ff_shexp]
   TensorRef down_shexp;     // [n_ff_shexp, n_embd]
+  // Gemma 3: RMSNorm of the attention block's and the FFN block's output before the residual add.
+  TensorRef post_attn_norm; // [n_embd]                          f32, optional
+  TensorRef post_ffn_norm;  // [n_embd]                          f32, optional
 
-  static constexpr size_t kTensors = 22;
+  static constexpr size_t kTensors = 24;
   // Every tensor of the layer (absent ones included), for code that treats them alike: uploads,
   // streaming copies, byte counts.
   std::array<TensorRef*, kTensors> tensors();
@@ -88,7 +91,8 @@ inline constexpr LayerTensorField kLayerTensorFields[LayerWeights::kTensors] = {
     &LayerWeights::q_norm,    &LayerWeights::k_norm,    &LayerWeights::ffn_norm,   &LayerWeights::w_gate,
     &LayerWeights::w_up,      &LayerWeights::w_down,    &LayerWeights::gate_inp,   &LayerWeights::gate_exps,
     &LayerWeights::up_exps,   &LayerWeights::down_exps, &LayerWeights::gate_inp_shexp, &LayerWeights::gate_shexp,
-    &LayerWeights::up_shexp,  &LayerWeights::down_shexp};
+    &LayerWeights::up_shexp,  &LayerWeights::down_shexp, &LayerWeights::post_attn_norm,
+    &LayerWeights::post_ffn_norm};
 
 inline std::array<TensorRef*, LayerWeights::kTensors> LayerWeights::tensors() {
   std::array<TensorRef*, kTensors> t{};

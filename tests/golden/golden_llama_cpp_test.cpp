@@ -51,6 +51,8 @@
 #include <vector>
 
 #include "app/commands.h"
+#include "app/common.h"
+#include "model/chat_template.h"
 #include "golden/llama_quantize.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
@@ -139,7 +141,11 @@ void check_model_against_golden(const std::string& path, const Golden& g, bool c
   auto tok = model::Tokenizer::from_gguf(*file);
   ASSERT_TRUE(tok.is_ok()) << tok.status().message();
   model::LoadOptions opts;
-  opts.n_ctx = 512;
+  // Room for the longest prompt and its continuation (Gemma 3's long prompt passes its 512-token
+  // sliding window).
+  size_t longest = 0;
+  for (const GoldenCase& c : g.cases) longest = std::max(longest, c.prompt_ids.size() + c.tokens.size());
+  opts.n_ctx = std::max(512, int((longest + 255) / 256 * 256));
   auto m = model::Model::load(path, opts);
   ASSERT_TRUE(m.is_ok()) << m.status().message();
   model::Model& mdl = **m;
@@ -295,6 +301,27 @@ std::string literal_exemption(const std::string& name) {
   return "";
 }
 
+// Gemma 3 270M Q4_K_M amplifies last-bit differences far more than SmolLM2: llama.cpp's own
+// flash-attention-on/off noise on the fixture's top-8 logits reaches 0.52-1.81 per prompt (its
+// first-position logits are ~25 in magnitude; Gemma 3's residual stream runs to thousands before
+// the post norms). Measured on this 2-core AVX2 VM (2026-11-25), teacher-forced over 8 x 32
+// positions, three correct summation orders of sluice:
+// - AVX2 kernels, AVX2 GeGLU (the default here): 249/256 greedy tokens equal, top-8 max |d| 3.58,
+//   first-position RMS 0.97 (top-1 8/8), 4/8 free-running continuations identical, the others
+//   first diverging at llama.cpp top-2 gaps 0.109, 0.185, 0.050, 0.119;
+// - AVX2 kernels, libm-tanhf GeGLU: 249/256, top-8 3.45, RMS 0.55, 5/8 identical, gaps 0.109,
+//   0.031, 0.030;
+// - scalar reference kernels (SLUICE_QUANT_ISA=ref), AVX2 GeGLU: 248/256, top-8 2.64, RMS 0.42,
+//   3/8 identical, gaps 0.161, 0.067, 0.814 (llama.cpp's own noise there 1.79), 0.031, 0.023.
+// Every divergence is a near-tie by the noise rule; the literal 1e-2 rule holds for none of them,
+// and the top-8 bound is 3x the prompt's noise (as for the requantized SmolLM2 fixtures below)
+// since correct orders differ from llama.cpp by up to 2.4x it.
+std::string gemma3_literal_exemption() {
+  return "Gemma 3 amplifies summation-order differences to tenths of a logit (llama.cpp's own noise up to 1.8); "
+         "first divergences at gaps 0.02-0.81 across sluice's kernel families, all near-ties by the noise rule";
+}
+constexpr float kGemma3TolFactor = 3.0f;
+
 TEST(GoldenLlamaCpp, SmolLM2Q4_1) {
   const std::string path = test::model_path(test::kSmolLM2);
   SLUICE_REQUIRE_MODEL(path);
@@ -306,6 +333,51 @@ TEST(GoldenLlamaCpp, SmolLM2Q4_1) {
           ? ""
           : "this CPU lacks the AVX-512 kernels whose f32 order matches the fixtures' (made on AVX-512)";
   check_model_against_golden(path, g, /*check_tokenizer=*/true, exemption);
+}
+
+// Gemma 3 270M Q4_K_M as published (the acceptance model): 8 prompts x 32 greedy tokens,
+// the last prompt 719 tokens long so the sliding-window layers (window 512) drop their oldest
+// positions. Its weights are Q5_0, Q8_0, Q4_K and Q6_K; the fixture was made on this AVX2 VM.
+TEST(GoldenLlamaCpp, Gemma3_270M) {
+  const std::string path = test::model_path(test::kGemma3);
+  SLUICE_REQUIRE_MODEL(path);
+  Golden g = load_golden("gemma3-270m");
+  ASSERT_EQ(g.cases.size(), 8u);
+  ASSERT_GT(g.cases.back().prompt_ids.size(), 512u) << "the long prompt must pass the sliding window";
+  check_model_against_golden(path, g, /*check_tokenizer=*/true, gemma3_literal_exemption(), kGemma3TolFactor);
+}
+
+// Chat through the file's chat format: the published GGUF has no tokenizer.chat_template, so the
+// format comes from the architecture and vocabulary (model::ChatTemplate::for_architecture). The
+// rendered and tokenized user turn equals the chat prompt llama.cpp was given in the golden
+// fixture (prompts 3 and 4, written in Gemma's <start_of_turn> format), and the model's greedy
+// reply to it is the fixture's.
+TEST(GoldenLlamaCpp, Gemma3ChatTemplate) {
+  const std::string path = test::model_path(test::kGemma3);
+  SLUICE_REQUIRE_MODEL(path);
+  Golden g = load_golden("gemma3-270m");
+  auto file = gguf::File::open(path);
+  ASSERT_TRUE(file.is_ok()) << file.status().message();
+  ASSERT_EQ(file->find("tokenizer.chat_template"), nullptr) << "the file now carries a template: test it";
+  auto tmpl = app::chat_template_for(*file, "");
+  ASSERT_TRUE(tmpl.is_ok()) << tmpl.status().message();
+  EXPECT_EQ(tmpl->family(), model::ChatFamily::kGemma);
+  auto tok = model::Tokenizer::from_gguf(*file);
+  ASSERT_TRUE(tok.is_ok()) << tok.status().message();
+  const struct {
+    size_t fixture_case;
+    const char* user;
+  } turns[] = {{3, "What is the boiling point of water?"}, {4, "Write a haiku about autumn leaves."}};
+  for (const auto& t : turns) {
+    SCOPED_TRACE(t.user);
+    const model::ChatMessage msgs[] = {{"user", t.user}};
+    auto text = tmpl->apply(msgs, /*add_generation_prompt=*/true);
+    ASSERT_TRUE(text.is_ok()) << text.status().message();
+    EXPECT_EQ(*text, g.cases[t.fixture_case].prompt);
+    EXPECT_EQ((*tok)->encode(*text, (*tok)->add_bos_default(), /*parse_special=*/true),
+              g.cases[t.fixture_case].prompt_ids);
+  }
+  EXPECT_TRUE((*tok)->is_end_of_generation(106)) << "<end_of_turn> must end a reply";
 }
 
 // Synthetic random-weight models of the other architectures and formats: regenerated here with
@@ -350,7 +422,9 @@ std::vector<std::string> synth_fixtures() {
   std::vector<std::string> names;
   for (const auto& e : std::filesystem::directory_iterator(test::fixture_path("golden"))) {
     const std::string f = e.path().filename().string();
-    if (e.path().extension() == ".json" && f.rfind("smollm2", 0) != 0) names.push_back(e.path().stem().string());
+    // Real models have tests of their own (SmolLM2 and its requantizations, Gemma 3).
+    if (e.path().extension() == ".json" && f.rfind("smollm2", 0) != 0 && f.rfind("gemma3-270m", 0) != 0)
+      names.push_back(e.path().stem().string());
   }
   std::sort(names.begin(), names.end());
   return names;

@@ -1,7 +1,7 @@
 // Parity of the CUDA attention (backend/cuda/attention.h) with the CPU backend and with a
 // double-precision reference, for decode (flash-decoding splits + combine) and prefill (tiled
 // online softmax): head_dim 32..256, GQA ratios 1, 3, 4, 8, 16, pos0 0 and > 0, contexts 1 to
-// 131072, 1..512 query rows.
+// 131072, 1..719 query rows, with and without a sliding window.
 //
 // Inputs: K/V are random f16 values; q is random and rounded to f16-representable floats, so the
 // CPU backend's rounding of q to f16 for its dot products changes nothing. Two normalized errors
@@ -52,6 +52,8 @@ struct Case {
   float q_scale = 1.0f;  // > 1: peaked softmax (scores of many units), stresses the running max
   int sm_count = 0;      // 0: the device's; else forces the decode split plan of such a GPU
   int pad = 0;           // extra elements per row of q, out, K and V (a multiple of 8)
+  int window = 0;        // sliding window (Gemma 3's local layers): query t sees (pos0 + t - window, pos0 + t]
+  int first_key(int t) const { return window > 0 ? std::max(0, pos0 + t - window + 1) : 0; }
 };
 
 struct Outcome {
@@ -87,10 +89,11 @@ void exact_head(const Case& c, const std::vector<float>& q, const std::vector<fl
   std::vector<double> s;
   for (int t = 0; t < c.n_tokens; ++t) {
     const int n = c.pos0 + t + 1;
+    const int j0 = c.first_key(t);
     s.assign(size_t(n), 0.0);
     const float* qr = q.data() + t * q_cols + int64_t(h) * hd;
     double mx = -INFINITY;
-    for (int j = 0; j < n; ++j) {
+    for (int j = j0; j < n; ++j) {
       const float* kr = k.data() + j * kv_cols + int64_t(kvh) * hd;
       double d = 0;
       for (int i = 0; i < hd; ++i) d += double(qr[i]) * double(kr[i]);
@@ -98,9 +101,9 @@ void exact_head(const Case& c, const std::vector<float>& q, const std::vector<fl
       mx = std::max(mx, s[size_t(j)]);
     }
     double sum = 0;
-    for (double& x : s) sum += (x = std::exp(x - mx));
+    for (int j = j0; j < n; ++j) sum += (s[size_t(j)] = std::exp(s[size_t(j)] - mx));
     std::vector<double> o(size_t(hd), 0.0);
-    for (int j = 0; j < n; ++j) {
+    for (int j = j0; j < n; ++j) {
       const float* vr = v.data() + j * kv_cols + int64_t(kvh) * hd;
       for (int i = 0; i < hd; ++i) o[size_t(i)] += s[size_t(j)] * double(vr[i]);
     }
@@ -124,6 +127,8 @@ Outcome run_case(const Case& c, bool corrupt = false) {
   for (float& x : k) x = round_f16(x);
   for (float& x : v) x = round_f16(x);
   for (int64_t i = n_ctx * kv_cols; i < rows * kv_cols; ++i) k[size_t(i)] = v[size_t(i)] = NAN;
+  // Rows before every query's window are NaN too: a read of them shows.
+  for (int64_t i = 0; i < int64_t(c.first_key(0)) * kv_cols; ++i) k[size_t(i)] = v[size_t(i)] = NAN;
 
   // GPU run.
   int sm = c.sm_count;
@@ -157,6 +162,7 @@ Outcome run_case(const Case& c, bool corrupt = false) {
   a.head_dim = hd;
   a.scale = 1.0f / std::sqrt(float(hd));
   a.pos0 = c.pos0;
+  a.window = c.window;
   const int64_t q8_bytes = cu::q8_activation_bytes(q_cols, c.n_tokens);
   DeviceBuffer dq8(static_cast<size_t>(q8_bytes)), dq8_ref(static_cast<size_t>(q8_bytes));
   dq8.poison();
@@ -203,6 +209,7 @@ Outcome run_case(const Case& c, bool corrupt = false) {
     p.head_dim = hd;
     p.scale = a.scale;
     p.pos0 = c.pos0;
+    p.window = c.window;
     cpu->attention(*tq, *tk, *tv, *to, p);
     std::vector<float> ref(out.size());
     cpu->download(*to, ref.data());
@@ -281,6 +288,17 @@ std::vector<Case> cases() {
       {"prefill_hd192", 8, 2, 192, 50, 33},
       {"prefill_hd224", 8, 2, 224, 50, 33},
       {"prefill_hd256", 8, 2, 256, 50, 65},
+      // Sliding window (Gemma 3's local layers; rows before the first query's window are NaN).
+      // Gemma 3 270M's shape: 4 query heads, 1 KV head, head_dim 256, window 512.
+      {"window_decode_gemma3", 4, 1, 256, 700, 1, 1.0f, 0, 0, 512},
+      {"window_decode_gemma3_3tok", 4, 1, 256, 1000, 3, 1.0f, 0, 0, 512},
+      {"window_decode_inside", 4, 1, 256, 100, 1, 1.0f, 0, 0, 512},  // window longer than the context
+      {"window_decode_splits", 8, 2, 128, 4000, 4, 1.0f, 100000, 0, 1000},  // many splits over the window
+      {"window_decode_tiny", 8, 2, 64, 300, 4, 1.0f, 0, 0, 3},              // window shorter than the rows
+      {"window_prefill_gemma3_719tok", 4, 1, 256, 0, 719, 1.0f, 0, 0, 512},
+      // A 5-key window: most key tiles hold no visible key for many rows (the -inf running max).
+      {"window_prefill_tiny", 8, 2, 128, 37, 45, 1.0f, 0, 0, 5},
+      {"window_prefill_ctx400", 8, 2, 64, 300, 100, 4.0f, 0, 8, 40},
   };
 }
 

@@ -12,6 +12,10 @@
 //   rope                                1e-6; angles are bit-identical (same f32 recurrence), cos/sin
 //                                       may differ from glibc's cosf/sinf by 1 f32 ulp.
 //   swiglu                              1e-6; CUDA expf is within 2 ulp of glibc's expf.
+//   geglu                               1e-6; the GPU evaluates 0.5 g (1 + tanhf(y)) unfused, the CPU
+//                                       (AVX2) g / (1 + e^(-2y)): the same function, ~2 ulp apart
+//                                       but in gelu's negative tail, where both are tiny.
+//   scale                               exact: one f32 multiply per element on both sides.
 // Every case also checks that nothing outside the op's region changed (row padding of strided
 // tensors, cache rows outside [pos0, pos0 + rows)), and outputs that the op must write start
 // poisoned (NaN) where the op is not in place.
@@ -48,6 +52,7 @@ using backend::WeightView;
 constexpr double kNormTol = 1e-6;
 constexpr double kRopeTol = 1e-6;
 constexpr double kSwigluTol = 1e-6;
+constexpr double kGegluTol = 1e-6;
 
 std::unique_ptr<backend::Backend> cpu_backend() { return backend::make_cpu_backend(backend::CpuOptions{}); }
 
@@ -289,6 +294,63 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Swiglu,
                                            SwigluCase{{"odd_cols", 3, 1001, 2}, Alias::kNone},
                                            SwigluCase{{"odd_cols_alias", 3, 1001, 2}, Alias::kGate}),
                          [](const ::testing::TestParamInfo<SwigluCase>& i) { return std::string(i.param.shape.name); });
+
+// GeGLU (Gemma 3's FFN activation) against the CPU backend, which computes backend::gelu_tanh.
+class Geglu : public ::testing::TestWithParam<SwigluCase> {};
+TEST_P(Geglu, MatchesCpu) {
+  SLUICE_SKIP_WITHOUT_GPU();
+  const EwCase& c = GetParam().shape;
+  const Alias alias = GetParam().alias;
+  const int64_t stride = c.cols + c.pad;
+  // Scale 6: the gate reaches both saturated ends of tanh (|x| > 3) as well as its middle.
+  HostMat gate(c.rows, c.cols, stride, 6.0f, 131), up(c.rows, c.cols, stride, 1.0f, 132),
+      out(c.rows, c.cols, stride, 1.0f, 133);
+  DeviceBuffer dg(gate.bytes()), du(up.bytes()), dd(out.bytes());
+  dg.upload(gate.v.data(), gate.bytes());
+  du.upload(up.v.data(), up.bytes());
+  std::vector<float> out_init = out.v;
+  for (int64_t r = 0; r < c.rows; ++r)
+    for (int64_t i = 0; i < c.cols; ++i) out_init[size_t(r * stride + i)] = std::numeric_limits<float>::quiet_NaN();
+  dd.upload(out_init.data(), out.bytes());
+  float* d = alias == Alias::kGate ? dg.get<float>() : alias == Alias::kUp ? du.get<float>() : dd.get<float>();
+  expect_ok(cu::geglu(dg.get<float>(), stride, du.get<float>(), stride, d, stride, c.rows, c.cols, nullptr));
+  GPU_CHECK(cudaDeviceSynchronize());
+  const DeviceBuffer& result = alias == Alias::kGate ? dg : alias == Alias::kUp ? du : dd;
+  const std::vector<float> got = download_f32(result, out.v.size());
+
+  HostMat& ref = alias == Alias::kGate ? gate : alias == Alias::kUp ? up : out;
+  const Tensor tg = gate.tensor(), tu = up.tensor(), td = ref.tensor();
+  cpu_backend()->geglu(tg, tu, td);
+  const double err = region_error(ref, got, ref);
+  EXPECT_LE(err, kGegluTol) << "seed " << test_seed();
+  EXPECT_EQ(padding_changes(ref, got), 0);
+  std::printf("OPS geglu %-10s alias=%d err=%.3e\n", c.name, int(alias), err);
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, Geglu,
+                         ::testing::Values(SwigluCase{{"rows", 7, 2048, 0}, Alias::kNone},
+                                           SwigluCase{{"one_row", 1, 2048, 0}, Alias::kGate},
+                                           SwigluCase{{"strided", 5, 1024, 4}, Alias::kUp},
+                                           SwigluCase{{"odd_cols", 3, 1001, 2}, Alias::kNone}),
+                         [](const ::testing::TestParamInfo<SwigluCase>& i) { return std::string(i.param.shape.name); });
+
+// x *= s (Gemma 3's embedding scaling) against the CPU backend, bit for bit.
+TEST(Scale, MatchesCpuExactly) {
+  SLUICE_SKIP_WITHOUT_GPU();
+  for (const EwCase c : {EwCase{"rows", 9, 640, 0}, EwCase{"odd_strided", 3, 1001, 3}}) {
+    const int64_t stride = c.cols + c.pad;
+    HostMat x(c.rows, c.cols, stride, 2.0f, 141);
+    DeviceBuffer dx(x.bytes());
+    dx.upload(x.v.data(), x.bytes());
+    const float s = std::sqrt(640.0f);
+    expect_ok(cu::scale(dx.get<float>(), stride, c.rows, c.cols, s, nullptr));
+    GPU_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> got = download_f32(dx, x.v.size());
+    const Tensor tx = x.tensor();
+    cpu_backend()->scale(tx, s);
+    EXPECT_EQ(region_error(x, got, x), 0.0) << c.name;
+    EXPECT_EQ(padding_changes(x, got), 0) << c.name;
+  }
+}
 
 // ---- rope ---------------------------------------------------------------------------------------------
 

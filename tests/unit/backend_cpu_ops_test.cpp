@@ -208,6 +208,61 @@ TEST(CpuOps, Elementwise) {
   EXPECT_LT(test::normalized_error(d.data(), ref.data(), d.size()), 1e-6);
 }
 
+// GeGLU against backend::gelu_tanh's formula in double (1e-6: f32 rounding of the same formula, and
+// libm's tanhf or the AVX2 path's exponential, ~2 ulp), on both the SIMD and the portable path,
+// gate values reaching tanh's saturated ends (and beyond the AVX2 path's clamp, |x| > 40), odd
+// widths (the scalar tail); then the two paths against each other elementwise; and scale, exact.
+TEST(CpuOps, GegluSimdAndPortableMatchReference) {
+  const int64_t cols = 2051, rows = 5;
+  auto a = test::random_floats(size_t(cols * rows), 6, 27);
+  const auto b = test::random_floats(size_t(cols * rows), 2, 28);
+  a[0] = 60.0f, a[1] = -60.0f, a[2] = 0.0f, a[3] = 1e-20f, a[4] = -9.5f, a[5] = 9.5f;
+  std::vector<float> ref(a.size());
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double x = a[i];
+    ref[i] = float(0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / 3.14159265358979323846) * (x + 0.044715 * x * x * x))) * b[i]);
+  }
+  std::vector<float> outs[2];
+  for (bool simd : {true, false}) {
+    SCOPED_TRACE(simd ? "simd" : "portable");
+    Fixture f(2, simd);
+    const Tensor at = f.f32(cols, rows, a), bt = f.f32(cols, rows, b), dt = f.f32(cols, rows, {});
+    f.be->geglu(at, bt, dt);
+    outs[simd] = f.get(dt);
+    EXPECT_LT(test::normalized_error(outs[simd].data(), ref.data(), ref.size()), 1e-6);
+    EXPECT_EQ(outs[simd][0], ref[0]);  // saturated: g * u
+    EXPECT_LT(std::fabs(outs[simd][1]), 1e-30f);  // -60 / (1 + e^88) on the AVX2 path, 0 on the other
+    EXPECT_EQ(outs[simd][2], 0.0f);
+  }
+  // Elementwise: relative 4e-6, plus the portable path's own absolute error where gelu's tail
+  // cancels (1 + tanhf(y) for y << 0: about one f32 ulp of 1, times |g u| / 2).
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const float tol = 4e-6f * std::fabs(outs[0][i]) + 2e-7f * std::fabs(a[i] * b[i]);
+    ASSERT_NEAR(outs[1][i], outs[0][i], tol) << "element " << i << " x " << a[i];
+  }
+}
+
+TEST(CpuOps, GegluAndScale) {
+  Fixture f(2);
+  const int64_t cols = 2048, rows = 7;
+  const auto a = test::random_floats(size_t(cols * rows), 6, 17), b = test::random_floats(size_t(cols * rows), 2, 18);
+  const Tensor at = f.f32(cols, rows, a), bt = f.f32(cols, rows, b), dt = f.f32(cols, rows, {});
+  f.be->geglu(at, bt, dt);
+  auto d = f.get(dt);
+  std::vector<float> ref(d.size());
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double x = a[i];
+    ref[i] = float(0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / 3.14159265358979323846) * (x + 0.044715 * x * x * x))) * b[i]);
+  }
+  EXPECT_LT(test::normalized_error(d.data(), ref.data(), d.size()), 1e-6);
+  // In place (dst aliasing gate), as the layer loop calls it.
+  f.be->geglu(at, bt, at);
+  EXPECT_EQ(0, std::memcmp(f.get(at).data(), d.data(), d.size() * 4));
+  f.be->scale(dt, 25.298221f);
+  const auto s = f.get(dt);
+  for (size_t i = 0; i < s.size(); ++i) ASSERT_EQ(s[i], d[i] * 25.298221f) << i;
+}
+
 // Mixture-of-experts row traffic: gather copies rows exactly; scatter_add adds scale * row into the
 // chosen destination rows only (1e-6: one product and one sum per element, possibly fused).
 TEST(CpuOps, GatherAndScatterAddRows) {
@@ -286,13 +341,18 @@ TEST(CpuOps, AttentionCausalGqa) {
   // Both the SIMD paths (head dim multiple of 16 or 8) and the portable one (simd off, or hd = 12);
   // several query rows (the batched orders of the AVX-512 path) and one (its decode order, with
   // hd = 80 leaving a 16-element remainder after the 64-element steps).
+  // window > 0: a sliding window (Gemma 3's local layers), query t sees (pos0 + t - window, pos0 + t];
+  // 5 < rows, so rows start their windows at different positions.
   struct Case {
     bool simd;
     int hd, rows;
+    int window = 0;
   };
-  for (auto [simd, hd, rows] : {Case{true, 64, 9}, Case{false, 64, 9}, Case{true, 12, 9}, Case{true, 64, 1},
-                                Case{true, 80, 1}, Case{true, 80, 9}, Case{true, 24, 1}}) {
-  SCOPED_TRACE(testing::Message() << "simd " << simd << " hd " << hd << " rows " << rows);
+  for (auto [simd, hd, rows, window] :
+       {Case{true, 64, 9}, Case{false, 64, 9}, Case{true, 12, 9}, Case{true, 64, 1}, Case{true, 80, 1},
+        Case{true, 80, 9}, Case{true, 24, 1}, Case{true, 64, 9, 5}, Case{false, 64, 9, 5}, Case{true, 64, 1, 20},
+        Case{true, 12, 9, 40}}) {
+  SCOPED_TRACE(testing::Message() << "simd " << simd << " hd " << hd << " rows " << rows << " window " << window);
   Fixture f(3, simd);
   const int n_head = 8, n_kv = 2, pos0 = 37, n_ctx = 64;
   const float scale = 1.0f / std::sqrt(float(hd));
@@ -307,25 +367,26 @@ TEST(CpuOps, AttentionCausalGqa) {
   const auto k16 = f.get(*kc), v16 = f.get(*vc);  // the f16-rounded cache
   for (size_t i = 0; i < k16.size(); ++i) ASSERT_EQ(k16[i], quant::fp16_to_fp32(quant::fp32_to_fp16(kv_k[i])));
   const Tensor qt = f.f32(n_head * hd, rows, q), ot = f.f32(n_head * hd, rows, {});
-  f.be->attention(qt, *kc, *vc, ot, {n_head, n_kv, hd, scale, pos0});
+  f.be->attention(qt, *kc, *vc, ot, {n_head, n_kv, hd, scale, pos0, window});
   const auto o = f.get(ot);
   std::vector<float> ref(o.size());
   for (int t = 0; t < rows; ++t)
     for (int h = 0; h < n_head; ++h) {
       const int g = h / (n_head / n_kv);
       const int n = pos0 + t + 1;
+      const int j0 = window > 0 ? std::max(0, n - window) : 0;
       std::vector<double> s(static_cast<size_t>(n), 0.0);
       double mx = -1e300, sum = 0;
-      for (int j = 0; j < n; ++j) {
+      for (int j = j0; j < n; ++j) {
         double d = 0;
         for (int i = 0; i < hd; ++i) d += double(q[size_t((t * n_head + h) * hd + i)]) * k16[size_t((j * n_kv + g) * hd + i)];
         s[size_t(j)] = d * scale;
         mx = std::max(mx, s[size_t(j)]);
       }
-      for (auto& v : s) sum += (v = std::exp(v - mx));
+      for (int j = j0; j < n; ++j) sum += (s[size_t(j)] = std::exp(s[size_t(j)] - mx));
       for (int i = 0; i < hd; ++i) {
         double acc = 0;
-        for (int j = 0; j < n; ++j) acc += s[size_t(j)] / sum * v16[size_t((j * n_kv + g) * hd + i)];
+        for (int j = j0; j < n; ++j) acc += s[size_t(j)] / sum * v16[size_t((j * n_kv + g) * hd + i)];
         ref[size_t((t * n_head + h) * hd + i)] = float(acc);
       }
     }

@@ -113,6 +113,18 @@ TEST(ChatTemplate, GemmaExact) {
             "<start_of_turn>model\n");
 }
 
+// A file without tokenizer.chat_template (the published Gemma 3 270M GGUF): the architecture's
+// format, only where the vocabulary has its turn markers.
+TEST(ChatTemplate, ForArchitectureWithoutTemplate) {
+  auto gemma_vocab = [](std::string_view t) { return t == "<start_of_turn>" || t == "<end_of_turn>"; };
+  auto no_vocab = [](std::string_view) { return false; };
+  auto t = ChatTemplate::for_architecture("gemma3", gemma_vocab);
+  ASSERT_TRUE(t.is_ok()) << t.status().message();
+  EXPECT_EQ(t->family(), ChatFamily::kGemma);
+  EXPECT_FALSE(ChatTemplate::for_architecture("gemma3", no_vocab).is_ok());
+  EXPECT_FALSE(ChatTemplate::for_architecture("llama", gemma_vocab).is_ok());
+}
+
 TEST(ChatTemplate, RejectsUnknownRolesAndLateSystemMessages) {
   ChatTemplate t(ChatFamily::kChatML);
   auto r = t.apply(std::vector<ChatMessage>{{"tool", "x"}}, true);

@@ -21,7 +21,15 @@ namespace {
 struct Spec {
   std::string arch = "llama";
   int n_embd = 64, n_head = 4, n_head_kv = 2, n_ff = 96, n_layer = 2, n_vocab = 40, n_ctx = 128;
-  int hd() const { return n_embd / n_head; }
+  int head_dim = 0;  // <arch>.attention.key_length when > 0 (else n_embd / n_head)
+  int hd() const { return head_dim > 0 ? head_dim : n_embd / n_head; }
+  // Gemma 3: embeddings scaled by sqrt(n_embd), GeGLU, post-attention/post-FFN norms, sliding-window
+  // layers (window n_swa, every swa_period-th layer global) with RoPE base rope_base_swa, global
+  // layers with rope_base.
+  bool gemma = false;
+  int n_swa = 0, swa_period = 0;
+  float rope_base = 10000.0f, rope_base_swa = 10000.0f;
+  bool is_swa(int l) const { return gemma && n_swa > 0 && l % swa_period < swa_period - 1; }
   bool bias = false, qk_norm = false, tied = false, freq_factors = false;
   bool neox = false;
   // Mixture of experts: n_expert > 0 replaces the dense FFN with a router and stacked experts of
@@ -65,6 +73,10 @@ Tensors make_tensors(const Spec& s, uint64_t salt = 100) {
       add(p + "attn_k_norm.weight", {uint64_t(s.hd())}, 0.1f, 1.0f);
     }
     add(p + "ffn_norm.weight", {e}, 0.1f, 1.0f);
+    if (s.gemma) {
+      add(p + "post_attention_norm.weight", {e}, 0.1f, 1.0f);
+      add(p + "post_ffw_norm.weight", {e}, 0.1f, 1.0f);
+    }
     if (s.n_expert > 0) {
       const uint64_t f = uint64_t(s.n_ff), x = uint64_t(s.n_expert);
       add(p + "ffn_gate_inp.weight", {e, x}, 0.5f);
@@ -107,7 +119,13 @@ std::string write_model(const Spec& s, const Tensors& t, const std::string& tag,
   w.add(a + ".attention.head_count", gguf::Value::u32(uint32_t(s.n_head)));
   w.add(a + ".attention.head_count_kv", gguf::Value::u32(uint32_t(s.n_head_kv)));
   w.add(a + ".attention.layer_norm_rms_epsilon", gguf::Value::f32(1e-5f));
-  w.add(a + ".rope.freq_base", gguf::Value::f32(10000.0f));
+  w.add(a + ".rope.freq_base", gguf::Value::f32(s.rope_base));
+  if (s.head_dim > 0) w.add(a + ".attention.key_length", gguf::Value::u32(uint32_t(s.head_dim)));
+  if (s.gemma && s.n_swa > 0) {
+    w.add(a + ".attention.sliding_window", gguf::Value::u32(uint32_t(s.n_swa)));
+    w.add(a + ".attention.sliding_window_pattern", gguf::Value::u32(uint32_t(s.swa_period)));
+    w.add(a + ".rope.freq_base_swa", gguf::Value::f32(s.rope_base_swa));
+  }
   for (const auto& [k, v] : extra_kv) w.add(k, v);
   std::vector<std::vector<uint8_t>> data;
   for (const auto& [name, tv] : t) {
@@ -153,9 +171,9 @@ std::vector<float> reference_forward(const Spec& s, const Tensors& t, const std:
       y[o] = float(acc);
     }
   };
-  auto rope = [&](float* v, int pos) {
+  auto rope = [&](float* v, int pos, double base) {
     for (int i = 0; i < D / 2; ++i) {
-      double th = pos * std::pow(10000.0, -2.0 * i / D);
+      double th = pos * std::pow(base, -2.0 * i / D);
       if (s.freq_factors) th /= W("rope_freqs.weight")[size_t(i)];
       const int i0 = s.neox ? i : 2 * i, i1 = s.neox ? i + D / 2 : 2 * i + 1;
       const double a = v[i0], b = v[i1];
@@ -166,6 +184,8 @@ std::vector<float> reference_forward(const Spec& s, const Tensors& t, const std:
   std::vector<float> x(size_t(n * E));
   for (int p = 0; p < n; ++p)
     std::memcpy(&x[size_t(p * E)], &W("token_embd.weight")[size_t(toks[size_t(p)] * E)], size_t(E) * 4);
+  if (s.gemma)
+    for (float& xi : x) xi = float(double(xi) * std::sqrt(double(E)));
   std::vector<std::vector<float>> K(size_t(s.n_layer)), Vc(size_t(s.n_layer));
   auto buf = [](int len) { return std::vector<float>(static_cast<size_t>(len)); };
   std::vector<float> xn = buf(E), q = buf(H * D), k = buf(KVH * D), v = buf(KVH * D), att = buf(H * D), o = buf(E);
@@ -179,7 +199,9 @@ std::vector<float> reference_forward(const Spec& s, const Tensors& t, const std:
         a += double(wg[size_t(r) * size_t(E) + size_t(i)]) * xin[i];
         b += double(wu[size_t(r) * size_t(E) + size_t(i)]) * xin[i];
       }
-      h[size_t(r)] = float(a) / (1 + std::exp(-double(float(a)))) * float(b);
+      const double g = float(a);
+      h[size_t(r)] = s.gemma ? 0.5 * g * (1 + std::tanh(std::sqrt(2.0 / 3.14159265358979323846) * (g + 0.044715 * g * g * g))) * float(b)
+                             : g / (1 + std::exp(-g)) * float(b);
     }
     for (int o2 = 0; o2 < E; ++o2) {
       double acc = 0;
@@ -187,8 +209,11 @@ std::vector<float> reference_forward(const Spec& s, const Tensors& t, const std:
       y[o2] += float(scale * float(acc));
     }
   };
+  std::vector<float> ffn_out = buf(E);
   for (int l = 0; l < s.n_layer; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
+    const bool swa = s.is_swa(l);
+    const double base = swa ? s.rope_base_swa : s.rope_base;
     for (int pos = 0; pos < n; ++pos) {
       float* xp = &x[size_t(pos * E)];
       norm(xp, W(p + "attn_norm.weight").data(), E, xn.data());
@@ -202,34 +227,45 @@ std::vector<float> reference_forward(const Spec& s, const Tensors& t, const std:
       }
       for (int h = 0; h < H; ++h) {
         if (s.qk_norm) norm(&q[size_t(h * D)], W(p + "attn_q_norm.weight").data(), D, &q[size_t(h * D)]);
-        rope(&q[size_t(h * D)], pos);
+        rope(&q[size_t(h * D)], pos, base);
       }
       for (int h = 0; h < KVH; ++h) {
         if (s.qk_norm) norm(&k[size_t(h * D)], W(p + "attn_k_norm.weight").data(), D, &k[size_t(h * D)]);
-        rope(&k[size_t(h * D)], pos);
+        rope(&k[size_t(h * D)], pos, base);
       }
       K[size_t(l)].insert(K[size_t(l)].end(), k.begin(), k.end());
       Vc[size_t(l)].insert(Vc[size_t(l)].end(), v.begin(), v.end());
       for (int h = 0; h < H; ++h) {
         const int kh = h / (H / KVH);
+        // Keys [j0, pos]: all, or the last n_swa positions in a sliding-window layer.
+        const int j0 = swa ? std::max(0, pos - s.n_swa + 1) : 0;
         std::vector<double> sc(static_cast<size_t>(pos + 1), 0.0);
         double mx = -1e300, sum = 0;
-        for (int j = 0; j <= pos; ++j) {
+        for (int j = j0; j <= pos; ++j) {
           double d = 0;
           for (int i = 0; i < D; ++i) d += double(q[size_t(h * D + i)]) * K[size_t(l)][size_t((j * KVH + kh) * D + i)];
           sc[size_t(j)] = d / std::sqrt(double(D));
           mx = std::max(mx, sc[size_t(j)]);
         }
-        for (auto& z : sc) sum += (z = std::exp(z - mx));
+        for (int j = j0; j <= pos; ++j) sum += (sc[size_t(j)] = std::exp(sc[size_t(j)] - mx));
         for (int i = 0; i < D; ++i) {
           double acc = 0;
-          for (int j = 0; j <= pos; ++j) acc += sc[size_t(j)] / sum * Vc[size_t(l)][size_t((j * KVH + kh) * D + i)];
+          for (int j = j0; j <= pos; ++j) acc += sc[size_t(j)] / sum * Vc[size_t(l)][size_t((j * KVH + kh) * D + i)];
           att[size_t(h * D + i)] = float(acc);
         }
       }
       matvec(W(p + "attn_output.weight"), att.data(), H * D, E, o.data());
+      if (s.gemma) norm(o.data(), W(p + "post_attention_norm.weight").data(), E, o.data());
       for (int i = 0; i < E; ++i) xp[i] += o[size_t(i)];
       norm(xp, W(p + "ffn_norm.weight").data(), E, xn.data());
+      if (s.gemma) {
+        std::fill(ffn_out.begin(), ffn_out.end(), 0.0f);
+        swiglu_ffn(W(p + "ffn_gate.weight").data(), W(p + "ffn_up.weight").data(), W(p + "ffn_down.weight").data(), F,
+                   xn.data(), 1.0, ffn_out.data());
+        norm(ffn_out.data(), W(p + "post_ffw_norm.weight").data(), E, ffn_out.data());
+        for (int i = 0; i < E; ++i) xp[i] += ffn_out[size_t(i)];
+        continue;
+      }
       if (s.n_expert == 0) {
         swiglu_ffn(W(p + "ffn_gate.weight").data(), W(p + "ffn_up.weight").data(), W(p + "ffn_down.weight").data(), F,
                    xn.data(), 1.0, xp);
@@ -298,6 +334,26 @@ struct Case {
   Spec spec;
 };
 
+// Gemma 3 in miniature: head_dim 32 (q width 128 != n_embd 64, as the real model's 1024 != 640),
+// GQA 4:1, tied embeddings, 3 layers of which 0 and 1 are sliding-window (window 5, RoPE base
+// 10000) and 2 is global (base 1e6). The 12-token prompt is longer than the window.
+Spec gemma3_spec() {
+  Spec g;
+  g.arch = "gemma3";
+  g.gemma = true;
+  g.qk_norm = true;
+  g.neox = true;
+  g.tied = true;
+  g.head_dim = 32;
+  g.n_head_kv = 1;
+  g.n_layer = 3;
+  g.n_swa = 5;
+  g.swa_period = 3;
+  g.rope_base = 1e6f;
+  g.rope_base_swa = 10000.0f;
+  return g;
+}
+
 std::vector<Case> cases() {
   Spec llama;
   Spec tied = llama;
@@ -327,7 +383,7 @@ std::vector<Case> cases() {
   qwen2moe.n_expert = 6, qwen2moe.n_used = 2, qwen2moe.n_ff = 32, qwen2moe.n_ff_shexp = 80;
   return {{"llama", llama},       {"llama_tied", tied}, {"llama_freq_factors", factors},
           {"mistral", mistral},   {"qwen2", qwen2},     {"qwen3", qwen3},
-          {"mixtral", mixtral},   {"qwen3moe", qwen3moe}, {"qwen2moe", qwen2moe}};
+          {"mixtral", mixtral},   {"qwen3moe", qwen3moe}, {"qwen2moe", qwen2moe}, {"gemma3", gemma3_spec()}};
 }
 
 // The whole layer loop against the scalar reference, all positions of a 12-token prompt.
@@ -484,6 +540,52 @@ TEST(ModelSynthetic, QuantizedExpertsMatchReference) {
     // 0.1 as for the dense quantized model above (8-bit activations; wiring errors give ~1).
     EXPECT_LT(test::normalized_error(logits.data(), ref.data(), ref.size()), 0.1);
   }
+}
+
+// Gemma 3 one token at a time after a prompt: the decode path's sliding window (positions past the
+// window in the local layers) and per-layer RoPE bases, against the same scalar reference.
+TEST(ModelSynthetic, Gemma3DecodeMatchesScalarReference) {
+  const Spec s = gemma3_spec();
+  std::vector<int32_t> toks;
+  for (int i = 0; i < 12; ++i) toks.push_back((i * 5 + 1) % s.n_vocab);
+  const Tensors t = make_tensors(s, 300);
+  const auto ref = reference_forward(s, t, toks);
+  const std::string path = write_model(s, t, "gemma3_decode");
+  LoadOptions opts;
+  opts.n_threads = 2;
+  auto m = Model::load(path, opts);
+  ASSERT_TRUE(m.is_ok()) << m.status().message();
+  const size_t nv = size_t(s.n_vocab);
+  std::vector<float> logits(nv);
+  ASSERT_TRUE((*m)->eval(std::span<const int32_t>(toks.data(), 4), logits).is_ok());
+  EXPECT_LT(test::normalized_error(logits.data(), &ref[3 * nv], nv), 5e-3) << "prefill, last row";
+  for (size_t i = 4; i < toks.size(); ++i) {
+    ASSERT_TRUE((*m)->eval(std::span<const int32_t>(&toks[i], 1), logits).is_ok());
+    EXPECT_LT(test::normalized_error(logits.data(), &ref[i * nv], nv), 5e-3) << "decode position " << i;
+  }
+  std::filesystem::remove(path);
+}
+
+// A gemma3 file without the tensors or keys its forward pass needs is refused, naming what is wrong.
+TEST(ModelSynthetic, Gemma3ErrorsAreNamed) {
+  const Spec s = gemma3_spec();
+  Tensors t = make_tensors(s);
+  t.erase("blk.1.post_ffw_norm.weight");
+  expect_error(load_status(write_model(s, t, "gemma3_missing")), ErrorCode::kInvalidArgument,
+               {"blk.1.post_ffw_norm.weight"});
+  // A per-layer pattern of the wrong length.
+  Spec n = s;
+  n.n_swa = 0;  // write the window keys by hand
+  std::vector<gguf::Value> pat{gguf::Value::boolean(true), gguf::Value::boolean(false)};
+  expect_error(load_status(write_model(n, make_tensors(n), "gemma3_pattern",
+                                       {{"gemma3.attention.sliding_window", gguf::Value::u32(4)},
+                                        {"gemma3.attention.sliding_window_pattern",
+                                         gguf::Value::array(gguf::ValueType::kBool, pat)}})),
+               ErrorCode::kInvalidArgument, {"gemma3.attention.sliding_window_pattern", "one entry per layer"});
+  // Soft-capped logits (Gemma 2's) are not implemented.
+  expect_error(load_status(write_model(n, make_tensors(n), "gemma3_softcap",
+                                       {{"gemma3.final_logit_softcapping", gguf::Value::f32(30.0f)}})),
+               ErrorCode::kUnsupported, {"gemma3.final_logit_softcapping"});
 }
 
 TEST(ModelSynthetic, UnknownArchitecture) {

@@ -434,6 +434,8 @@ class LateCopyBackend final : public backend::Backend {
   void add_bias(const backend::Tensor& y, const backend::WeightView& b) override { cpu_->add_bias(y, b); }
   void add(const backend::Tensor& d, const backend::Tensor& s) override { cpu_->add(d, s); }
   void swiglu(const backend::Tensor& g, const backend::Tensor& u, const backend::Tensor& d) override { cpu_->swiglu(g, u, d); }
+  void geglu(const backend::Tensor& g, const backend::Tensor& u, const backend::Tensor& d) override { cpu_->geglu(g, u, d); }
+  void scale(const backend::Tensor& x, float s) override { cpu_->scale(x, s); }
   void gather_rows(const backend::Tensor& s, std::span<const int32_t> r, const backend::Tensor& d) override {
     cpu_->gather_rows(s, r, d);
   }

@@ -3,11 +3,15 @@
 // adjacent pair whose concatenation is a vocabulary piece with the highest score (leftmost on
 // ties); pieces left outside the vocabulary fall back to <0xXX> byte tokens.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
 
+#include "gguf/gguf.h"
 #include "model/tokenizer.h"
+#include "test_util.h"
 
 namespace sluice::model {
 namespace {
@@ -161,6 +165,29 @@ TEST(TokenizerSpm, StreamingMatchesDecode) {
   out += detok.flush();
   EXPECT_EQ(out, tok->decode(ids));
   EXPECT_EQ(out, "<s>" + text);
+}
+
+// Gemma 3's SentencePiece vocabulary (262144 tokens, no space prefix, byte fallback) against
+// llama.cpp's llama-tokenize on the SmolLM2 tokenizer corpus (52 texts: scripts, whitespace runs,
+// code, emoji, special-token text), special-token parsing on and off, no BOS; and decode(encode(x))
+// == x. tests/fixtures/tokenizer/README.md says how the fixture was made.
+TEST(TokenizerSpm, Gemma3MatchesLlamaCppOnCorpus) {
+  const std::string path = test::model_path(test::kGemma3);
+  SLUICE_REQUIRE_MODEL(path);
+  auto file = gguf::File::open(path);
+  ASSERT_TRUE(file.is_ok()) << file.status().message();
+  auto tok = Tokenizer::from_gguf(*file);
+  ASSERT_TRUE(tok.is_ok()) << tok.status().message();
+  std::ifstream in(test::fixture_path("tokenizer/gemma3_llama_cpp.json"));
+  ASSERT_TRUE(in.good()) << "missing fixture tokenizer/gemma3_llama_cpp.json";
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  ASSERT_GE(doc["cases"].size(), 40u);
+  for (const auto& c : doc["cases"]) {
+    const std::string text = c["text"];
+    EXPECT_EQ((*tok)->encode(text, false, true), c["ids"].get<std::vector<int32_t>>()) << "text: " << text;
+    EXPECT_EQ((*tok)->encode(text, false, false), c["ids_no_special"].get<std::vector<int32_t>>()) << "text: " << text;
+    EXPECT_EQ((*tok)->decode((*tok)->encode(text, false, false)), text) << "round trip: " << text;
+  }
 }
 
 }  // namespace

@@ -8,8 +8,9 @@
 #     -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF
 #   cmake --build build-cpu --target llama llama-quantize
 # usage: tools/golden/make_fixtures.sh LLAMA_CPP_SRC LLAMA_CPP_BUILD [SLUICE_BIN] [WHICH]
-#   WHICH: all (default), smollm2 (the Q4_1 model as published), requant (SmolLM2 requantized by
-#   llama-quantize into the formats below), synth (tools/golden/synth_models.txt). Fixtures are
+#   WHICH: all (default), smollm2 (the Q4_1 model as published), gemma3 (Gemma 3 270M Q4_K_M as
+#   published), requant (SmolLM2 requantized by llama-quantize into the formats below), synth
+#   (tools/golden/synth_models.txt). Fixtures are
 #   made once, on one machine: regenerating a set on another CPU changes llama.cpp's f32 order.
 # ONLY=REGEX regenerates only the fixtures whose name matches (e.g. ONLY='moe' for the MoE models),
 # leaving the others as committed.
@@ -47,6 +48,23 @@ PY
 smollm2=$root/models/smollm2-135m-instruct-q4_1.gguf
 if [ "$which" = all ] || [ "$which" = smollm2 ]; then
   gen smollm2 "$smollm2" "$here/prompts_smollm2.txt" 64
+fi
+
+# Gemma 3 270M Q4_K_M as published (scripts/fetch-models.sh assembles it): 8 prompts x 32 greedy
+# tokens; the last prompt (719 tokens) is longer than the 512-token sliding window. Made on a
+# 2-core x86 VM without AVX-512 (2026-11-25). Its perplexity fixture
+# (tests/fixtures/perplexity/gemma3-270m.json) records the llama-perplexity command it ran.
+if [ "$which" = all ] || [ "$which" = gemma3 ]; then
+  gen gemma3-270m "$root/models/gemma-3-270m-q4_k_m.gguf" "$here/prompts_gemma3.txt" 32
+  cpu=$(grep -q ' avx512f ' /proc/cpuinfo && echo "x86-64 AVX-512" || echo "x86-64 AVX2 (no AVX-512)")
+  python3 - "$out/gemma3-270m.json" "$cpu" <<'PY'
+import json, sys
+p, cpu = sys.argv[1:]
+d = json.load(open(p))
+d["cpu"] = cpu
+d["command"] = "llama_fixture gemma-3-270m-q4_k_m.gguf tools/golden/prompts_gemma3.txt 32"
+json.dump(d, open(p, "w"), separators=(",", ":"))
+PY
 fi
 
 # Real weights in the K-quant formats: SmolLM2 Q4_1 requantized by llama.cpp's quantize tool,

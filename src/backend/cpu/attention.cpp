@@ -173,6 +173,7 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor&
   SLUICE_CHECK(q.cols == p.n_head * hd && out.cols == q.cols && out.rows == q.rows, "attention: bad q/out shape");
   SLUICE_CHECK(k_cache.cols == p.n_head_kv * hd && v_cache.cols == k_cache.cols, "attention: bad cache shape");
   SLUICE_CHECK(p.pos0 >= 0 && p.pos0 + q.rows <= k_cache.rows, "attention: positions beyond cache");
+  SLUICE_CHECK(p.window >= 0, "attention: negative window");
   const int64_t n_ctx = p.pos0 + q.rows;
   const int group = p.n_head / p.n_head_kv;
   const bool f16 = k_cache.dtype == DType::kF16;
@@ -198,12 +199,14 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor&
       const int64_t t = item / p.n_head;
       const int64_t head = item % p.n_head;
       const int64_t kvh = head / group;
-      const int64_t n_kv = p.pos0 + t + 1;
+      // Positions [first, pos0 + t]: every earlier one, or the sliding window's.
+      const int64_t first = p.first_key(int(t));
+      const int64_t n_kv = p.pos0 + t + 1 - first;
       const float* qr = static_cast<const float*>(q.data) + t * q.stride + head * hd;
       const uint8_t elem = f16 ? 2 : 4;
-      const auto* kb = static_cast<const uint8_t*>(k_cache.data) + kvh * hd * elem;
-      const auto* vb = static_cast<const uint8_t*>(v_cache.data) + kvh * hd * elem;
       const int64_t ks = k_cache.stride * elem, vs = v_cache.stride * elem;
+      const auto* kb = static_cast<const uint8_t*>(k_cache.data) + kvh * hd * elem + first * ks;
+      const auto* vb = static_cast<const uint8_t*>(v_cache.data) + kvh * hd * elem + first * vs;
 
       float* orow = static_cast<float*>(out.data) + t * out.stride + head * hd;
 #if defined(__x86_64__)

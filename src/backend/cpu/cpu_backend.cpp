@@ -82,6 +82,37 @@ __attribute__((target("avx512f,avx512dq"))) int64_t swiglu_avx512(const float* g
   }
   return i;
 }
+// GeGLU 8 lanes at a time: gelu_tanh(g) = 0.5 g (1 + tanh(y)) = g / (1 + e^(-2y)) with
+// y = sqrt(2/pi) (g + 0.044715 g^3): the same function, written with one exponential (no
+// cancellation near y = 0, where 1 + tanh(y) ~ 1). e^t as exp_avx512 computes it (k = round(t /
+// ln 2), r = t - k ln 2 in two steps, the same degree-5 polynomial, ~1.5 ulp), with 2^k built in
+// the exponent bits; t is clamped to [-87, 88], where e^t is still a normal float and the result
+// has saturated (g / (1 + e^88) = -0 for g < 0, g / (1 + e^-87) = g). Returns the elements done
+// (a multiple of 8); the caller finishes the tail with backend::gelu_tanh.
+__attribute__((target("avx2,fma"))) int64_t geglu_avx2(const float* g, const float* u, float* d, int64_t n) {
+  int64_t i = 0;
+  const __m256 c1 = _mm256_set1_ps(-2.0f * 0.7978845608028654f), c3 = _mm256_set1_ps(0.044715f);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(g + i);
+    const __m256 inner = _mm256_fmadd_ps(_mm256_mul_ps(c3, x), x, _mm256_set1_ps(1.0f));  // 1 + 0.044715 x^2
+    __m256 t = _mm256_mul_ps(_mm256_mul_ps(c1, x), inner);                                 // -2y
+    t = _mm256_min_ps(_mm256_max_ps(t, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    const __m256 shifter = _mm256_set1_ps(0x1.8p23f);
+    const __m256 k = _mm256_sub_ps(_mm256_fmadd_ps(t, _mm256_set1_ps(0x1.715476p+0f), shifter), shifter);
+    const __m256 r =
+        _mm256_fnmadd_ps(k, _mm256_set1_ps(0x1.7f7d1cp-20f), _mm256_fnmadd_ps(k, _mm256_set1_ps(0x1.62e4p-1f), t));
+    const __m256 r2 = _mm256_mul_ps(r, r);
+    const __m256 hi = _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), r, _mm256_set1_ps(0x1.573e2ep-5f)),
+                                      r2, _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), r, _mm256_set1_ps(0x1.fffdb6p-2f)));
+    const __m256 poly = _mm256_fmadd_ps(hi, r2, _mm256_fmadd_ps(_mm256_set1_ps(0x1.ffffecp-1f), r, _mm256_set1_ps(1.0f)));
+    // 2^k for integer k in [-126, 127]: the biased exponent k + 127 in bits 23..30.
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    const __m256 ex = _mm256_mul_ps(poly, _mm256_castsi256_ps(e));
+    const __m256 gelu = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), ex));
+    _mm256_storeu_ps(d + i, _mm256_mul_ps(gelu, _mm256_loadu_ps(u + i)));
+  }
+  return i;
+}
 #endif
 
 }  // namespace
@@ -256,6 +287,41 @@ void CpuBackend::swiglu(const Tensor& gate, const Tensor& up, const Tensor& dst)
       if (avx512) i = swiglu_avx512(g, u, d, dst.cols);
 #endif
       for (; i < dst.cols; ++i) d[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    }
+  });
+}
+
+// GeGLU in f32: the AVX2 path (geglu_avx2, ~2 ulp of the formula) where the backend's SIMD paths
+// are on, else libm's tanhf (backend::gelu_tanh, the definition; tests compare the two). Not
+// llama.cpp's CPU path, which looks gelu up in a table of f16 inputs and outputs (both rounded to
+// 11 bits); its CUDA path computes the formula in f32 as here. A decode row (a few thousand
+// elements) runs inline: waking the pool would cost more than the vectorized row.
+void CpuBackend::geglu(const Tensor& gate, const Tensor& up, const Tensor& dst) {
+  check_f32(gate, "geglu gate");
+  check_f32(up, "geglu up");
+  check_f32(dst, "geglu dst");
+  check_same_shape(gate, up, "geglu");
+  check_same_shape(gate, dst, "geglu");
+  for_rows(dst.rows, 1, dst.rows * dst.cols, [&](int64_t s, int64_t e, int) {
+    for (int64_t t = s; t < e; ++t) {
+      const float* g = row_f32(gate, t);
+      const float* u = row_f32(up, t);
+      float* d = row_f32(dst, t);
+      int64_t i = 0;
+#if defined(__x86_64__)
+      if (simd_f16_) i = geglu_avx2(g, u, d, dst.cols);
+#endif
+      for (; i < dst.cols; ++i) d[i] = gelu_tanh(g[i]) * u[i];
+    }
+  });
+}
+
+void CpuBackend::scale(const Tensor& x, float s) {
+  check_f32(x, "scale x");
+  for_rows(x.rows, 1, x.rows * x.cols, [&](int64_t b, int64_t e, int) {
+    for (int64_t t = b; t < e; ++t) {
+      float* r = row_f32(x, t);
+      for (int64_t i = 0; i < x.cols; ++i) r[i] *= s;
     }
   });
 }

@@ -75,6 +75,8 @@ class CpuBackend final : public Backend {
   void add_bias(const Tensor& y, const WeightView& b) override;
   void add(const Tensor& dst, const Tensor& src) override;
   void swiglu(const Tensor& gate, const Tensor& up, const Tensor& dst) override;
+  void geglu(const Tensor& gate, const Tensor& up, const Tensor& dst) override;
+  void scale(const Tensor& x, float s) override;
   void gather_rows(const Tensor& src, std::span<const int32_t> rows, const Tensor& dst) override;
   void scatter_add_rows(const Tensor& dst, const Tensor& src, std::span<const int32_t> rows,
                         std::span<const float> scale) override;

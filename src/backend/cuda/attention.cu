@@ -19,7 +19,9 @@ attn::DecodePlan plan_decode(const AttentionArgs& a, int sm_count) {
   plan.group = a.n_head / a.n_head_kv;
   plan.n_hgroups = int(ceil_div(plan.group, attn::kMaxHeadsPerBlock));
   plan.heads_per_block = int(ceil_div(plan.group, plan.n_hgroups));  // balanced: 6 -> 3 + 3, not 4 + 2
-  // Keys of the last (longest) query row, or the range of positions the plan is made for.
+  // Keys of the last (longest) query row, or the range of positions the plan is made for. With a
+  // sliding window the splits still cut [0, n_ctx): those wholly before a row's window are empty
+  // for that row (the kernel skips them), so one plan serves every position of a replayed step.
   const int64_t n_ctx = std::max<int64_t>(int64_t(a.pos0) + a.n_tokens, a.plan_ctx);
   const int64_t base_blocks = int64_t(a.n_tokens) * a.n_head_kv * plan.n_hgroups;
   const int64_t target = int64_t(attn::kDecodeBlocksPerSm) * sm_count;
@@ -39,6 +41,7 @@ Status check_args(const AttentionArgs& a, int sm_count) {
     return invalid_argument("attention: bad positions (n_tokens " + std::to_string(a.n_tokens) + ", pos0 " +
                             std::to_string(a.pos0) + ")");
   }
+  if (a.window < 0) return invalid_argument("attention: negative window " + std::to_string(a.window));
   if (a.n_head <= 0 || a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0 || a.n_head > 65535) {
     return invalid_argument("attention: bad head counts (n_head " + std::to_string(a.n_head) + ", n_head_kv " +
                             std::to_string(a.n_head_kv) + ")");

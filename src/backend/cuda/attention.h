@@ -1,6 +1,7 @@
 // Causal multi-head attention over the F16 KV cache on the GPU, the device counterpart of
 // Backend::attention (backend.h):
-//   out[t][h] = softmax(scale * q[t][h] . K[0 .. pos0+t][h/g]) V[0 .. pos0+t][h/g],  g = n_head / n_head_kv
+//   out[t][h] = softmax(scale * q[t][h] . K[a .. pos0+t][h/g]) V[a .. pos0+t][h/g],  g = n_head / n_head_kv,
+//   a = first_key(t) (0, or the start of a sliding window)
 // Decode (one or a few query rows) splits the key range across blocks (flash-decoding: partial
 // softmax per split, then a combine pass), so any context length fills the GPU; prefill (many
 // rows) tiles queries and keys flash-style with an online softmax: no n x n score matrix is ever
@@ -34,6 +35,7 @@ struct AttentionArgs {
   int head_dim = 0;             // a multiple of 32, <= 256
   float scale = 1.0f;
   int pos0 = 0;                 // query t sees cache rows [0, pos0 + t]
+  int window = 0;               // > 0: query t sees only rows (pos0 + t - window, pos0 + t] (sliding window)
   // Decode only (optional): the kernels read pos0 from this device int when they run (a recorded
   // step replayed at later positions), and the key splits are planned for plan_ctx positions
   // (>= pos0 + n_tokens; splits past the context are empty), so one plan serves a range of

@@ -52,6 +52,7 @@ struct DecodeParams {
   int n_splits;
   int split_keys;
   int pos0;
+  int window;          // AttentionArgs::window (0: none)
   const int* pos_dev;  // non-null: pos0 is read here (a replayed step)
   float scale_log2;  // scale * log2(e): scores come out in log2 units, so exp2f is the exponential
 };
@@ -82,11 +83,15 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(const Deco
   const int c = tid % S::kLanes;    // 16-byte piece of the row
   const bool piece_ok = c < S::kPieces;
 
-  // Query row t sees keys [0, pos0 + t]; this split owns [begin, end) of them (maybe none when
-  // t is not the last row: the plan is made for the longest row).
+  // Query row t sees keys [lo, pos0 + t] (lo = 0, or its sliding window's start); this split owns
+  // [begin, end) of them (maybe none: when t is not the last row, the plan is made for the longest
+  // row or the step's position range; with a window, for splits wholly before it). Every key of
+  // [begin, end) is visible, so each tile's first key is and the tile max is finite.
   const int n_kv = (p.pos_dev != nullptr ? *p.pos_dev : p.pos0) + t + 1;
-  const int begin = split * p.split_keys;
-  const int end = min(begin + p.split_keys, n_kv);
+  const int lo = p.window > 0 ? max(0, n_kv - p.window) : 0;
+  const int split0 = split * p.split_keys;
+  const int begin = max(split0, lo);
+  const int end = min(split0 + p.split_keys, n_kv);
   const int slot0 = hg * p.heads_per_block;
   const int nh = min(p.heads_per_block, p.group - slot0);  // heads of this block, >= 1
   const int head0 = kvh * p.group + slot0;
@@ -238,7 +243,8 @@ __device__ float block_reduce(float v, float* scratch) {
 }
 
 // One block per (head, query row): out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s.
-// Split 0 always holds key 0, so M is finite and the denominator positive.
+// Each row has a non-empty split (the one holding its own position), so M is finite and the
+// denominator positive; empty splits (before a sliding window, past a short row) weigh 0.
 __global__ void __launch_bounds__(kDecodeThreads)
     decode_combine_kernel(const float* __restrict__ ws_acc, const float2* __restrict__ ws_ml, float* __restrict__ out,
                           int64_t out_stride, int n_head, int head_dim, int n_splits, int8_t* __restrict__ out_q,
@@ -310,6 +316,7 @@ Status launch_decode(const AttentionArgs& a, const DecodePlan& plan, void* works
   p.n_splits = plan.n_splits;
   p.split_keys = plan.split_keys;
   p.pos0 = a.pos0;
+  p.window = a.window;
   p.pos_dev = a.pos_dev;
   p.scale_log2 = a.scale * kLog2e;
   const bool q8 = a.out_q != nullptr && a.out_ds != nullptr && attention_writes_q8(a);

@@ -53,6 +53,7 @@ struct PrefillParams {
   int n_tokens;
   int group;  // query heads per KV head
   int pos0;
+  int window;  // AttentionArgs::window (0: none)
   float scale_log2;  // scale * log2(e): scores in log2 units, exponentials by exp2f
 };
 
@@ -79,6 +80,8 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(const PrefillP
   // Keys any row of the block sees: [0, pos0 + last row]. Rows past n_tokens (the tail of the
   // last tile) compute with q = 0 over these keys and are not stored.
   const int n_kv = p.pos0 + min(q0 + kPrefillRows, p.n_tokens);
+  // With a sliding window, no row of the block sees keys before its first row's window.
+  const int kv_lo = p.window > 0 ? max(0, p.pos0 + q0 - p.window + 1) : 0;
 
   // q of the warp's rows, pre-scaled, as [d][row].
   float* const qw = qs + warp * HD * kR;
@@ -103,7 +106,7 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(const PrefillP
   const __half* const kbase = p.k + int64_t(kvh) * HD;
   const __half* const vbase = p.v + int64_t(kvh) * HD;
 
-  for (int kv0 = 0; kv0 < n_kv; kv0 += S::kKeys) {
+  for (int kv0 = kv_lo; kv0 < n_kv; kv0 += S::kKeys) {
     __syncthreads();  // every warp is done with the previous tile's K and V (and q is written)
     for (int i = tid; i < S::kKeys * S::kPieces; i += kPrefillThreads) {
       const int r = i / S::kPieces;
@@ -150,26 +153,31 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(const PrefillP
         for (int kk = 0; kk < S::kKeysPerLane; ++kk) s[r][kk] = fmaf(qb[r], kf[kk].y, fmaf(qa[r], kf[kk].x, s[r][kk]));
     }
 
-    // Online softmax per row. Key 0 is in the first tile and visible to every row (also the
-    // padding rows), so the running max is finite from the first tile on; a row whose keys all
-    // lie before this tile's masked part just gets alpha = 1 and zero probabilities.
+    // Online softmax per row. Without a window, key 0 is in the first tile and visible to every
+    // row (also the padding rows), so the running max is finite from the first tile on; a row
+    // whose keys all lie before this tile's masked part just gets alpha = 1 and zero
+    // probabilities. With a window, a row may see no key of the first tiles (its window starts
+    // later): its max stays -inf, and the exponent is taken against 0 so alpha and the
+    // probabilities are 0 instead of NaN.
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
       const int qpos = p.pos0 + row0 + r;
+      const int lo = p.window > 0 ? qpos - p.window + 1 : 0;
       float mt = -INFINITY;
 #pragma unroll
       for (int kk = 0; kk < S::kKeysPerLane; ++kk) {
         const int j = kv0 + lane + kWarpSize * kk;
-        if (j > qpos || j >= n_kv) s[r][kk] = -INFINITY;
+        if (j > qpos || j >= n_kv || j < lo) s[r][kk] = -INFINITY;
         mt = fmaxf(mt, s[r][kk]);
       }
       const float m_new = fmaxf(m_run[r], warp_max(mt));
-      const float alpha = exp2f(m_run[r] - m_new);  // 0 on the first tile
+      const float m_ref = m_new == -INFINITY ? 0.0f : m_new;
+      const float alpha = exp2f(m_run[r] - m_ref);  // 0 on the first tile
       m_run[r] = m_new;
       float psum = 0.0f;
 #pragma unroll
       for (int kk = 0; kk < S::kKeysPerLane; ++kk) {
-        s[r][kk] = exp2f(s[r][kk] - m_new);
+        s[r][kk] = exp2f(s[r][kk] - m_ref);
         psum += s[r][kk];
       }
       l_part[r] = l_part[r] * alpha + psum;
@@ -204,7 +212,7 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(const PrefillP
 
 #pragma unroll
   for (int r = 0; r < kR; ++r) {
-    const float l = warp_sum(l_part[r]);  // > 0: key 0 contributes to every row
+    const float l = warp_sum(l_part[r]);  // > 0 for stored rows: the row's own key contributes
     const int row = row0 + r;
     if (row < p.n_tokens) {
       float* orow = p.out + int64_t(row) * p.out_stride + int64_t(head) * HD;
@@ -243,6 +251,7 @@ Status launch_prefill(const AttentionArgs& a, cudaStream_t stream) {
   p.n_tokens = a.n_tokens;
   p.group = a.n_head / a.n_head_kv;
   p.pos0 = a.pos0;
+  p.window = a.window;
   p.scale_log2 = a.scale * kLog2e;
   switch (a.head_dim) {
     case 32: return launch_prefill_hd<32>(p, a.n_head, stream);

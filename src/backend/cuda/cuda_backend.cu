@@ -473,6 +473,20 @@ class CudaBackend final : public Backend {
          "swiglu");
   }
 
+  // GeGLU (Gemma): no fused int8 output (the down projection quantizes its input itself).
+  void geglu(const Tensor& gate, const Tensor& up, const Tensor& dst) override {
+    SLUICE_CHECK(gate.cols == up.cols && gate.cols == dst.cols && gate.rows == up.rows && gate.rows == dst.rows,
+                 "geglu: shape mismatch");
+    invalidate_q8();
+    must(cuda::geglu(f32(gate), gate.stride, f32(up), up.stride, f32(dst), dst.stride, dst.rows, dst.cols, stream_),
+         "geglu");
+  }
+
+  void scale(const Tensor& x, float s) override {
+    invalidate_q8_if_overlaps(x);
+    must(cuda::scale(f32(x), x.stride, x.rows, x.cols, s, stream_), "scale");
+  }
+
   void rope(const Tensor& x, const RopeParams& p, int pos0) override {
     SLUICE_CHECK(int64_t(p.n_head) * p.head_dim == x.cols, "rope: n_head * head_dim != cols");
     invalidate_q8();
@@ -508,6 +522,7 @@ class CudaBackend final : public Backend {
     a.head_dim = p.head_dim;
     a.scale = p.scale;
     a.pos0 = p.pos0;
+    a.window = p.window;
     // Decode plans its key splits for the end of the position bucket (capped by the cache), in
     // and out of recorded steps alike, so both give the same results.
     a.plan_ctx = int(std::min<int64_t>((int64_t(p.pos0) + q.rows + kStepBucket - 1) / kStepBucket * kStepBucket,

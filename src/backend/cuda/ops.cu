@@ -1,4 +1,4 @@
-// Elementwise and row-wise ops of the CUDA backend (ops.h): rms_norm, add_bias, add, swiglu, rope,
+// Elementwise and row-wise ops of the CUDA backend (ops.h): rms_norm, add_bias, add, swiglu, geglu, scale, rope,
 // store_rows_f16, f32_to_f16. dequantize_to_f16 is in dequant.cu.
 //
 // Parity: the CPU backend (backend/cpu/cpu_backend.cpp) is the reference, and the model's logits
@@ -119,6 +119,45 @@ struct SwigluOp {  // dst = g / (1 + exp(-g)) * u, the CPU's expression and orde
 #pragma unroll
     for (int k = 0; k < V; ++k) g[k] = __fmul_rn(__fdiv_rn(g[k], __fadd_rn(1.0f, expf(-g[k]))), u[k]);
     store_v<V>(dst + r * dst_stride + c, g);
+  }
+};
+
+// dst = gelu_tanh(g) * u: backend::gelu_tanh's expression and order (0.5 g (1 + tanh(k g (1 + a g^2)))
+// left to right), without FMA contraction; tanhf is CUDA's (within 2 ulp of glibc's).
+struct GegluOp {
+  const float* gate;
+  int64_t gate_stride;
+  const float* up;
+  int64_t up_stride;
+  float* dst;
+  int64_t dst_stride;
+  template <int V>
+  __device__ void apply(int64_t r, int64_t c) const {
+    constexpr float kSqrt2OverPi = 0.7978845608028654f, kCoef = 0.044715f;
+    float g[V], u[V];
+    load_v<V>(gate + r * gate_stride + c, g);
+    load_v<V>(up + r * up_stride + c, u);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float x = g[k];
+      const float inner = __fmul_rn(__fmul_rn(kSqrt2OverPi, x), __fadd_rn(1.0f, __fmul_rn(__fmul_rn(kCoef, x), x)));
+      g[k] = __fmul_rn(__fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, tanhf(inner))), u[k]);
+    }
+    store_v<V>(dst + r * dst_stride + c, g);
+  }
+};
+
+struct ScaleOp {  // x[r][c] *= s
+  float* x;
+  int64_t stride;
+  float s;
+  template <int V>
+  __device__ void apply(int64_t r, int64_t c) const {
+    float a[V];
+    load_v<V>(x + r * stride + c, a);
+#pragma unroll
+    for (int k = 0; k < V; ++k) a[k] = __fmul_rn(a[k], s);
+    store_v<V>(x + r * stride + c, a);
   }
 };
 
@@ -634,6 +673,26 @@ Status swiglu(const float* gate, int64_t gate_stride, const float* up, int64_t u
   const bool vec4 =
       cols % 4 == 0 && vec4_ok(gate, gate_stride) && vec4_ok(up, up_stride) && vec4_ok(dst, dst_stride);
   return launch_rowwise(SwigluOp{gate, gate_stride, up, up_stride, dst, dst_stride}, rows, cols, vec4, stream);
+}
+
+Status geglu(const float* gate, int64_t gate_stride, const float* up, int64_t up_stride, float* dst,
+             int64_t dst_stride, int64_t rows, int64_t cols, cudaStream_t stream) {
+  SLUICE_RETURN_IF_ERROR(check_rows("geglu", rows, cols));
+  if (rows == 0 || cols == 0) return Status::ok();
+  SLUICE_RETURN_IF_ERROR(check_stride("geglu", "gate", gate, gate_stride, cols));
+  SLUICE_RETURN_IF_ERROR(check_stride("geglu", "up", up, up_stride, cols));
+  SLUICE_RETURN_IF_ERROR(check_stride("geglu", "dst", dst, dst_stride, cols));
+  const bool vec4 =
+      cols % 4 == 0 && vec4_ok(gate, gate_stride) && vec4_ok(up, up_stride) && vec4_ok(dst, dst_stride);
+  return launch_rowwise(GegluOp{gate, gate_stride, up, up_stride, dst, dst_stride}, rows, cols, vec4, stream);
+}
+
+Status scale(float* x, int64_t stride, int64_t rows, int64_t cols, float s, cudaStream_t stream) {
+  SLUICE_RETURN_IF_ERROR(check_rows("scale", rows, cols));
+  if (rows == 0 || cols == 0) return Status::ok();
+  SLUICE_RETURN_IF_ERROR(check_stride("scale", "x", x, stride, cols));
+  const bool vec4 = cols % 4 == 0 && vec4_ok(x, stride);
+  return launch_rowwise(ScaleOp{x, stride, s}, rows, cols, vec4, stream);
 }
 
 namespace {

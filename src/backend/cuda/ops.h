@@ -63,6 +63,13 @@ Status add_rows_scaled(float* dst, const float* src, int64_t src_stride, const f
 Status swiglu(const float* gate, int64_t gate_stride, const float* up, int64_t up_stride, float* dst,
               int64_t dst_stride, int64_t rows, int64_t cols, cudaStream_t stream);
 
+// dst = gelu_tanh(gate) * up, elementwise (backend::gelu_tanh). dst may alias gate or up.
+Status geglu(const float* gate, int64_t gate_stride, const float* up, int64_t up_stride, float* dst,
+             int64_t dst_stride, int64_t rows, int64_t cols, cudaStream_t stream);
+
+// x[r][c] *= s.
+Status scale(float* x, int64_t stride, int64_t rows, int64_t cols, float s, cudaStream_t stream);
+
 struct RopeArgs {
   bool neox = false;                  // false: adjacent pairs (x[2i], x[2i+1]); true: halves
   int n_head = 0;                     // heads per row; row = n_head * head_dim
