@@ -45,7 +45,7 @@ Status Executor::layer(const LayerWeights& L, int l, int64_t n, int pos0) {
   backend::Backend& be = *be_;
   const Config& c = *cfg_;
   const Tensor x = x_.first_rows(n), xn = xn_.first_rows(n), q = q_.first_rows(n), k = k_.first_rows(n),
-               v = v_.first_rows(n), attn = attn_.first_rows(n), gate = gate_.first_rows(n), up = up_.first_rows(n);
+               v = v_.first_rows(n), attn = attn_.first_rows(n);
   const float eps = c.rms_eps;
   // Sliding-window layers (Gemma 3's local layers) see the last n_swa positions and rotate with
   // their own RoPE base; global layers see every position.
