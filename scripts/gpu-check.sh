@@ -219,8 +219,8 @@ step_model() {
         { record model FAIL "bench $mix"; return; }
     fi
     if [[ $mix == q4_k_m ]]; then
-      echo "graphs on (A/B):" >>"$OUT_DIR/model_compare.txt"
-      "$SLUICE_BIN" bench -m "$dir/8b-$mix.gguf" -p 0 -n 128 -r 3 --backend cuda --graphs >>"$OUT_DIR/model_compare.txt" 2>&1
+      echo "graphs off (A/B; graph replay is the default):" >>"$OUT_DIR/model_compare.txt"
+      "$SLUICE_BIN" bench -m "$dir/8b-$mix.gguf" -p 0 -n 128 -r 3 --backend cuda --no-graphs >>"$OUT_DIR/model_compare.txt" 2>&1
     fi
     rm -f "$dir/8b-$mix.gguf"
   done
