@@ -197,7 +197,7 @@ wait_llama() {
 }
 
 # Whole models resident on the GPU, sluice vs llama.cpp CUDA (all layers offloaded), on synthetic
-# Llama-3-8B shapes in /dev/shm: tg128 and pp512 tok/s, weight GB/s and the ratio to this GPU's
+# Llama-3-8B shapes and the 1B, SmolLM2 and Gemma 3 270M shapes in /dev/shm: tg128 and pp512 tok/s, weight GB/s and the ratio to this GPU's
 # copy bandwidth (issue: decode >= llama.cpp and >= 75% of the HBM roofline, prefill >= 0.7x).
 step_model() {
   [[ -x "$SLUICE_BIN" ]] || { record model skipped "no sluice binary"; return; }
@@ -205,25 +205,34 @@ step_model() {
   local dir=/dev/shm/sluice-gpu-models
   mkdir -p "$dir"
   : >"$OUT_DIR/model_compare.txt"
-  local mix
-  for mix in q4_k_m q8_0 q6_k; do
-    "$SLUICE_BIN" synth llama-3-8b --type "$mix" --seed 1 -o "$dir/8b-$mix.gguf" >>"$OUT_DIR/model_synth.log" 2>&1 ||
-      { record model FAIL "synth $mix"; return; }
-    echo "### llama-3-8b $mix, CUDA, pp512 tg128" | tee -a "$OUT_DIR/model_compare.txt"
+  local name args
+  # The 8B shape in three formats, then the small models (launch-bound: graph replay matters).
+  while read -r name args; do
+    # shellcheck disable=SC2086
+    "$SLUICE_BIN" synth $args --seed 1 -o "$dir/$name.gguf" >>"$OUT_DIR/model_synth.log" 2>&1 ||
+      { record model FAIL "synth $name"; return; }
+    echo "### $name ($args), CUDA, pp512 tg128" | tee -a "$OUT_DIR/model_compare.txt"
     if [[ -n "$LLAMA_CUDA" && -x "$LLAMA_CUDA" ]]; then
       SLUICE="$SLUICE_BIN" LLAMA_BENCH="$LLAMA_CUDA" BACKEND=cuda PP=512 TG=128 REPS=3 \
-        bash bench/e2e/compare.sh "$dir/8b-$mix.gguf" 1 >>"$OUT_DIR/model_compare.txt" 2>>"$OUT_DIR/model_compare.err" ||
-        { tail -5 "$OUT_DIR/model_compare.err"; record model FAIL "compare $mix"; return; }
+        bash bench/e2e/compare.sh "$dir/$name.gguf" 1 >>"$OUT_DIR/model_compare.txt" 2>>"$OUT_DIR/model_compare.err" ||
+        { tail -5 "$OUT_DIR/model_compare.err"; record model FAIL "compare $name"; return; }
     else
-      "$SLUICE_BIN" bench -m "$dir/8b-$mix.gguf" -p 512 -n 128 -r 3 --backend cuda >>"$OUT_DIR/model_compare.txt" 2>&1 ||
-        { record model FAIL "bench $mix"; return; }
+      "$SLUICE_BIN" bench -m "$dir/$name.gguf" -p 512 -n 128 -r 3 --backend cuda >>"$OUT_DIR/model_compare.txt" 2>&1 ||
+        { record model FAIL "bench $name"; return; }
     fi
-    if [[ $mix == q4_k_m ]]; then
+    if [[ $name == 8b-q4_k_m || $name == smollm2-shape || $name == 1b-q4_k_m ]]; then
       echo "graphs off (A/B; graph replay is the default):" >>"$OUT_DIR/model_compare.txt"
-      "$SLUICE_BIN" bench -m "$dir/8b-$mix.gguf" -p 0 -n 128 -r 3 --backend cuda --no-graphs >>"$OUT_DIR/model_compare.txt" 2>&1
+      "$SLUICE_BIN" bench -m "$dir/$name.gguf" -p 0 -n 128 -r 3 --backend cuda --no-graphs >>"$OUT_DIR/model_compare.txt" 2>&1
     fi
-    rm -f "$dir/8b-$mix.gguf"
-  done
+    rm -f "$dir/$name.gguf"
+  done <<'MODELS'
+8b-q4_k_m llama-3-8b --type q4_k_m
+8b-q8_0 llama-3-8b --type q8_0
+8b-q6_k llama-3-8b --type q6_k
+1b-q4_k_m custom --layers 16 --dim 2048 --ffn 8192 --heads 32 --kv-heads 8 --vocab 128256 --tied-output --rope-theta 500000 --type q4_k_m
+smollm2-shape custom --layers 30 --dim 576 --ffn 1536 --heads 9 --kv-heads 3 --vocab 49152 --tied-output --rope-theta 100000 --type q4_1
+gemma3-270m-shape custom --arch gemma3 --layers 18 --dim 640 --ffn 2048 --heads 4 --kv-heads 1 --head-dim 256 --vocab 262144 --type q4_k_m --tied-output --sliding-window 512 --rope-theta 1000000
+MODELS
   record model ok "$OUT_DIR/model_compare.txt${LLAMA_CUDA:+ (with llama.cpp CUDA)}"
 }
 
