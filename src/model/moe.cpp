@@ -42,6 +42,27 @@ void route_experts(std::span<const float> logits, int n_tokens, int n_expert, in
   }
 }
 
+void distinct_experts(const MoeRouting& r, std::vector<bool>& mark, std::vector<int32_t>& out) {
+  out.clear();
+  for (int32_t e : r.experts) {
+    if (!mark[size_t(e)]) {
+      mark[size_t(e)] = true;
+      out.push_back(e);
+    }
+  }
+  for (int32_t e : out) mark[size_t(e)] = false;
+  std::sort(out.begin(), out.end());
+}
+
+uint64_t count_chosen(std::span<const int32_t> predicted, std::span<const ExpertBatch> batches,
+                      std::vector<bool>& mark) {
+  for (const ExpertBatch& b : batches) mark[size_t(b.expert)] = true;
+  uint64_t hit = 0;
+  for (int32_t e : predicted) hit += mark[size_t(e)] ? 1 : 0;
+  for (const ExpertBatch& b : batches) mark[size_t(b.expert)] = false;
+  return hit;
+}
+
 void group_by_expert(const MoeRouting& r, int n_expert, std::vector<ExpertBatch>& out) {
   // Index of each expert's batch in `out`, -1 while unused.
   std::vector<int32_t> slot(static_cast<size_t>(n_expert), -1);

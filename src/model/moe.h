@@ -43,6 +43,14 @@ struct ExpertBatch {
 // order of accumulation, the same on every backend). Reuses `out`'s storage.
 void group_by_expert(const MoeRouting& r, int n_expert, std::vector<ExpertBatch>& out);
 
+// Prefetch bookkeeping shared by the expert caches. `mark` is n_expert flags, all false on entry
+// and on return (scratch that saves a sort or a set per layer).
+// out = the distinct experts of `r`, ascending (a layer's predicted set).
+void distinct_experts(const MoeRouting& r, std::vector<bool>& mark, std::vector<int32_t>& out);
+// How many of `predicted` the router then chose (one batch per chosen expert).
+uint64_t count_chosen(std::span<const int32_t> predicted, std::span<const ExpertBatch> batches,
+                      std::vector<bool>& mark);
+
 // Where the routed experts of a layer run, decided per pass once the routing is known. Without a
 // placement every expert runs on the executor computing the layer, from the layer's stacked
 // tensors. A placement (stream/expert_streamer) keeps some experts in the main backend's memory

@@ -352,10 +352,7 @@ Status ExpertStreamer::place(int layer, int n_tokens, std::span<const model::Exp
   const int64_t t0 = trace_ ? trace_->now_us() : 0;
   if (predicted_layer_ == layer) {
     // The prediction made in the previous layer against what the router chose.
-    for (const model::ExpertBatch& b : batches) mark_[size_t(b.expert)] = true;
-    uint64_t hit = 0;
-    for (int32_t e : predicted_set_) hit += mark_[size_t(e)] ? 1 : 0;
-    for (const model::ExpertBatch& b : batches) mark_[size_t(b.expert)] = false;
+    const uint64_t hit = model::count_chosen(predicted_set_, batches, mark_);
     stats_.predicted += predicted_set_.size();
     stats_.predicted_used += hit;
     stats_.predicted_actual += batches.size();
@@ -464,15 +461,7 @@ const model::LayerWeights* ExpertStreamer::predictor(int layer) {
 
 void ExpertStreamer::predicted(int next_layer, const model::MoeRouting& r) {
   if (next_layer >= n_layer_) return;
-  predicted_set_.clear();
-  for (int32_t e : r.experts) {
-    if (!mark_[size_t(e)]) {
-      mark_[size_t(e)] = true;
-      predicted_set_.push_back(e);
-    }
-  }
-  for (int32_t e : predicted_set_) mark_[size_t(e)] = false;
-  std::sort(predicted_set_.begin(), predicted_set_.end());
+  model::distinct_experts(r, mark_, predicted_set_);
   predicted_layer_ = next_layer;
   // Copy the predicted experts the cache lacks into slots this layer does not read, after the
   // copies of this layer's misses: they run while this layer's experts compute.

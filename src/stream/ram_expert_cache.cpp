@@ -424,10 +424,7 @@ Status RamExpertCache::place(int layer, int n_tokens, std::span<const model::Exp
     if (s.pending && arrived(s)) SLUICE_RETURN_IF_ERROR(finish(s));
   }
   if (predicted_layer_ == layer) {
-    for (const model::ExpertBatch& b : batches) mark_[size_t(b.expert)] = true;
-    uint64_t hit = 0;
-    for (int32_t e : predicted_set_) hit += mark_[size_t(e)] ? 1 : 0;
-    for (const model::ExpertBatch& b : batches) mark_[size_t(b.expert)] = false;
+    const uint64_t hit = model::count_chosen(predicted_set_, batches, mark_);
     stats_.predicted += predicted_set_.size();
     stats_.predicted_used += hit;
     stats_.predicted_actual += batches.size();
@@ -515,15 +512,7 @@ const model::LayerWeights* RamExpertCache::predictor(int layer) {
 
 void RamExpertCache::predicted(int next_layer, const model::MoeRouting& r) {
   if (!failed_.is_ok() || next_layer >= n_layer_) return;
-  predicted_set_.clear();
-  for (int32_t e : r.experts) {
-    if (!mark_[size_t(e)]) {
-      mark_[size_t(e)] = true;
-      predicted_set_.push_back(e);
-    }
-  }
-  for (int32_t e : predicted_set_) mark_[size_t(e)] = false;
-  std::sort(predicted_set_.begin(), predicted_set_.end());
+  model::distinct_experts(r, mark_, predicted_set_);
   predicted_layer_ = next_layer;
   // Read the predicted experts that are not cached, while this layer computes: only each token's
   // prefetch_top highest-ranked predictions (a read ahead that goes unused takes disk time from

@@ -268,26 +268,29 @@ void CpuBackend::scatter_add_rows(const Tensor& dst, const Tensor& src, std::spa
   });
 }
 
+template <typename Row>
+void CpuBackend::gated(const Tensor& gate, const Tensor& up, const Tensor& dst, const char* op, Row&& row) {
+  const std::string o(op);
+  check_f32(gate, (o + " gate").c_str());
+  check_f32(up, (o + " up").c_str());
+  check_f32(dst, (o + " dst").c_str());
+  check_same_shape(gate, up, op);
+  check_same_shape(gate, dst, op);
+  for_rows(dst.rows, 1, dst.rows * dst.cols, [&](int64_t s, int64_t e, int) {
+    for (int64_t t = s; t < e; ++t) row(row_f32(gate, t), row_f32(up, t), row_f32(dst, t), dst.cols);
+  });
+}
+
 void CpuBackend::swiglu(const Tensor& gate, const Tensor& up, const Tensor& dst) {
-  check_f32(gate, "swiglu gate");
-  check_f32(up, "swiglu up");
-  check_f32(dst, "swiglu dst");
-  check_same_shape(gate, up, "swiglu");
-  check_same_shape(gate, dst, "swiglu");
 #if defined(__x86_64__)
   const bool avx512 = cpu_has_avx512_exp();
 #endif
-  for_rows(dst.rows, 1, dst.rows * dst.cols, [&](int64_t s, int64_t e, int) {
-    for (int64_t t = s; t < e; ++t) {
-      const float* g = row_f32(gate, t);
-      const float* u = row_f32(up, t);
-      float* d = row_f32(dst, t);
-      int64_t i = 0;
+  gated(gate, up, dst, "swiglu", [&](const float* g, const float* u, float* d, int64_t n) {
+    int64_t i = 0;
 #if defined(__x86_64__)
-      if (avx512) i = swiglu_avx512(g, u, d, dst.cols);
+    if (avx512) i = swiglu_avx512(g, u, d, n);
 #endif
-      for (; i < dst.cols; ++i) d[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
-    }
+    for (; i < n; ++i) d[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
   });
 }
 
@@ -297,22 +300,12 @@ void CpuBackend::swiglu(const Tensor& gate, const Tensor& up, const Tensor& dst)
 // 11 bits); its CUDA path computes the formula in f32 as here. A decode row (a few thousand
 // elements) runs inline: waking the pool would cost more than the vectorized row.
 void CpuBackend::geglu(const Tensor& gate, const Tensor& up, const Tensor& dst) {
-  check_f32(gate, "geglu gate");
-  check_f32(up, "geglu up");
-  check_f32(dst, "geglu dst");
-  check_same_shape(gate, up, "geglu");
-  check_same_shape(gate, dst, "geglu");
-  for_rows(dst.rows, 1, dst.rows * dst.cols, [&](int64_t s, int64_t e, int) {
-    for (int64_t t = s; t < e; ++t) {
-      const float* g = row_f32(gate, t);
-      const float* u = row_f32(up, t);
-      float* d = row_f32(dst, t);
-      int64_t i = 0;
+  gated(gate, up, dst, "geglu", [&](const float* g, const float* u, float* d, int64_t n) {
+    int64_t i = 0;
 #if defined(__x86_64__)
-      if (simd_f16_) i = geglu_avx2(g, u, d, dst.cols);
+    if (simd_f16_) i = geglu_avx2(g, u, d, n);
 #endif
-      for (; i < dst.cols; ++i) d[i] = gelu_tanh(g[i]) * u[i];
-    }
+    for (; i < n; ++i) d[i] = gelu_tanh(g[i]) * u[i];
   });
 }
 

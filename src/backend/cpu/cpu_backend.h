@@ -90,6 +90,10 @@ class CpuBackend final : public Backend {
   // `inline_work` units (dispatch would cost more than the work), else on the pool.
   template <typename F>
   void for_rows(int64_t n, int64_t grain, int64_t work, F&& fn);
+  // dst = act(gate) * up row by row (SwiGLU, GeGLU): shape checks named after `op`, then
+  // row(g, u, d, cols) for every row.
+  template <typename Row>
+  void gated(const Tensor& gate, const Tensor& up, const Tensor& dst, const char* op, Row&& row);
 
   core::ThreadPool pool_;
   const bool simd_f16_;  // attention's AVX2/F16C path (else the portable one)

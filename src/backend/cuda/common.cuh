@@ -54,7 +54,7 @@ namespace sluice::backend::cuda {
 
 inline constexpr int kWarpSize = 32;
 
-// Programmatic dependent launch (compute capability 9.0+; DeviceInfo::pdl). A kernel launched
+// Programmatic dependent launch (compute capability 9.0+; pdl_enabled()). A kernel launched
 // with it may start while the previous kernel of its stream still runs: before pdl_wait() it may
 // only read memory no earlier kernel writes (weights), and pdl_wait() returns once that kernel
 // has finished and its writes are visible. pdl_trigger() lets the kernels launched after this one

@@ -433,26 +433,15 @@ class CudaBackend final : public Backend {
       return;
     }
     const Q8Activation all = q8_activation_view(q8_.ptr, q8_cols_, int(q8_rows_));
-    std::vector<bool> done(ws.size(), false);
-    for (size_t i = 0; i < ws.size(); ++i) {
-      if (done[i]) continue;
-      GemvGroupArgs g;
-      g.type = ws[i].type;
-      g.cols = ws[i].ne0;
-      g.tokens = 1;
-      for (size_t j = i; j < ws.size() && g.n < kMaxGemvMatrices; ++j) {
-        if (done[j] || ws[j].type != g.type) continue;
-        const int64_t r = (static_cast<const float*>(xs[j].data) - static_cast<const float*>(q8_of_)) / q8_cols_;
-        Q8Activation row;
-        row.q = all.q + r * q8_cols_;
-        row.ds = all.ds + r * (q8_cols_ / 32);
-        row.cols = q8_cols_;
-        row.tokens = 1;
-        g.m[g.n++] = GemvMatrix{ws[j].data, ws[j].ne1, f32(xs[j]), row, f32(ys[j])};
-        done[j] = true;
-      }
-      must(gemv_group(dev_, g, stream_), "gemv");
-    }
+    gemv_grouped(ws, 1, [](size_t) { return true; }, [&](size_t j) {
+      const int64_t r = (static_cast<const float*>(xs[j].data) - static_cast<const float*>(q8_of_)) / q8_cols_;
+      Q8Activation row;
+      row.q = all.q + r * q8_cols_;
+      row.ds = all.ds + r * (q8_cols_ / 32);
+      row.cols = q8_cols_;
+      row.tokens = 1;
+      return GemvMatrix{ws[j].data, ws[j].ne1, f32(xs[j]), row, f32(ys[j])};
+    });
     for (const Tensor& y : ys) invalidate_q8_if_overlaps(y);
   }
 
@@ -657,6 +646,31 @@ class CudaBackend final : public Backend {
     return s.ptr;
   }
 
+  // The GEMVs of the weights `eligible(i)` accepts, those of one format together (kMaxGemvMatrices
+  // per launch), matrix(i) describing each; no allocation on this per-token path.
+  template <class Eligible, class Matrix>
+  void gemv_grouped(std::span<const WeightView> ws, int tokens, Eligible&& eligible, Matrix&& matrix) {
+    for (size_t i = 0; i < ws.size(); ++i) {
+      if (!eligible(i)) continue;
+      bool first = true;  // the format's first eligible weight launches all of that format
+      for (size_t j = 0; j < i && first; ++j) first = !(eligible(j) && ws[j].type == ws[i].type);
+      if (!first) continue;
+      GemvGroupArgs g;
+      g.type = ws[i].type;
+      g.cols = ws[i].ne0;
+      g.tokens = tokens;
+      for (size_t j = i; j < ws.size(); ++j) {
+        if (!eligible(j) || ws[j].type != g.type) continue;
+        if (g.n == kMaxGemvMatrices) {
+          must(gemv_group(dev_, g, stream_), "gemv");
+          g.n = 0;
+        }
+        g.m[g.n++] = matrix(j);
+      }
+      must(gemv_group(dev_, g, stream_), "gemv");
+    }
+  }
+
   void gemv_all(std::span<const WeightView> ws, const Tensor& x, std::span<const Tensor> ys) {
     // The gemv reads tokens `cols` apart; model/ tensors are dense, row views keep that.
     const bool dense = dense_rows(x);
@@ -674,23 +688,12 @@ class CudaBackend final : public Backend {
       }
     }
     // Matrices of one format with dense outputs go out as one launch (Q/K/V, gate/up).
-    std::vector<bool> done(ws.size(), false);
+    for (const WeightView& w : ws) SLUICE_CHECK(gemv_supported(w.type), "matmul: no CUDA kernel for this weight format");
+    auto grouped = [&](size_t i) { return dense && dense_rows(ys[i]); };
+    gemv_grouped(ws, int(x.rows), grouped,
+                 [&](size_t j) { return GemvMatrix{ws[j].data, ws[j].ne1, f32(x), xq, f32(ys[j])}; });
     for (size_t i = 0; i < ws.size(); ++i) {
-      SLUICE_CHECK(gemv_supported(ws[i].type), "matmul: no CUDA kernel for this weight format");
-      if (done[i] || !dense || !dense_rows(ys[i])) continue;
-      GemvGroupArgs g;
-      g.type = ws[i].type;
-      g.cols = ws[i].ne0;
-      g.tokens = int(x.rows);
-      for (size_t j = i; j < ws.size() && g.n < kMaxGemvMatrices; ++j) {
-        if (done[j] || ws[j].type != g.type || !dense_rows(ys[j])) continue;
-        g.m[g.n++] = GemvMatrix{ws[j].data, ws[j].ne1, f32(x), xq, f32(ys[j])};
-        done[j] = true;
-      }
-      must(gemv_group(dev_, g, stream_), "gemv");
-    }
-    for (size_t i = 0; i < ws.size(); ++i) {
-      if (done[i]) continue;
+      if (grouped(i)) continue;
       const WeightView& w = ws[i];
       const Tensor& y = ys[i];
       // Strided rows (not produced by model/ today): one token at a time.

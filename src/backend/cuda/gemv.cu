@@ -43,8 +43,6 @@ Result<DeviceInfo> query_device(int device) {
   info.cc_minor = prop.minor;
   info.global_mem_bytes = int64_t(prop.totalGlobalMem);
   info.l2_bytes = prop.l2CacheSize;
-  const char* pdl = std::getenv("SLUICE_CUDA_PDL");
-  info.pdl = prop.major >= 9 && !(pdl != nullptr && std::string(pdl) == "0");
   return info;
 }
 

@@ -30,9 +30,6 @@ struct DeviceInfo {
   int cc_major = 0, cc_minor = 0;
   int64_t global_mem_bytes = 0;
   int64_t l2_bytes = 0;
-  // GEMVs are launched as programmatic dependents (compute capability 9.0+): they start copying
-  // weights while the kernel before them finishes. SLUICE_CUDA_PDL=0 turns it off (A/B runs).
-  bool pdl = false;
 };
 Result<DeviceInfo> query_device(int device);
 

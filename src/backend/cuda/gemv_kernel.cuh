@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(Cfg::kWarps * kWarpSize) gemv_kernel(const __g
     if (s < total) issue(s);
     cp_async_commit();  // empty groups keep the group count uniform
   }
-  // Launched as a programmatic dependent (DeviceInfo::pdl): the first weight chunks are on their
+  // Launched as a programmatic dependent (launch_pdl): the first weight chunks are on their
   // way while the kernel before this one (the norm or SwiGLU that makes the activation) finishes;
   // from here on the activation and the outputs are touched.
   pdl_wait();

@@ -58,17 +58,8 @@ Status launch_one(const DeviceInfo& dev, cudaStream_t stream, const Segs& segs, 
     return v;
   }();
   const int grid = int(std::min<int64_t>(int64_t(dev.sm_count) * std::max(per_sm, 1), segs.row0[segs.n]));
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(grid));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = dev.pdl ? 1 : 0;
-  SLUICE_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&cfg, kernel, segs, row_bytes, nb, plan.cb, plan.nchunks));
+  SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(kernel, dim3(unsigned(grid)), dim3(kThreads), 0, stream, segs, row_bytes, nb,
+                                         plan.cb, plan.nchunks));
   SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("gemv_kernel");
   return Status::ok();
 }

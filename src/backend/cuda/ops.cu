@@ -663,28 +663,30 @@ Status scatter_add_rows(float* dst, int64_t dst_stride, int64_t dst_rows, const 
   return Status::ok();
 }
 
-Status swiglu(const float* gate, int64_t gate_stride, const float* up, int64_t up_stride, float* dst,
-              int64_t dst_stride, int64_t rows, int64_t cols, cudaStream_t stream) {
-  SLUICE_RETURN_IF_ERROR(check_rows("swiglu", rows, cols));
+namespace {
+// dst = act(gate) * up (Op: SwigluOp or GegluOp) with the shape checks named after `op`.
+template <class Op>
+Status launch_gated(const char* op, const float* gate, int64_t gate_stride, const float* up, int64_t up_stride,
+                    float* dst, int64_t dst_stride, int64_t rows, int64_t cols, cudaStream_t stream) {
+  SLUICE_RETURN_IF_ERROR(check_rows(op, rows, cols));
   if (rows == 0 || cols == 0) return Status::ok();
-  SLUICE_RETURN_IF_ERROR(check_stride("swiglu", "gate", gate, gate_stride, cols));
-  SLUICE_RETURN_IF_ERROR(check_stride("swiglu", "up", up, up_stride, cols));
-  SLUICE_RETURN_IF_ERROR(check_stride("swiglu", "dst", dst, dst_stride, cols));
+  SLUICE_RETURN_IF_ERROR(check_stride(op, "gate", gate, gate_stride, cols));
+  SLUICE_RETURN_IF_ERROR(check_stride(op, "up", up, up_stride, cols));
+  SLUICE_RETURN_IF_ERROR(check_stride(op, "dst", dst, dst_stride, cols));
   const bool vec4 =
       cols % 4 == 0 && vec4_ok(gate, gate_stride) && vec4_ok(up, up_stride) && vec4_ok(dst, dst_stride);
-  return launch_rowwise(SwigluOp{gate, gate_stride, up, up_stride, dst, dst_stride}, rows, cols, vec4, stream);
+  return launch_rowwise(Op{gate, gate_stride, up, up_stride, dst, dst_stride}, rows, cols, vec4, stream);
+}
+}  // namespace
+
+Status swiglu(const float* gate, int64_t gate_stride, const float* up, int64_t up_stride, float* dst,
+              int64_t dst_stride, int64_t rows, int64_t cols, cudaStream_t stream) {
+  return launch_gated<SwigluOp>("swiglu", gate, gate_stride, up, up_stride, dst, dst_stride, rows, cols, stream);
 }
 
 Status geglu(const float* gate, int64_t gate_stride, const float* up, int64_t up_stride, float* dst,
              int64_t dst_stride, int64_t rows, int64_t cols, cudaStream_t stream) {
-  SLUICE_RETURN_IF_ERROR(check_rows("geglu", rows, cols));
-  if (rows == 0 || cols == 0) return Status::ok();
-  SLUICE_RETURN_IF_ERROR(check_stride("geglu", "gate", gate, gate_stride, cols));
-  SLUICE_RETURN_IF_ERROR(check_stride("geglu", "up", up, up_stride, cols));
-  SLUICE_RETURN_IF_ERROR(check_stride("geglu", "dst", dst, dst_stride, cols));
-  const bool vec4 =
-      cols % 4 == 0 && vec4_ok(gate, gate_stride) && vec4_ok(up, up_stride) && vec4_ok(dst, dst_stride);
-  return launch_rowwise(GegluOp{gate, gate_stride, up, up_stride, dst, dst_stride}, rows, cols, vec4, stream);
+  return launch_gated<GegluOp>("geglu", gate, gate_stride, up, up_stride, dst, dst_stride, rows, cols, stream);
 }
 
 Status scale(float* x, int64_t stride, int64_t rows, int64_t cols, float s, cudaStream_t stream) {
