@@ -48,7 +48,12 @@ struct LoadOptions {
   // has a kernel for it (backend::CpuOptions::pack_weights); the CPU streamer repacks its layers
   // the same way, so --ram-budget does not change the numbers.
   bool cpu_pack_weights = true;
-  int n_ctx = 0;       // 0: the model's own context length, capped at 4096
+  int n_ctx = 0;       // 0: the model's own context length, capped at 4096 (per sequence)
+  // Sequences open at once (Model::seq_new; the server's --parallel), sequence 0 included.
+  int max_sequences = 1;
+  // KV cache pool size in positions, shared by all sequences (rounded up to whole blocks);
+  // 0: n_ctx (one full-length sequence).
+  int kv_positions = 0;
   // Where the layer loop gets its weights (stream/ supplies streaming ones). Called once at load
   // with the opened file, the validated weight views (into the mapping) and the backend that will
   // run the loop (whose slots and copy queue a source may use); empty: the mmapped file itself,
@@ -82,6 +87,49 @@ class Model {
 
   // Drops positions >= n from the KV cache (chat edits, perplexity windows).
   virtual void truncate(int n) = 0;
+
+  // ---- Several sequences in one pass (the server's scheduler, src/serve; docs/SERVING.md) ----
+  // The KV cache is a pool of kv_blocks_total() blocks of kv_block_size() positions, shared by
+  // every sequence; a sequence holds the blocks its positions fill, taken from the pool as it
+  // grows and returned when it is truncated or freed. Sequence 0 always exists: it is the one
+  // eval(), truncate() and n_past() use. Each sequence is capped at n_ctx() positions.
+  //
+  // The defaults below are those of a model with sequence 0 only (test doubles); the layer loop
+  // (model/forward.cpp) overrides them all.
+  //
+  // A new sequence with no positions (its id, >= 1). Error kOutOfMemory when max_sequences() are
+  // open.
+  virtual Result<int> seq_new() { return out_of_memory("this model runs one sequence only"); }
+  // Frees a sequence (id >= 1) and its blocks. Unknown ids are ignored.
+  virtual void seq_free(int seq) {}
+  virtual int seq_n_past(int seq) const { return seq == 0 ? n_past() : 0; }
+  // Drops positions >= n of one sequence (speculative rollback, cancelled requests).
+  virtual void seq_truncate(int seq, int n) {
+    if (seq == 0) truncate(n);
+  }
+  virtual int max_sequences() const { return 1; }
+  virtual int kv_block_size() const { return 1; }
+  virtual int kv_blocks_total() const { return n_ctx(); }
+  virtual int kv_blocks_free() const { return n_ctx() - n_past(); }
+  // Blocks a sequence of n positions holds.
+  int kv_blocks_for(int n) const { return (n + kv_block_size() - 1) / kv_block_size(); }
+
+  struct SeqTokens {
+    int seq = 0;
+    std::span<const int32_t> tokens;  // appended at seq_n_past(seq); not empty
+    bool all_logits = false;          // logits of every token (else of the last one only)
+  };
+  // One forward pass over several sequences' tokens (decode tokens of many sequences plus prompt
+  // chunks): every weight is read once for the whole batch; attention runs per sequence over its
+  // own blocks. `logits` holds, item after item, one n_vocab row per token of an all_logits item
+  // and one row for each other item. At most 512 tokens in all; each sequence at most once.
+  // Errors, with no state change: kOutOfMemory when the pool has too few free blocks;
+  // kInvalidArgument for unknown sequence ids, token ids outside the vocabulary, a sequence past
+  // n_ctx, a wrong logits size.
+  virtual Status eval_batch(std::span<const SeqTokens> items, std::span<float> logits) {
+    if (items.size() != 1 || items[0].seq != 0) return invalid_argument("this model runs one sequence only");
+    return eval(items[0].tokens, logits);
+  }
 
   // Bytes of weights read per decoded token (for GB/s reporting).
   virtual uint64_t weight_bytes_per_token() const = 0;
