@@ -9,6 +9,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <csignal>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -93,6 +94,8 @@ int cmd_serve(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // A client that hangs up mid-response must not kill the process: writes fail with EPIPE instead.
+  std::signal(SIGPIPE, SIG_IGN);
 
   mf.max_sequences = parallel;
   if (kv_positions == 0) {

@@ -103,7 +103,9 @@ Result<std::shared_ptr<Request>> Scheduler::submit(RequestParams p) {
   {
     std::lock_guard lk(mu_);
     if (shutting_down_.load() || stop_) return unsupported("the server is shutting down");
-    if (int(queue_.size()) >= opts_.max_queue) {
+    // Requests beyond the free slots wait; at most max_queue of them.
+    const int free_slots = std::max(0, parallel_ - m_.active);
+    if (int(queue_.size()) >= opts_.max_queue + free_slots) {
       return out_of_memory("queue full: " + std::to_string(queue_.size()) + " requests are waiting");
     }
     queue_.push_back(req);
@@ -247,6 +249,7 @@ bool Scheduler::step() {
     std::lock_guard lk(mu_);
     m_.active = 0;
     m_.kv_blocks_reserved = reserved_blocks_;
+    m_.kv_blocks_used = model_.kv_blocks_total() - model_.kv_blocks_free();
     return false;
   }
 
