@@ -171,6 +171,7 @@ std::optional<ApiError> parse_common(Fields& f, Common& c, const ServerOptions& 
   f.integer("n", n, 1, 1);
   std::string user;
   f.string("user", user);
+  f.boolean("ignore_eos", p.ignore_eos);
   if (const json* s = f.get("stop")) {
     if (s->is_string()) {
       p.stop.push_back(s->get<std::string>());
@@ -285,11 +286,11 @@ void HttpServer::Impl::handle_completion(const httplib::Request& req, httplib::R
   if (chat_endpoint) {
     err = check_unknown(body, {"model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
                                "temperature", "top_p", "top_k", "min_p", "seed", "stop", "logprobs", "top_logprobs",
-                               "n", "repeat_penalty", "presence_penalty", "frequency_penalty", "user"});
+                               "n", "repeat_penalty", "presence_penalty", "frequency_penalty", "user", "ignore_eos"});
   } else {
     err = check_unknown(body, {"model", "prompt", "stream", "stream_options", "max_tokens", "temperature", "top_p",
                                "top_k", "min_p", "seed", "stop", "logprobs", "n", "echo", "repeat_penalty",
-                               "presence_penalty", "frequency_penalty", "user", "best_of"});
+                               "presence_penalty", "frequency_penalty", "user", "best_of", "ignore_eos"});
   }
   if (err) return send_error(res, *err);
 

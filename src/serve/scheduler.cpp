@@ -64,6 +64,9 @@ Scheduler::Scheduler(model::Model& model, const model::Tokenizer& tokenizer, con
   multi_ = max_seq > 1;
   opts_.step_tokens = std::clamp(opts_.step_tokens, 1, 512);
   opts_.max_queue = std::max(0, opts_.max_queue);
+  for (int32_t id = 0; id < n_vocab_; ++id) {
+    if (tok_.is_end_of_generation(id)) eog_tokens_.push_back(id);
+  }
   m_.parallel = parallel_;
   m_.kv_blocks_total = model_.kv_blocks_total();
   m_.kv_block_size = model_.kv_block_size();
@@ -290,7 +293,7 @@ bool Scheduler::step() {
     uint64_t prompt_tokens = 0;
     for (size_t i = 0; i < rows.size(); ++i) {
       Active& a = *rows[i].a;
-      const std::span<const float> row(logits_.data() + i * size_t(n_vocab_), size_t(n_vocab_));
+      const std::span<float> row(logits_.data() + i * size_t(n_vocab_), size_t(n_vocab_));
       if (rows[i].prefill) {
         a.n_prefilled += size_t(rows[i].n);
         prompt_tokens += uint64_t(rows[i].n);
@@ -322,8 +325,11 @@ bool Scheduler::step() {
   return true;
 }
 
-void Scheduler::handle_token(Active& a, std::span<const float> logits) {
+void Scheduler::handle_token(Active& a, std::span<float> logits) {
   const auto& p = a.req->params;
+  if (p.ignore_eos) {
+    for (int32_t id : eog_tokens_) logits[size_t(id)] = -INFINITY;
+  }
   const int32_t tok = a.sampler.sample(logits);
   a.sampler.accept(tok);
   a.n_generated++;

@@ -39,6 +39,7 @@ struct RequestParams {
   decode::SamplerParams sampling;
   std::vector<std::string> stop;  // stop strings (not part of the output)
   int top_logprobs = -1;          // -1: no logprobs; 0..20: the chosen token's logprob + that many alternatives
+  bool ignore_eos = false;        // never sample end-of-generation tokens (benchmarks; llama-server's field)
 };
 
 struct TopLogprob {
@@ -150,7 +151,7 @@ class Scheduler {
   bool step();  // one batch; false when there was nothing to do
   void admit();
   void finish(Active& a, FinishReason r, const std::string& error = {});
-  void handle_token(Active& a, std::span<const float> logits);
+  void handle_token(Active& a, std::span<float> logits);
   void emit_text(Active& a, std::string piece, bool final);
 
   model::Model& model_;
@@ -174,6 +175,7 @@ class Scheduler {
   std::vector<int> free_slots_;  // sequence ids not in use (0 always exists)
   int reserved_blocks_ = 0;
   std::vector<float> logits_;
+  std::vector<int32_t> eog_tokens_;  // masked for ignore_eos requests
   std::deque<std::pair<std::chrono::steady_clock::time_point, uint64_t>> rate_window_;
 
   std::thread thread_;
