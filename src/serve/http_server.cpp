@@ -477,10 +477,9 @@ void HttpServer::Impl::handle_completion(const httplib::Request& req, httplib::R
   };
   auto state = std::make_shared<StreamState>();
   const bool include_usage = c.include_usage;
-  res.set_chunked_content_provider(
-      "text/event-stream",
+  auto provide =
       [this, request, state, id, created_at, model_id, chat_endpoint, want_logprobs, include_usage, usage_json](
-          size_t, httplib::DataSink& sink) -> bool {
+          httplib::DataSink& sink) -> bool {
         auto send = [&](const json& j) {
           const std::string s = "data: " + dump(j) + "\n\n";
           return sink.write(s.data(), s.size());
@@ -578,6 +577,17 @@ void HttpServer::Impl::handle_completion(const httplib::Request& req, httplib::R
           if (!ok) return false;
           sink.done();
           return true;
+        }
+      };
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [provide, request](size_t, httplib::DataSink& sink) -> bool {
+        // Runs outside the router's exception handling: nothing may escape into the worker thread.
+        try {
+          return provide(sink);
+        } catch (...) {
+          request->cancel();
+          return false;
         }
       },
       [request](bool) { request->cancel(); });  // whatever happened, nothing reads the request any more
