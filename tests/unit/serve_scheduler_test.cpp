@@ -177,13 +177,6 @@ Outcome drain(Request& r) {
   }
 }
 
-// Letters of tokens first..first+n-1.
-std::string letters(int first, int n) {
-  std::string s;
-  for (int i = 0; i < n; ++i) s += char('a' + (first + i) % kVocab);
-  return s;
-}
-
 TEST(ServeScheduler, OneRequestGreedyUntilMaxTokens) {
   FakeModel m(64, 4, 64);
   FakeTokenizer tok;
