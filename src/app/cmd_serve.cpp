@@ -136,6 +136,12 @@ int cmd_serve(int argc, char** argv) {
                    sig == SIGTERM ? "SIGTERM" : "SIGINT", shutdown_timeout);
       server.stop();
       scheduler.shutdown(std::chrono::milliseconds(int64_t(shutdown_timeout * 1000)));
+      // A signal that came before the accept loop started found nothing to stop: repeat until
+      // run() has returned.
+      while (!done.load()) {
+        server.stop();
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
       return;
     }
   });
