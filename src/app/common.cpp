@@ -101,13 +101,17 @@ Result<stream::CpuStreamOptions> stream_options(const ModelFlags& mf, const Stre
 
 // The device pipeline's options from the flags: --vram-budget (0: the GPU's free memory),
 // --ram-budget bounds the pinned host copies and staging; the disk is probed unless --no-probe.
+// The KV cache positions the streaming planners reserve memory for: the shared pool of a server
+// (ModelFlags::kv_positions), else one context.
+int kv_pool_positions(const ModelFlags& mf) { return mf.kv_positions > 0 ? mf.kv_positions : mf.n_ctx; }
+
 Result<stream::DeviceStreamOptions> device_options(const ModelFlags& mf, const StreamFlags& sf,
                                                    std::optional<stream::DiskProbe>& probe) {
   stream::DeviceStreamOptions o;
   o.n_slots = sf.n_slots;
   o.hybrid = !sf.no_hybrid;
   o.host_cpu.n_threads = mf.n_threads;
-  o.n_ctx = mf.n_ctx;
+  o.n_ctx = kv_pool_positions(mf);
   if (!sf.vram_budget.empty()) {
     SLUICE_ASSIGN_OR_RETURN(o.vram_budget, stream::parse_byte_size(sf.vram_budget));
   }
@@ -183,7 +187,7 @@ Result<LoadedModel> load_device_streamed(const ModelFlags& mf, const StreamFlags
     stream::ExpertStreamOptions eo;
     eo.vram_budget = o.vram_budget;
     eo.ram_budget = o.ram_budget;
-    eo.n_ctx = mf.n_ctx;
+    eo.n_ctx = kv_pool_positions(mf);
     eo.host_cpu.n_threads = mf.n_threads;
     SLUICE_ASSIGN_OR_RETURN(eo.policy, miss_policy(sf));
     if (!sf.expert_cache.empty()) {
@@ -235,7 +239,7 @@ Status print_plan(const ModelFlags& mf, const StreamFlags& sf, const gguf::File&
       source = a.is_ok() && b.is_ok() ? "measured" : "default (measurement failed)";
     }
     const stream::ExpertStreamOptions eo;
-    const stream::ExpertPlan plan = stream::plan_experts(w, mf.n_ctx, eo.workspace_bytes, vram);
+    const stream::ExpertPlan plan = stream::plan_experts(w, kv_pool_positions(mf), eo.workspace_bytes, vram);
     std::printf("plan (mixture of experts, expert placement; VRAM budget %s; H2D %.1f GB/s, VRAM %.0f GB/s %s; CPU %.1f "
                 "GB/s assumed, refined while running):\n%s",
                 stream::format_bytes(vram).c_str(), h2d / 1e9, vram_bw / 1e9, source.c_str(), eo.cpu_bytes_per_s / 1e9,
