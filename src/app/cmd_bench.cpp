@@ -261,7 +261,7 @@ int cmd_bench(int argc, char** argv) {
                   static_cast<unsigned long long>(summary.n_bytes), static_cast<unsigned long long>(summary.n_params),
                   backend.c_str(), threads, r.test.c_str(), r.mean, r.stdev, r.median, r.weight_gb_s, bound, ratio);
     }
-  } else {
+  } else if (!results.empty()) {
     std::printf("| %-24s | %10s | %10s | %-7s | %7s | %6s | %19s | %10s | %11s | %10s |\n", "model", "size", "params",
                 "backend", "threads", "test", "t/s", "median t/s", "weight GB/s", "% of bound");
     std::printf("| %s | %s: | %s: | %s | %s: | %s: | %s: | %s: | %s: | %s: |\n", std::string(24, '-').c_str(),

@@ -191,6 +191,9 @@ Result<Speculation> make_speculation(const SpecFlags& f, const ModelFlags& mf, m
   if (!f.draft_model.empty()) {
     auto meta = open_model_meta(f.draft_model);
     if (!meta.is_ok()) return Status(meta.status().code(), "--draft-model: " + meta.status().message());
+    // The tokenizers first (header only), then the loaded model's logits width.
+    SLUICE_RETURN_IF_ERROR(decode::check_same_vocabulary(mf.model_path, target_tok, target_tok.n_vocab(), f.draft_model,
+                                                         *meta->tokenizer, meta->tokenizer->n_vocab()));
     ModelFlags df = mf;
     df.model_path = f.draft_model;
     df.n_ctx = target.n_ctx();
