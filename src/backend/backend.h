@@ -50,7 +50,8 @@ struct WeightView {
   }
 };
 
-enum class DType { kF32, kF16 };
+enum class DType { kF32, kF16, kI32 };  // kI32: index tensors (KV row maps)
+inline int64_t dtype_bytes(DType t) { return t == DType::kF16 ? 2 : 4; }
 
 // A backend-owned 2-D buffer: `rows` rows of `cols` elements, row starts `stride` elements apart.
 // For activations a row is one token. `data` is opaque to model code (device memory on GPUs).
@@ -60,12 +61,16 @@ struct Tensor {
   int64_t cols = 0;
   int64_t rows = 0;
   int64_t stride = 0;  // elements between consecutive row starts (>= cols)
+  // A paged KV cache (model/kv_cache.h): logical row r of this view is physical row row_map[r] of
+  // `data`. The map is an I32 tensor's memory on the same backend, with `rows` entries. Only the
+  // KV ops read such views (store_rows, rope_store_kv, attention); nullptr: row r is row r.
+  const int32_t* row_map = nullptr;
 
   // Rows [first, first + n) as a view into the same memory.
   Tensor row_range(int64_t first, int64_t n) const {
     SLUICE_CHECK(first >= 0 && n >= 0 && first + n <= rows, "row range outside tensor");
-    const int64_t elem = dtype == DType::kF32 ? 4 : 2;
-    return {static_cast<uint8_t*>(data) + first * stride * elem, dtype, cols, n, stride};
+    SLUICE_CHECK(row_map == nullptr, "row range of a paged tensor");
+    return {static_cast<uint8_t*>(data) + first * stride * dtype_bytes(dtype), dtype, cols, n, stride};
   }
   // The first `n` rows (a batch smaller than the allocation).
   Tensor first_rows(int64_t n) const { return row_range(0, n); }
@@ -116,6 +121,9 @@ class Backend {
   virtual Result<Tensor> alloc(DType dtype, int64_t cols, int64_t rows) = 0;
   // Host <-> tensor copies of all rows of `t` (f32 on the host side; rows*cols floats).
   virtual void upload(const Tensor& dst, const float* src) = 0;
+  // Host -> an I32 tensor (rows*cols ints, dst.stride == dst.cols), ordered with the ops issued
+  // before and after it; `src` may be reused once it returns.
+  virtual void upload_i32(const Tensor& dst, const int32_t* src) = 0;
   virtual void download(const Tensor& src, float* dst) = 0;
   // Waits for every op issued so far.
   virtual void sync() = 0;
@@ -254,7 +262,8 @@ class Backend {
   // Rotates x in place; row t is at position pos0 + t.
   virtual void rope(const Tensor& x, const RopeParams& p, int pos0) = 0;
 
-  // cache rows [pos0, pos0 + src.rows) = src (converted to the cache's dtype).
+  // cache rows [pos0, pos0 + src.rows) = src (converted to the cache's dtype); through the cache
+  // view's row_map where it has one (also in rope_store_kv and attention).
   virtual void store_rows(const Tensor& src, const Tensor& cache, int64_t pos0) = 0;
 
   // Causal multi-head attention of q (rows = tokens) over the caches (rows = positions):

@@ -10,12 +10,12 @@ namespace sluice::model {
 
 using backend::Tensor;
 
-Status Executor::init(backend::Backend& be, const Config& cfg, int n_ctx, int max_batch,
+Status Executor::init(backend::Backend& be, const Config& cfg, int pool_rows, int64_t map_rows, int max_batch,
                       const std::vector<bool>& kv_layers, backend::WeightView rope_freqs) {
   be_ = &be;
   cfg_ = &cfg;
   rope_freqs_ = rope_freqs;
-  SLUICE_RETURN_IF_ERROR(kv_.init(be, cfg.n_layer, n_ctx, cfg.n_embd_k(), cfg.n_embd_v(), kv_layers));
+  SLUICE_RETURN_IF_ERROR(kv_.init(be, cfg.n_layer, pool_rows, cfg.n_embd_k(), cfg.n_embd_v(), map_rows, kv_layers));
   auto f32 = [&](int64_t cols) { return be.alloc(backend::DType::kF32, cols, max_batch); };
   SLUICE_ASSIGN_OR_RETURN(x_, f32(cfg.n_embd));
   SLUICE_ASSIGN_OR_RETURN(xn_, f32(cfg.n_embd));
@@ -40,7 +40,7 @@ Status Executor::init(backend::Backend& be, const Config& cfg, int n_ctx, int ma
   return Status::ok();
 }
 
-Status Executor::layer(const LayerWeights& L, int l, int64_t n, int pos0) {
+Status Executor::layer(const LayerWeights& L, int l, int64_t n, std::span<const Segment> segs) {
   SLUICE_CHECK(kv_.has(l), "executor: layer has no KV cache on this executor");
   backend::Backend& be = *be_;
   const Config& c = *cfg_;
@@ -62,7 +62,6 @@ Status Executor::layer(const LayerWeights& L, int l, int64_t n, int pos0) {
   // read_config sets attn_scale for every architecture; 1/sqrt(head_dim) stands in for a Config
   // made by hand.
   const float scale = c.attn_scale > 0 ? c.attn_scale : 1.0f / std::sqrt(float(c.head_dim));
-  const backend::AttentionParams ap{c.n_head, c.n_head_kv, c.head_dim, scale, pos0, swa ? c.n_swa : 0};
 
   // Attention block: x += Wo . attention(rope(norm(Wq xn)), rope(norm(Wk xn)), Wv xn).
   be.rms_norm(x, L.attn_norm.view(), eps, xn);
@@ -74,8 +73,18 @@ Status Executor::layer(const LayerWeights& L, int l, int64_t n, int pos0) {
   if (L.bv.present()) be.add_bias(v, L.bv.view());
   if (L.q_norm.present()) be.rms_norm(q, L.q_norm.view(), eps, q);  // per head: group = head_dim
   if (L.k_norm.present()) be.rms_norm(k, L.k_norm.view(), eps, k);
-  be.rope_store_kv(q, rq, k, rk, v, kv_.k(l), kv_.v(l), pos0);
-  be.attention(q, kv_.k(l), kv_.v(l), attn, ap);
+  // Per sequence: its rows rotate at its positions, its K/V go to its blocks, its queries attend
+  // over its own keys (one segment: the whole pass, as with one sequence).
+  for (const Segment& s : segs) {
+    const int end = s.pos0 + int(s.n);
+    const Tensor kc = kv_.k(l, end, s.map), vc = kv_.v(l, end, s.map);
+    const bool all = segs.size() == 1;
+    const Tensor qs = all ? q : q.row_range(s.row0, s.n), ks = all ? k : k.row_range(s.row0, s.n),
+                 vs = all ? v : v.row_range(s.row0, s.n), as = all ? attn : attn.row_range(s.row0, s.n);
+    const backend::AttentionParams ap{c.n_head, c.n_head_kv, c.head_dim, scale, s.pos0, swa ? c.n_swa : 0};
+    be.rope_store_kv(qs, rq, ks, rk, vs, kc, vc, s.pos0);
+    be.attention(qs, kc, vc, as, ap);
+  }
   be.matmul(L.wo.view(), attn, xn);
   if (L.post_attn_norm.present()) be.rms_norm(xn, L.post_attn_norm.view(), eps, xn);  // gemma3
   be.add_rms_norm(x, xn, L.ffn_norm.view(), eps, xn);
@@ -302,16 +311,19 @@ void Executor::move_x(Executor& to, int64_t n, std::span<float> buf) {
   to.be_->upload(to.x_.first_rows(n), buf.data());
 }
 
-void Executor::mirror_kv(Executor& to, int l, int64_t n, int pos0, std::span<float> buf) {
+void Executor::mirror_kv(Executor& to, int l, int64_t n, std::span<const Segment> segs, std::span<float> buf) {
   SLUICE_CHECK(to.kv_.has(l), "executor: mirror target has no KV cache for the layer");
   const Tensor src[] = {k_.first_rows(n), v_.first_rows(n)};
   const Tensor dst[] = {to.k_.first_rows(n), to.v_.first_rows(n)};
-  const Tensor cache[] = {to.kv_.k(l), to.kv_.v(l)};
   for (int i = 0; i < 2; ++i) {
     SLUICE_CHECK(buf.size() >= size_t(n * src[i].cols), "executor: hand-off buffer too small");
     be_->download(src[i], buf.data());
     to.be_->upload(dst[i], buf.data());
-    to.be_->store_rows(dst[i], cache[i], pos0);
+    for (const Segment& s : segs) {
+      const int end = s.pos0 + int(s.n);
+      const Tensor cache = i == 0 ? to.kv_.k(l, end, s.map) : to.kv_.v(l, end, s.map);
+      to.be_->store_rows(segs.size() == 1 ? dst[i] : dst[i].row_range(s.row0, s.n), cache, s.pos0);
+    }
   }
 }
 

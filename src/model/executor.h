@@ -21,12 +21,21 @@
 
 namespace sluice::model {
 
+// One sequence's rows of a forward pass: a pass runs the tokens of one or more sequences (the
+// server's batches), each at its own positions and over its own KV blocks.
+struct Segment {
+  int64_t row0 = 0;  // its first activation row in the pass
+  int64_t n = 0;     // its tokens
+  int pos0 = 0;      // the position of its first token
+  int64_t map = -1;  // offset of its row map in the pass's (KvCache::set_rows); -1: rows are positions
+};
+
 class Executor {
  public:
-  // Activations of max_batch rows; KV cache rows for n_ctx positions of the layers where
-  // kv_layers[l] (empty: every layer).
-  Status init(backend::Backend& be, const Config& cfg, int n_ctx, int max_batch, const std::vector<bool>& kv_layers,
-              backend::WeightView rope_freqs);
+  // Activations of max_batch rows; a KV cache of pool_rows rows (model/kv_cache.h) for the layers
+  // where kv_layers[l] (empty: every layer), with room for map_rows entries of row maps per pass.
+  Status init(backend::Backend& be, const Config& cfg, int pool_rows, int64_t map_rows, int max_batch,
+              const std::vector<bool>& kv_layers, backend::WeightView rope_freqs);
 
   backend::Backend& backend() const { return *be_; }
   KvCache& kv() { return kv_; }
@@ -37,10 +46,11 @@ class Executor {
   backend::Tensor x(int64_t n) const { return x_.first_rows(n); }
   backend::Tensor xn(int64_t n) const { return xn_.first_rows(n); }
 
-  // x += attention block + feed-forward block of `L` for n tokens at positions [pos0, pos0 + n).
-  // The layer's K/V rows are stored into this executor's cache (has_kv(layer) must hold). Errors
-  // come only from an expert placement.
-  Status layer(const LayerWeights& L, int layer, int64_t n, int pos0);
+  // x += attention block + feed-forward block of `L` for the pass's n tokens, the sequences'
+  // segments covering rows [0, n) in order. Each segment's K/V rows are stored into this
+  // executor's cache (has_kv(layer) must hold) and its queries attend over its own positions.
+  // Errors come only from an expert placement.
+  Status layer(const LayerWeights& L, int layer, int64_t n, std::span<const Segment> segs);
 
   // Mixture of experts: routed experts run where `placement` says, those it gives the host on
   // `host` (another executor, which needs no KV cache for it); `buf` carries activations between
@@ -55,10 +65,10 @@ class Executor {
   // buffer `buf` (n * max(n_embd, n_embd_k, n_embd_v) floats at least). Pinned memory there: a
   // pageable upload is staged through the copy engine, which streaming keeps busy with whole layers.
   void move_x(Executor& to, int64_t n, std::span<float> buf);
-  // The K/V rows layer() just produced (post-RoPE), stored at [pos0, pos0 + n) of `to`'s cache of
-  // the same layer: both executors' caches stay identical in content (each backend's own f32->f16
+  // The K/V rows layer() just produced (post-RoPE), stored at each segment's positions in `to`'s
+  // cache of the same layer: both executors' caches stay identical in content (each backend's own f32->f16
   // store, the same rounding).
-  void mirror_kv(Executor& to, int layer, int64_t n, int pos0, std::span<float> buf);
+  void mirror_kv(Executor& to, int layer, int64_t n, std::span<const Segment> segs, std::span<float> buf);
 
  private:
   // x += the FFN block of `L` on the normed input xn (dense SwiGLU, or the routed experts).

@@ -56,11 +56,16 @@ class LlamaFamilyModel final : public Model {
   // Replaces the mmapped views as the loop's weight source (before the first eval).
   void set_layer_source(std::unique_ptr<LayerSource> src) { src_ = std::move(src); }
 
-  Status init(int n_ctx) {
+  Status init(int n_ctx, int max_seqs, int kv_positions) {
+    // The KV pool: n_ctx positions for one sequence (every row a position, as without paging), or
+    // kv_positions shared by max_seqs sequences, each with a row map per pass.
+    blocks_.init(kv_positions > 0 ? kv_positions : n_ctx, max_seqs, n_ctx);
+    const int pool = blocks_.pool_rows();
+    const int64_t map_rows = max_seqs > 1 ? int64_t(std::min(max_seqs, kMaxBatch)) * n_ctx : 0;
     // The main executor keeps every layer's KV cache; a host executor (hybrid execution) only the
     // layers it may compute, and activations for a whole batch (a forced placement may run
     // prefill there too).
-    SLUICE_RETURN_IF_ERROR(main_.init(*be_, cfg_, n_ctx, kMaxBatch, {}, src_->globals().rope_freqs.view()));
+    SLUICE_RETURN_IF_ERROR(main_.init(*be_, cfg_, pool, map_rows, kMaxBatch, {}, src_->globals().rope_freqs.view()));
     const LayerSource::HostExecutor host = src_->host_executor();
     if (host.backend) {
       std::vector<bool> layers(size_t(cfg_.n_layer));
@@ -68,7 +73,7 @@ class LlamaFamilyModel final : public Model {
       for (int l = 0; l < cfg_.n_layer; ++l) any |= layers[size_t(l)] = src_->host_capable(l);
       if (any || src_->experts()) {
         host_ = std::make_unique<Executor>();
-        SLUICE_RETURN_IF_ERROR(host_->init(*host.backend, cfg_, n_ctx, kMaxBatch, layers, host.rope_freqs));
+        SLUICE_RETURN_IF_ERROR(host_->init(*host.backend, cfg_, pool, map_rows, kMaxBatch, layers, host.rope_freqs));
         // Activations cross between the executors through memory the main backend copies from
         // fastest (pinned on a GPU), owned by that backend.
         const size_t floats = size_t(kMaxBatch) * size_t(std::max({cfg_.n_embd, cfg_.n_embd_k(), cfg_.n_embd_v()}));
@@ -82,6 +87,7 @@ class LlamaFamilyModel final : public Model {
       main_.set_experts(p, host_.get(), handoff_);
       if (host_) host_->set_experts(nullptr, nullptr, handoff_);
     }
+    SLUICE_ASSIGN_OR_RETURN(gathered_, be_->alloc(backend::DType::kF32, cfg_.n_embd, kLogitRows));
     SLUICE_ASSIGN_OR_RETURN(logits_, be_->alloc(backend::DType::kF32, cfg_.n_vocab, kLogitRows));
     return Status::ok();
   }
@@ -89,9 +95,9 @@ class LlamaFamilyModel final : public Model {
   const Config& config() const override { return cfg_; }
   const char* backend_name() const override { return be_->name(); }
   int n_vocab() const override { return cfg_.n_vocab; }
-  int n_ctx() const override { return main_.kv().n_ctx(); }
-  int n_past() const override { return main_.kv().n_past(); }
-  void truncate(int n) override { main_.kv().set_n_past(std::clamp(n, 0, main_.kv().n_past())); }
+  int n_ctx() const override { return blocks_.n_ctx(); }
+  int n_past() const override { return blocks_.n_past(0); }
+  void truncate(int n) override { blocks_.truncate(0, n); }
   uint64_t weight_bytes_per_token() const override { return w_.bytes_per_token(); }
   Timings timings() const override { return timings_; }
   void reset_timings() override { timings_ = {}; }
@@ -108,6 +114,15 @@ class LlamaFamilyModel final : public Model {
   }
   LayerCounts layer_counts() const override { return gate_.counts(); }
 
+  Result<int> seq_new() override { return blocks_.open(); }
+  void seq_free(int seq) override { blocks_.close(seq); }
+  int seq_n_past(int seq) const override { return blocks_.n_past(seq); }
+  void seq_truncate(int seq, int n) override { blocks_.truncate(seq, n); }
+  int max_sequences() const override { return blocks_.max_seqs(); }
+  int kv_block_size() const override { return KvBlocks::kBlockSize; }
+  int kv_blocks_total() const override { return blocks_.n_blocks(); }
+  int kv_blocks_free() const override { return blocks_.n_free(); }
+
   Status eval(std::span<const int32_t> tokens, std::span<float> logits) override {
     const size_t n = tokens.size();
     const size_t nv = size_t(cfg_.n_vocab);
@@ -117,44 +132,141 @@ class LlamaFamilyModel final : public Model {
       return invalid_argument("eval: logits span has " + std::to_string(logits.size()) + " floats, expected " +
                               std::to_string(nv) + " (last token) or " + std::to_string(n * nv) + " (every token)");
     }
-    KvCache& kv = main_.kv();
-    if (int64_t(kv.n_past()) + int64_t(n) > kv.n_ctx()) {
-      return invalid_argument("context too long: " + std::to_string(kv.n_past()) + " positions used + " +
-                              std::to_string(n) + " new tokens exceed the context size " + std::to_string(kv.n_ctx()));
+    const int past = blocks_.n_past(0);
+    if (int64_t(past) + int64_t(n) > blocks_.n_ctx()) {
+      return invalid_argument("context too long: " + std::to_string(past) + " positions used + " +
+                              std::to_string(n) + " new tokens exceed the context size " + std::to_string(blocks_.n_ctx()));
     }
-    for (size_t i = 0; i < n; ++i) {
-      if (tokens[i] < 0 || tokens[i] >= cfg_.n_vocab) {
-        return invalid_argument("eval: token id " + std::to_string(tokens[i]) + " at index " + std::to_string(i) +
-                                " outside the vocabulary [0, " + std::to_string(cfg_.n_vocab) + ")");
-      }
-    }
+    SLUICE_RETURN_IF_ERROR(check_tokens(tokens, ""));
+    SLUICE_RETURN_IF_ERROR(blocks_.reserve(0, past + int(n)));
     core::Timer timer;
     for (size_t b = 0; b < n; b += kMaxBatch) {
       const size_t m = std::min<size_t>(kMaxBatch, n - b);
       const bool last_chunk = b + m == n;
       float* out = all ? logits.data() + b * nv : (last_chunk ? logits.data() : nullptr);
-      SLUICE_RETURN_IF_ERROR(forward(tokens.subspan(b, m), kv.n_past(), out, all));
-      kv.set_n_past(kv.n_past() + int(m));
+      const Model::SeqTokens item{0, tokens.subspan(b, m), all};
+      const Status st = pass(std::span<const Model::SeqTokens>(&item, 1), out);
+      if (!st.is_ok()) {
+        blocks_.truncate(0, blocks_.n_past(0));  // the blocks reserved past what was evaluated
+        return st;
+      }
     }
     be_->sync();
-    const double s = timer.seconds();
-    if (n > 1) {
-      timings_.prefill_seconds += s;
-      timings_.prefill_tokens += int64_t(n);
-    } else {
-      timings_.decode_seconds += s;
-      timings_.decode_tokens += 1;
+    record(timer.seconds(), n, n > 1);
+    return Status::ok();
+  }
+
+  Status eval_batch(std::span<const SeqTokens> items, std::span<float> logits) override {
+    if (items.empty()) return invalid_argument("eval_batch: no sequences");
+    const size_t nv = size_t(cfg_.n_vocab);
+    size_t total = 0, rows = 0;
+    int blocks = 0;
+    for (size_t i = 0; i < items.size(); ++i) {
+      const SeqTokens& it = items[i];
+      const std::string at = "eval_batch: item " + std::to_string(i) + " (sequence " + std::to_string(it.seq) + ")";
+      if (!blocks_.valid(it.seq)) return invalid_argument(at + ": no such open sequence");
+      for (size_t j = 0; j < i; ++j) {
+        if (items[j].seq == it.seq) return invalid_argument(at + ": sequence appears twice in one batch");
+      }
+      if (it.tokens.empty()) return invalid_argument(at + ": no tokens");
+      SLUICE_RETURN_IF_ERROR(check_tokens(it.tokens, at + ": "));
+      const int past = blocks_.n_past(it.seq);
+      if (int64_t(past) + int64_t(it.tokens.size()) > blocks_.n_ctx()) {
+        return invalid_argument(at + ": " + std::to_string(past) + " positions used + " +
+                                std::to_string(it.tokens.size()) + " new tokens exceed the context size " +
+                                std::to_string(blocks_.n_ctx()));
+      }
+      total += it.tokens.size();
+      rows += it.all_logits ? it.tokens.size() : 1;
+      blocks += blocks_.blocks_needed(it.seq, past + int(it.tokens.size()));
     }
+    if (total > size_t(kMaxBatch)) {
+      return invalid_argument("eval_batch: " + std::to_string(total) + " tokens, at most " + std::to_string(kMaxBatch) +
+                              " per pass");
+    }
+    if (logits.size() != rows * nv) {
+      return invalid_argument("eval_batch: logits span has " + std::to_string(logits.size()) + " floats, expected " +
+                              std::to_string(rows * nv));
+    }
+    if (blocks > blocks_.n_free()) {
+      return out_of_memory("eval_batch: the batch needs " + std::to_string(blocks) + " more KV blocks, " +
+                           std::to_string(blocks_.n_free()) + " of " + std::to_string(blocks_.n_blocks()) + " are free");
+    }
+    for (const SeqTokens& it : items) {
+      SLUICE_CHECK(blocks_.reserve(it.seq, blocks_.n_past(it.seq) + int(it.tokens.size())).is_ok(),
+                   "eval_batch: blocks counted free were not");
+    }
+    core::Timer timer;
+    const Status st = pass(items, logits.data());
+    if (!st.is_ok()) {
+      for (const SeqTokens& it : items) blocks_.truncate(it.seq, blocks_.n_past(it.seq));
+      return st;
+    }
+    be_->sync();
+    record(timer.seconds(), total, total > items.size());
     return Status::ok();
   }
 
  private:
-  // Runs tokens at positions [pos0, pos0 + n). Writes logits of every token (all) or the last
-  // one to `out` (nullptr: none, for a non-final prefill chunk). Errors come only from the weight
-  // source (I/O, file changed); the pass stops before computing on the layer it could not get.
+  Status check_tokens(std::span<const int32_t> tokens, const std::string& at) const {
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      if (tokens[i] < 0 || tokens[i] >= cfg_.n_vocab) {
+        return invalid_argument(at + (at.empty() ? "eval: " : "") + "token id " + std::to_string(tokens[i]) +
+                                " at index " + std::to_string(i) + " outside the vocabulary [0, " +
+                                std::to_string(cfg_.n_vocab) + ")");
+      }
+    }
+    return Status::ok();
+  }
+
+  void record(double s, size_t tokens, bool prefill) {
+    if (prefill) {
+      timings_.prefill_seconds += s;
+      timings_.prefill_tokens += int64_t(tokens);
+    } else {
+      timings_.decode_seconds += s;
+      timings_.decode_tokens += int64_t(tokens);
+    }
+  }
+
+  // One forward pass over the items' tokens (their blocks reserved): segments, row maps and the
+  // rows whose logits are wanted, then the layer loop; each sequence's n_past advances on success.
+  // `out` as eval_batch's logits (nullptr: none, a non-final prefill chunk).
+  Status pass(std::span<const SeqTokens> items, float* out) {
+    ids_.clear();
+    segs_.clear();
+    map_.clear();
+    out_rows_.clear();
+    for (const SeqTokens& it : items) {
+      const int64_t row0 = int64_t(ids_.size()), n = int64_t(it.tokens.size());
+      const int pos0 = blocks_.n_past(it.seq);
+      ids_.insert(ids_.end(), it.tokens.begin(), it.tokens.end());
+      // A sequence whose blocks are 0, 1, 2, ... (always so with one sequence) needs no map.
+      const size_t at = map_.size();
+      const bool identity = blocks_.rows(it.seq, pos0 + int(n), map_);
+      if (identity) map_.resize(at);
+      segs_.push_back({row0, n, pos0, identity ? -1 : int64_t(at)});
+      if (it.all_logits) {
+        for (int64_t r = 0; r < n; ++r) out_rows_.push_back(int32_t(row0 + r));
+      } else {
+        out_rows_.push_back(int32_t(row0 + n - 1));
+      }
+    }
+    main_.kv().set_rows(map_);
+    if (host_) host_->kv().set_rows(map_);
+    SLUICE_RETURN_IF_ERROR(forward(ids_, segs_, out));
+    for (const SeqTokens& it : items) {
+      blocks_.set_n_past(it.seq, blocks_.n_past(it.seq) + int(it.tokens.size()));
+    }
+    return Status::ok();
+  }
+
+  // Runs the pass's tokens, sequence segment after segment. Writes the logits of the rows in
+  // out_rows_ to `out` (nullptr: none). Errors come only from the weight source (I/O, file
+  // changed); the pass stops before computing on the layer it could not get.
   // Each layer runs on the executor the source names for this pass (the main backend, or the
   // host CPU in hybrid execution); the residual stream moves where consecutive layers differ.
-  Status forward(std::span<const int32_t> ids, int pos0, float* out, bool all) {
+  Status forward(std::span<const int32_t> ids, std::span<const Segment> segs, float* out) {
     backend::Backend& be = *be_;
     LayerSource& src = *src_;
     const Weights& g = src.globals();
@@ -162,10 +274,14 @@ class LlamaFamilyModel final : public Model {
     const float eps = cfg_.rms_eps;
 
     SLUICE_RETURN_IF_ERROR(src.begin_pass(int(n)));
-    // A decode pass over resident weights repeats the same ops every token: one replayable step.
-    // Not for mixtures of experts: routing downloads the router's logits in every layer.
-    const bool step = n == 1 && out != nullptr && src.weights_fixed() && !on_layer_ && !host_ && !cfg_.moe() && gate_.full();
+    // A decode pass of one sequence over resident weights repeats the same ops every token: one
+    // replayable step. Not for mixtures of experts: routing downloads the router's logits in
+    // every layer. Not for a sequence with a row map (it changes as the sequence grows). Not
+    // with a layer mask or early exit (a pass that leaves layers out).
+    const bool step = n == 1 && segs.size() == 1 && segs[0].map < 0 && out != nullptr && src.weights_fixed() &&
+                      !on_layer_ && !host_ && !cfg_.moe() && gate_.full();
     const bool skip_fetch = !gate_.full() && src.can_skip(gate_.mask());
+    const int pos0 = segs[0].pos0;
     // The embedding lookup is host work (the table stays in host memory): outside the step.
     be.get_rows(g.token_embd.view(), ids, main_.x(n));
     if (cfg_.embd_scale != 1.0f) be.scale(main_.x(n), cfg_.embd_scale);  // gemma3: sqrt(n_embd)
@@ -195,10 +311,10 @@ class LlamaFamilyModel final : public Model {
         cur = e;
       }
       SLUICE_ASSIGN_OR_RETURN(const LayerWeights* lw, src.acquire(l));
-      SLUICE_RETURN_IF_ERROR(e->layer(*lw, l, n, pos0));
+      SLUICE_RETURN_IF_ERROR(e->layer(*lw, l, n, segs));
       if (host_ && host_->has_kv(l)) {
         // Both executors keep this layer's cache: the other one gets the new rows too.
-        e->mirror_kv(e == &main_ ? *host_ : main_, l, n, pos0, handoff_);
+        e->mirror_kv(e == &main_ ? *host_ : main_, l, n, segs, handoff_);
       }
       if (on_layer_ || (gate_.watches(n) && gate_.wants(l))) {
         hidden_.resize(size_t(n * cfg_.n_embd));
@@ -215,16 +331,25 @@ class LlamaFamilyModel final : public Model {
       if (step) be.end_step();
       return Status::ok();
     }
-    // Output head only for the rows whose logits are wanted (the last one in generation).
+    // Output head only for the rows whose logits are wanted (the last one in generation): a run
+    // of consecutive rows as they lie, scattered rows (a batch of sequences) gathered first.
     const backend::Tensor x = main_.x(n), xn = main_.xn(n);
-    const int64_t first = all ? 0 : n - 1;
-    for (int64_t r = first; r < n; r += kLogitRows) {
-      const int64_t m = std::min<int64_t>(kLogitRows, n - r);
-      const backend::Tensor xr = x.row_range(r, m), xo = xn.first_rows(m), lg = logits_.first_rows(m);
+    const size_t n_out = out_rows_.size();
+    const bool consecutive = out_rows_.back() - out_rows_.front() == int32_t(n_out) - 1;
+    for (size_t r = 0; r < n_out; r += kLogitRows) {
+      const int64_t m = std::min<int64_t>(kLogitRows, int64_t(n_out - r));
+      backend::Tensor xr;
+      if (consecutive) {
+        xr = x.row_range(out_rows_[r], m);
+      } else {
+        xr = gathered_.first_rows(m);
+        be.gather_rows(x, std::span<const int32_t>(out_rows_.data() + r, size_t(m)), xr);
+      }
+      const backend::Tensor xo = xn.first_rows(m), lg = logits_.first_rows(m);
       be.rms_norm(xr, g.output_norm.view(), eps, xo);
       be.matmul(g.output.view(), xo, lg);
       if (step) be.end_step();
-      be.download(lg, out + (r - first) * cfg_.n_vocab);
+      be.download(lg, out + r * size_t(cfg_.n_vocab));
     }
     return Status::ok();
   }
@@ -237,6 +362,12 @@ class LlamaFamilyModel final : public Model {
   Executor main_;                  // the model's backend: every layer's KV cache
   std::unique_ptr<Executor> host_; // hybrid execution: the host CPU (LayerSource::host_executor)
   Tensor logits_;                  // [kLogitRows, n_vocab]
+  Tensor gathered_;                // [kLogitRows, n_embd]: rows whose logits are wanted, when scattered
+  KvBlocks blocks_;                // which KV pool blocks each sequence holds
+  std::vector<int32_t> ids_;       // a pass's token ids, sequence after sequence
+  std::vector<Segment> segs_;      // a pass's sequences
+  std::vector<int32_t> map_;       // their KV row maps (those not the identity), concatenated
+  std::vector<int32_t> out_rows_;  // the rows whose logits a pass returns
   std::span<float> handoff_;       // activations moving between executors (main backend's staging)
   Timings timings_;
   std::function<void(int, std::span<const float>)> on_layer_;
@@ -247,10 +378,10 @@ class LlamaFamilyModel final : public Model {
 // Device bytes the whole model needs on a backend with its own memory: every weight but the
 // embedding table (looked up on the host), the KV cache and the activations, plus a margin for
 // the backend's workspaces.
-uint64_t device_bytes_needed(const Config& cfg, const Weights& w, int n_ctx) {
+uint64_t device_bytes_needed(const Config& cfg, const Weights& w, int kv_positions) {
   uint64_t bytes = w.bytes_total() - w.token_embd.nbytes;
   if (w.output.data == w.token_embd.data) bytes += w.output.nbytes;  // tied: uploaded as the output
-  bytes += uint64_t(n_ctx) * uint64_t(cfg.n_layer) * uint64_t(cfg.n_embd_k() + cfg.n_embd_v()) * 2;
+  bytes += uint64_t(kv_positions) * uint64_t(cfg.n_layer) * uint64_t(cfg.n_embd_k() + cfg.n_embd_v()) * 2;
   bytes += uint64_t(kMaxBatch) * uint64_t(6 * cfg.n_embd + cfg.n_embd_q() + 2 * cfg.n_ff_max() + cfg.n_expert) * 4;
   return bytes + (uint64_t(512) << 20);
 }
@@ -263,7 +394,7 @@ backend::CpuOptions cpu_options(const LoadOptions& opts) {
 }
 
 Result<std::unique_ptr<backend::Backend>> make_backend(const LoadOptions& opts, const Config& cfg, const Weights& w,
-                                                       int n_ctx, bool streaming) {
+                                                       int kv_positions, bool streaming) {
   if (opts.backend == BackendKind::kCpu) return backend::make_cpu_backend(cpu_options(opts));
   if (opts.backend == BackendKind::kAuto && (streaming || backend::cuda_device_count() == 0)) {
     return backend::make_cpu_backend(cpu_options(opts));
@@ -274,7 +405,7 @@ Result<std::unique_ptr<backend::Backend>> make_backend(const LoadOptions& opts, 
     return gpu.status();
   }
   if (streaming) return std::move(gpu).value();  // the source plans device memory itself
-  const uint64_t need = device_bytes_needed(cfg, w, n_ctx);
+  const uint64_t need = device_bytes_needed(cfg, w, kv_positions);
   const int64_t free = (*gpu)->free_memory();
   if (free >= 0 && need > uint64_t(free)) {
     if (opts.backend == BackendKind::kAuto) return backend::make_cpu_backend(cpu_options(opts));
@@ -321,6 +452,10 @@ Result<Weights> upload_weights(backend::Backend& be, const Weights& host, const 
 Result<std::unique_ptr<Model>> Model::load(const std::string& path, const LoadOptions& opts) {
   if (opts.n_ctx < 0) return invalid_argument("n_ctx must be >= 0, got " + std::to_string(opts.n_ctx));
   if (opts.n_threads < 0) return invalid_argument("n_threads must be >= 0, got " + std::to_string(opts.n_threads));
+  if (opts.max_sequences < 1 || opts.max_sequences > 4096) {
+    return invalid_argument("max_sequences must be in [1, 4096], got " + std::to_string(opts.max_sequences));
+  }
+  if (opts.kv_positions < 0) return invalid_argument("kv_positions must be >= 0, got " + std::to_string(opts.kv_positions));
   SLUICE_ASSIGN_OR_RETURN(gguf::File file, gguf::File::open(path));
   SLUICE_ASSIGN_OR_RETURN(std::string arch_name, file.get_string("general.architecture"));
   const ArchSpec* arch = find_arch(arch_name);
@@ -335,7 +470,8 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& path, const LoadOp
     return invalid_argument("n_ctx " + std::to_string(n_ctx) + " exceeds the model's " + cfg.arch +
                             ".context_length " + std::to_string(cfg.n_ctx_train));
   }
-  SLUICE_ASSIGN_OR_RETURN(auto be, make_backend(opts, cfg, w, n_ctx, bool(opts.layer_source)));
+  const int kv_positions = opts.kv_positions > 0 ? opts.kv_positions : n_ctx;
+  SLUICE_ASSIGN_OR_RETURN(auto be, make_backend(opts, cfg, w, kv_positions, bool(opts.layer_source)));
   std::unique_ptr<LayerSource> source;
   if (opts.layer_source) {
     SLUICE_ASSIGN_OR_RETURN(source, opts.layer_source(file, w, *be));
@@ -345,7 +481,7 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& path, const LoadOp
   auto model = std::make_unique<LlamaFamilyModel>(std::move(file), std::move(cfg), std::move(w), std::move(be));
   if (source) model->set_layer_source(std::move(source));
   if (opts.on_layer) model->set_layer_hook(opts.on_layer);
-  SLUICE_RETURN_IF_ERROR(model->init(n_ctx));
+  SLUICE_RETURN_IF_ERROR(model->init(n_ctx, opts.max_sequences, opts.kv_positions));
   return std::unique_ptr<Model>(std::move(model));
 }
 

@@ -471,10 +471,10 @@ TEST(ModelSynthetic, QuantizedModelLoadsAndRuns) {
   ASSERT_TRUE((*m)->eval(toks, logits).is_ok());
   // The reference sees the weights as stored (quantized, then dequantized), so what remains is
   // the 8-bit activation quantization of every product, which random weights amplify through the
-  // layers (measured 1e-2..3.5e-2 over seeds). 0.1 still catches wiring errors, which give ~1.
+  // layers (measured 1e-2..0.105 over 40 seeds). 0.2 still catches wiring errors, which give ~1.
   const Tensors deq = dequantized(t, types);
   const auto ref = reference_forward(s, deq, {1, 2, 3});
-  EXPECT_LT(test::normalized_error(logits.data(), ref.data() + 2 * s.n_vocab, size_t(s.n_vocab)), 0.1);
+  EXPECT_LT(test::normalized_error(logits.data(), ref.data() + 2 * s.n_vocab, size_t(s.n_vocab)), 0.2);
 }
 
 TEST(ModelSynthetic, ExpertErrorsAreNamed) {

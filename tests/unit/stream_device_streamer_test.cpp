@@ -411,6 +411,7 @@ class LateCopyBackend final : public backend::Backend {
   const char* name() const override { return "late-copy"; }
   Result<backend::Tensor> alloc(backend::DType d, int64_t c, int64_t r) override { return cpu_->alloc(d, c, r); }
   void upload(const backend::Tensor& t, const float* s) override { cpu_->upload(t, s); }
+  void upload_i32(const backend::Tensor& t, const int32_t* s) override { cpu_->upload_i32(t, s); }
   void download(const backend::Tensor& t, float* d) override { cpu_->download(t, d); }
   void sync() override {}
   Result<void*> alloc_slot(int64_t b) override { return cpu_->alloc_slot(b); }

@@ -33,22 +33,26 @@ float exp_inverse_sum(float* scores, int64_t n_kv, float mx) {
   return float(1.0 / sum);
 }
 
+// The cache row of the j-th key a query attends to: `rows` is the paged cache's map from its first
+// key on (Tensor::row_map), or nullptr where the keys are consecutive rows from the first one.
+inline int64_t cache_row(const int32_t* rows, int64_t j) { return rows ? int64_t(rows[j]) : j; }
+
 #if defined(__x86_64__)
 // One (query row, head) over an F16 cache with F16C/FMA: the per-position dot and the V update
 // are 8-wide conversions and FMAs instead of a kernel call per position, which at a few hundred
 // positions is most of a small model's decode time. Same rounding points as the generic path.
 // Precondition: hd % 8 == 0; scratch `qf` holds hd floats, `scores` n_kv floats.
 __attribute__((target("avx2,fma,f16c"))) void attend_f16_avx2(const float* q, const uint16_t* k, int64_t k_stride,
-                                                               const uint16_t* v, int64_t v_stride, int64_t n_kv,
-                                                               int64_t hd, float scale, float* qf, float* scores,
-                                                               float* out) {
+                                                               const uint16_t* v, int64_t v_stride,
+                                                               const int32_t* rows, int64_t n_kv, int64_t hd,
+                                                               float scale, float* qf, float* scores, float* out) {
   for (int64_t i = 0; i < hd; i += 8) {  // q rounded to f16, as the f16 dot product sees it
     const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(q + i), _MM_FROUND_TO_NEAREST_INT);
     _mm256_storeu_ps(qf + i, _mm256_cvtph_ps(h));
   }
   float mx = -std::numeric_limits<float>::infinity();
   for (int64_t j = 0; j < n_kv; ++j) {
-    const uint16_t* kr = k + j * k_stride;
+    const uint16_t* kr = k + cache_row(rows, j) * k_stride;
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < hd; i += 8) {
       const __m256 kv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kr + i)));
@@ -67,7 +71,7 @@ __attribute__((target("avx2,fma,f16c"))) void attend_f16_avx2(const float* q, co
     const float pj = _cvtsh_ss(_cvtss_sh(scores[j] * inv, _MM_FROUND_TO_NEAREST_INT));  // probabilities in f16
     if (pj == 0.0f) continue;
     const __m256 p = _mm256_set1_ps(pj);
-    const uint16_t* vr = v + j * v_stride;
+    const uint16_t* vr = v + cache_row(rows, j) * v_stride;
     for (int64_t i = 0; i < hd; i += 8) {
       const __m256 vv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vr + i)));
       _mm256_storeu_ps(out + i, _mm256_fmadd_ps(p, vv, _mm256_loadu_ps(out + i)));
@@ -94,13 +98,13 @@ __attribute__((target("avx512f"))) inline __m512 ld16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 __attribute__((target("avx512f,avx512dq,f16c,fma"))) void attend_f16_avx512(
-    const float* q, const uint16_t* k, int64_t k_stride, const uint16_t* v, int64_t v_stride, int64_t n_kv, int64_t hd,
-    float scale, bool batched, float* qf, float* scores, float* part, float* out) {
+    const float* q, const uint16_t* k, int64_t k_stride, const uint16_t* v, int64_t v_stride, const int32_t* rows,
+    int64_t n_kv, int64_t hd, float scale, bool batched, float* qf, float* scores, float* part, float* out) {
   const int64_t main = batched ? hd : hd & ~int64_t(63);
   for (int64_t i = 0; i < hd; ++i) qf[i] = _cvtsh_ss(_cvtss_sh(q[i], _MM_FROUND_TO_NEAREST_INT));
   float mx = -std::numeric_limits<float>::infinity();
   for (int64_t j = 0; j < n_kv; ++j) {
-    const uint16_t* kr = k + j * k_stride;
+    const uint16_t* kr = k + cache_row(rows, j) * k_stride;
     double sum;
     if (batched) {
       __m512 a = _mm512_setzero_ps();
@@ -135,7 +139,7 @@ __attribute__((target("avx512f,avx512dq,f16c,fma"))) void attend_f16_avx512(
     const float pj = _cvtsh_ss(_cvtss_sh(scores[j] * inv, _MM_FROUND_TO_NEAREST_INT));
     if (pj == 0.0f) continue;
     const __m512 p = _mm512_set1_ps(pj);
-    const uint16_t* vr = v + j * v_stride;
+    const uint16_t* vr = v + cache_row(rows, j) * v_stride;
     float* acc = part + (j & (lanes - 1)) * hd;
     for (int64_t d = 0; d < hd; d += 16)
       _mm512_storeu_ps(acc + d, _mm512_fmadd_ps(ld16(vr + d), p, _mm512_loadu_ps(acc + d)));
@@ -174,6 +178,7 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor&
   SLUICE_CHECK(k_cache.cols == p.n_head_kv * hd && v_cache.cols == k_cache.cols, "attention: bad cache shape");
   SLUICE_CHECK(p.pos0 >= 0 && p.pos0 + q.rows <= k_cache.rows, "attention: positions beyond cache");
   SLUICE_CHECK(p.window >= 0, "attention: negative window");
+  SLUICE_CHECK(k_cache.row_map == v_cache.row_map, "attention: k and v caches differ in paging");
   const int64_t n_ctx = p.pos0 + q.rows;
   const int group = p.n_head / p.n_head_kv;
   const bool f16 = k_cache.dtype == DType::kF16;
@@ -205,20 +210,23 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor&
       const float* qr = static_cast<const float*>(q.data) + t * q.stride + head * hd;
       const uint8_t elem = f16 ? 2 : 4;
       const int64_t ks = k_cache.stride * elem, vs = v_cache.stride * elem;
-      const auto* kb = static_cast<const uint8_t*>(k_cache.data) + kvh * hd * elem + first * ks;
-      const auto* vb = static_cast<const uint8_t*>(v_cache.data) + kvh * hd * elem + first * vs;
+      // Paged: the map from the first key on, over the head's column base; else its first row.
+      const int32_t* rows = k_cache.row_map ? k_cache.row_map + first : nullptr;
+      const int64_t r0 = rows ? 0 : first;
+      const auto* kb = static_cast<const uint8_t*>(k_cache.data) + kvh * hd * elem + r0 * ks;
+      const auto* vb = static_cast<const uint8_t*>(v_cache.data) + kvh * hd * elem + r0 * vs;
 
       float* orow = static_cast<float*>(out.data) + t * out.stride + head * hd;
 #if defined(__x86_64__)
       if (f16 && simd_f16_ && avx512 && hd % 16 == 0) {
         attend_f16_avx512(qr, reinterpret_cast<const uint16_t*>(kb), k_cache.stride,
-                          reinterpret_cast<const uint16_t*>(vb), v_cache.stride, n_kv, hd, p.scale, q.rows > 1, vrow,
+                          reinterpret_cast<const uint16_t*>(vb), v_cache.stride, rows, n_kv, hd, p.scale, q.rows > 1, vrow,
                           scores, acc, orow);
         continue;
       }
       if (f16 && simd_f16_ && hd % 8 == 0) {
         attend_f16_avx2(qr, reinterpret_cast<const uint16_t*>(kb), k_cache.stride, reinterpret_cast<const uint16_t*>(vb),
-                        v_cache.stride, n_kv, hd, p.scale, vrow, scores, orow);
+                        v_cache.stride, rows, n_kv, hd, p.scale, vrow, scores, orow);
         continue;
       }
 #endif
@@ -227,7 +235,7 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor&
       float mx = -std::numeric_limits<float>::infinity();
       for (int64_t j = 0; j < n_kv; ++j) {
         float s;
-        dot.vec_dot(hd, kb + j * ks, qv, &s);
+        dot.vec_dot(hd, kb + cache_row(rows, j) * ks, qv, &s);
         s *= p.scale;
         scores[j] = s;
         mx = std::max(mx, s);
@@ -238,7 +246,7 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor&
         float pj = scores[j] * inv;
         if (f16) pj = quant::fp16_to_fp32(quant::fp32_to_fp16(pj));
         if (pj == 0.0f) continue;
-        dot.dequantize_row(vb + j * vs, vrow, hd);
+        dot.dequantize_row(vb + cache_row(rows, j) * vs, vrow, hd);
         for (int64_t d = 0; d < hd; ++d) acc[d] += pj * vrow[d];
       }
       std::copy(acc, acc + hd, orow);

@@ -126,7 +126,7 @@ CpuBackend::CpuBackend(int n_threads, bool simd, bool tile_kernels, bool pack_we
 
 Result<Tensor> CpuBackend::alloc(DType dtype, int64_t cols, int64_t rows) {
   SLUICE_CHECK(cols > 0 && rows > 0, "alloc: empty tensor");
-  const size_t elem = dtype == DType::kF32 ? 4 : 2;
+  const size_t elem = size_t(dtype_bytes(dtype));
   AlignedBuffer buf;
   const size_t bytes = size_t(cols) * size_t(rows) * elem;
   if (!buf.reserve(bytes)) {
@@ -146,6 +146,11 @@ void CpuBackend::upload(const Tensor& dst, const float* src) {
       for (int64_t c = 0; c < dst.cols; ++c) row_f16(dst, r)[c] = quant::fp32_to_fp16(src[r * dst.cols + c]);
     }
   }
+}
+
+void CpuBackend::upload_i32(const Tensor& dst, const int32_t* src) {
+  SLUICE_CHECK(dst.dtype == DType::kI32 && dst.stride == dst.cols, "upload_i32: dense i32 tensor expected");
+  std::memcpy(dst.data, src, size_t(dst.rows * dst.cols) * 4);
 }
 
 Result<void*> CpuBackend::alloc_host(int64_t bytes) {
@@ -363,10 +368,11 @@ void CpuBackend::store_rows(const Tensor& src, const Tensor& cache, int64_t pos0
   SLUICE_CHECK(src.cols == cache.cols && pos0 >= 0 && pos0 + src.rows <= cache.rows, "store_rows: out of range");
   const auto& f16 = quant::kernels(quant::Type::kF16);
   for (int64_t t = 0; t < src.rows; ++t) {
+    const int64_t r = cache.row_map ? int64_t(cache.row_map[pos0 + t]) : pos0 + t;  // paged cache
     if (cache.dtype == DType::kF32) {
-      std::memcpy(row_f32(cache, pos0 + t), row_f32(src, t), size_t(src.cols) * 4);
+      std::memcpy(row_f32(cache, r), row_f32(src, t), size_t(src.cols) * 4);
     } else {
-      f16.quantize_row(row_f32(src, t), row_f16(cache, pos0 + t), src.cols);
+      f16.quantize_row(row_f32(src, t), row_f16(cache, r), src.cols);
     }
   }
 }

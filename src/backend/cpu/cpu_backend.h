@@ -49,6 +49,7 @@ class CpuBackend final : public Backend {
 
   Result<Tensor> alloc(DType dtype, int64_t cols, int64_t rows) override;
   void upload(const Tensor& dst, const float* src) override;
+  void upload_i32(const Tensor& dst, const int32_t* src) override;
   void download(const Tensor& src, float* dst) override;
   void sync() override {}  // every op completes before it returns
   // Host memory is the backend's memory: a weight is returned as it is, or repacked into the
