@@ -20,6 +20,7 @@
 
 #include "app/commands.h"
 #include "app/common.h"
+#include "app/speculation.h"
 #include "backend/backend.h"
 
 namespace sluice::app {
@@ -164,6 +165,8 @@ int cmd_bench(int argc, char** argv) {
   add_backend_flags(app, mf);
   StreamFlags stf;
   add_stream_flags(app, stf);
+  SpecFlags spf;  // --skip-layers / --early-exit: their speed (their cost: sluice calibrate)
+  add_layer_skip_flags(app, spf);
   if (auto rc = parse_flags(app, argc, argv)) return *rc;
   if (auto st = resolve_stream_flags(stf); !st.is_ok()) return report_error("bench", st.status());
   if (n_prompt == 0 && n_gen == 0 && spec_k.empty()) return report_error("bench", invalid_argument("-p and -n are both 0: nothing to run"));
@@ -186,6 +189,7 @@ int cmd_bench(int argc, char** argv) {
   if (!loaded.is_ok()) return report_error("bench", loaded.status());
   model::Model& m = *loaded->model;
   const double load_s = loaded->load_s;
+  if (Status st = apply_layer_flags(m, spf, model_path); !st.is_ok()) return report_error("bench", st);
   const std::string backend = m.backend_name();
   // The roofline of a decode that reads every weight once: device-to-device copy bandwidth
   // (bytes read + written), measured once. A failure only leaves the bound empty.
