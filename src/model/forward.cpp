@@ -244,7 +244,6 @@ class LlamaFamilyModel final : public Model {
       // A sequence whose blocks are 0, 1, 2, ... (always so with one sequence) needs no map.
       const size_t at = map_.size();
       const bool identity = blocks_.rows(it.seq, pos0 + int(n), map_);
-      if (identity) map_.resize(at);
       segs_.push_back({row0, n, pos0, identity ? -1 : int64_t(at)});
       if (it.all_logits) {
         for (int64_t r = 0; r < n; ++r) out_rows_.push_back(int32_t(row0 + r));

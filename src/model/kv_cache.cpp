@@ -73,8 +73,9 @@ bool KvBlocks::rows(int seq, int n, std::vector<int32_t>& out) const {
   SLUICE_CHECK(n >= 0 && n <= int(s.blocks.size()) * kBlockSize, "kv blocks: rows outside the reserved blocks");
   bool identity = true;
   for (int b = 0; b * kBlockSize < n; ++b) identity &= s.blocks[size_t(b)] == b;
+  if (identity) return true;  // nothing to map (every decode step of a lone sequence)
   for (int p = 0; p < n; ++p) out.push_back(s.blocks[size_t(p / kBlockSize)] * kBlockSize + p % kBlockSize);
-  return identity;
+  return false;
 }
 
 Status KvCache::init(backend::Backend& be, int n_layer, int pool_rows, int n_embd_k, int n_embd_v, int64_t map_rows,

@@ -50,8 +50,8 @@ class KvBlocks {
   void set_n_past(int seq, int n);
   // Drops positions >= n: n_past = min(n_past, n), blocks past it back to the pool.
   void truncate(int seq, int n);
-  // Pool rows of positions [0, n) of seq, appended to `out` (n <= the reserved positions). Whether
-  // they are the identity (row p for position p).
+  // Whether positions [0, n) of seq are pool rows [0, n) (n <= the reserved positions); if not,
+  // their pool rows are appended to `out`.
   bool rows(int seq, int n, std::vector<int32_t>& out) const;
 
  private:

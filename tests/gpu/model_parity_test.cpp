@@ -363,6 +363,86 @@ TEST(ExpertPlacementGpu, MatchesResident) {
   std::filesystem::remove(path);
 }
 
+// Several sequences in one pass over the paged KV cache (Model::eval_batch) on CUDA: three
+// sequences whose blocks are scattered through the pool (a filler sequence is freed between
+// them), prompt chunks of several sequences together, chunks mixed with decode tokens, then one
+// token of each per pass; every returned row compared with the sequence evaluated alone. Batched
+// rows take other kernels (GEMM with f16 activations vs GEMV with int8 ones) than the lone run,
+// so the bound is the quantized parity bound; a wrong row map, position or window shows as an
+// error of order 1. Also gemma3 (sliding window 8 across block boundaries) and qwen3 (QK-norm).
+TEST(BatchedSequencesGpu, MatchEachAlone) {
+  SLUICE_SKIP_WITHOUT_GPU();
+  for (const Case& c : {Case{"batch_qwen3", "qwen3", "q4_k_m", 512, 8, 2, 64, 1024, 2},
+                        Case{"batch_gemma3", "gemma3", "q4_k_m", 512, 4, 1, 128, 1024, 3, false, true, 0, 0, 8}}) {
+    SCOPED_TRACE(c.name);
+    const std::string path = synth_model(c);
+    const std::vector<std::vector<int32_t>> texts = {prompt_ids(40, 2048, 21), prompt_ids(29, 2048, 22),
+                                                     prompt_ids(55, 2048, 23)};
+    model::LoadOptions lo;
+    lo.backend = model::BackendKind::kCuda;
+    lo.n_ctx = 256;
+    auto solo = model::Model::load(path, lo);
+    ASSERT_TRUE(solo.is_ok()) << solo.status().message();
+    const size_t nv = size_t((*solo)->n_vocab());
+    std::vector<std::vector<float>> ref;
+    for (const auto& t : texts) {
+      (*solo)->truncate(0);
+      ref.emplace_back(t.size() * nv);
+      ASSERT_TRUE((*solo)->eval(t, ref.back()).is_ok());
+    }
+    lo.max_sequences = 5;
+    lo.kv_positions = 16 * 16;
+    auto m = model::Model::load(path, lo);
+    ASSERT_TRUE(m.is_ok()) << m.status().message();
+    model::Model& mm = **m;
+    std::vector<float> one(nv);
+    auto filler = mm.seq_new();
+    ASSERT_TRUE(filler.is_ok());
+    const std::vector<int32_t> fill(40, 3);
+    ASSERT_TRUE(mm.eval_batch(std::vector<model::Model::SeqTokens>{{*filler, fill, false}}, one).is_ok());
+    std::vector<int> seq;
+    for (size_t i = 0; i < texts.size(); ++i) seq.push_back(*mm.seq_new());
+    ASSERT_TRUE(mm.eval_batch(std::vector<model::Model::SeqTokens>{{seq[0], std::span(texts[0]).first(5), false}}, one)
+                    .is_ok());
+    mm.seq_free(*filler);
+    std::vector<size_t> done = {5, 0, 0};
+    double worst = 0;
+    auto step = [&](const std::vector<std::pair<size_t, size_t>>& what, bool all) {
+      std::vector<model::Model::SeqTokens> items;
+      size_t rows = 0;
+      for (auto [i, n] : what) {
+        items.push_back({seq[i], std::span(texts[i]).subspan(done[i], n), all});
+        rows += all ? n : 1;
+      }
+      std::vector<float> out(rows * nv);
+      const Status st = mm.eval_batch(items, out);
+      ASSERT_TRUE(st.is_ok()) << st.message();
+      size_t r = 0;
+      for (auto [i, n] : what) {
+        for (size_t t = all ? 0 : n - 1; t < n; ++t, ++r) {
+          const size_t pos = done[i] + t;
+          const float* want = ref[i].data() + pos * nv;
+          const double e = normalized_error(out.data() + r * nv, want, nv);
+          worst = std::max(worst, e);
+          EXPECT_LE(e, 8e-2) << "text " << i << " position " << pos;
+        }
+        done[i] += n;
+      }
+    };
+    step({{0, 20}, {1, 17}}, true);
+    step({{2, 30}, {0, 1}, {1, 1}}, false);
+    step({{1, 3}, {2, 9}, {0, 4}}, true);
+    while (done[0] < texts[0].size() || done[1] < texts[1].size() || done[2] < texts[2].size()) {
+      std::vector<std::pair<size_t, size_t>> what;
+      for (size_t i = 0; i < 3; ++i)
+        if (done[i] < texts[i].size()) what.push_back({i, 1});
+      step(what, false);
+    }
+    std::printf("  batched rows vs each sequence alone: worst normalized error %.2e\n", worst);
+    std::filesystem::remove(path);
+  }
+}
+
 // A real model: SLUICE_GPU_REAL_MODEL names a GGUF (scripts/gpu-check.sh passes a depth-truncated
 // SmolLM2 that fits a carried build), else models/ holds the default model.
 TEST(ModelParityReal, SmolLM2) {

@@ -36,6 +36,9 @@ struct AttentionArgs {
   float scale = 1.0f;
   int pos0 = 0;                 // query t sees cache rows [0, pos0 + t]
   int window = 0;               // > 0: query t sees only rows (pos0 + t - window, pos0 + t] (sliding window)
+  // Paged cache (Tensor::row_map): position j is cache row row_map[j] (device memory, pos0 +
+  // n_tokens entries); nullptr: position j is row j.
+  const int* row_map = nullptr;
   // Decode only (optional): the kernels read pos0 from this device int when they run (a recorded
   // step replayed at later positions), and the key splits are planned for plan_ctx positions
   // (>= pos0 + n_tokens; splits past the context are empty), so one plan serves a range of

@@ -54,6 +54,7 @@ struct DecodeParams {
   int pos0;
   int window;          // AttentionArgs::window (0: none)
   const int* pos_dev;  // non-null: pos0 is read here (a replayed step)
+  const int* row_map;  // AttentionArgs::row_map (nullptr: position = row)
   float scale_log2;  // scale * log2(e): scores come out in log2 units, so exp2f is the exponential
 };
 
@@ -126,7 +127,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(const Deco
 #pragma unroll
       for (int i = 0; i < S::kBatch; ++i) {
         const int j = tile0 + grp + S::kGroups * (u0 + i);
-        kr[i] = (piece_ok && j < end) ? load_row16(kp + int64_t(j) * p.k_stride) : make_uint4(0, 0, 0, 0);
+        kr[i] = (piece_ok && j < end) ? load_row16(kp + cache_row(p.row_map, j) * p.k_stride) : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
       for (int i = 0; i < S::kBatch; ++i) {
@@ -182,7 +183,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(const Deco
         const int j = tile0 + grp + S::kGroups * (u0 + i);
         // Rows past the end are not read: their probability is 0 but the memory may hold
         // anything (NaN * 0 = NaN).
-        vr[i] = (piece_ok && j < end) ? load_row16(vp + int64_t(j) * p.v_stride) : make_uint4(0, 0, 0, 0);
+        vr[i] = (piece_ok && j < end) ? load_row16(vp + cache_row(p.row_map, j) * p.v_stride) : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
       for (int i = 0; i < S::kBatch; ++i) {
@@ -318,6 +319,7 @@ Status launch_decode(const AttentionArgs& a, const DecodePlan& plan, void* works
   p.pos0 = a.pos0;
   p.window = a.window;
   p.pos_dev = a.pos_dev;
+  p.row_map = a.row_map;
   p.scale_log2 = a.scale * kLog2e;
   const bool q8 = a.out_q != nullptr && a.out_ds != nullptr && attention_writes_q8(a);
   int8_t* q = q8 ? a.out_q : nullptr;

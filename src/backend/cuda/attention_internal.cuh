@@ -80,6 +80,11 @@ Status launch_prefill(const AttentionArgs& a, cudaStream_t stream);
 // 16 bytes (8 f16) of a K/V row through the read-only path; callers guarantee 16-byte alignment.
 __device__ __forceinline__ uint4 load_row16(const __half* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
 
+// The cache row of position j: through a paged cache's map (AttentionArgs::row_map), or j.
+__device__ __forceinline__ int64_t cache_row(const int* row_map, int j) {
+  return row_map != nullptr ? int64_t(__ldg(row_map + j)) : int64_t(j);
+}
+
 __device__ __forceinline__ void halves8_to_float(const uint4& u, float (&f)[8]) {
   const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll

@@ -54,6 +54,7 @@ struct PrefillParams {
   int group;  // query heads per KV head
   int pos0;
   int window;  // AttentionArgs::window (0: none)
+  const int* row_map;  // AttentionArgs::row_map (nullptr: position = row)
   float scale_log2;  // scale * log2(e): scores in log2 units, exponentials by exp2f
 };
 
@@ -116,8 +117,9 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(const PrefillP
       // times a zero probability could still be NaN.
       uint4 kr = make_uint4(0, 0, 0, 0), vr = make_uint4(0, 0, 0, 0);
       if (j < n_kv) {
-        kr = load_row16(kbase + int64_t(j) * p.k_stride + c * 8);
-        vr = load_row16(vbase + int64_t(j) * p.v_stride + c * 8);
+        const int64_t row = cache_row(p.row_map, j);
+        kr = load_row16(kbase + row * p.k_stride + c * 8);
+        vr = load_row16(vbase + row * p.v_stride + c * 8);
       }
       // K rows have an odd word stride, so only 4-byte alignment: four 32-bit stores.
       uint32_t* kd = reinterpret_cast<uint32_t*>(ks + r * S::kKStride + c * 8);
@@ -252,6 +254,7 @@ Status launch_prefill(const AttentionArgs& a, cudaStream_t stream) {
   p.group = a.n_head / a.n_head_kv;
   p.pos0 = a.pos0;
   p.window = a.window;
+  p.row_map = a.row_map;
   p.scale_log2 = a.scale * kLog2e;
   switch (a.head_dim) {
     case 32: return launch_prefill_hd<32>(p, a.n_head, stream);

@@ -149,7 +149,7 @@ class CudaBackend final : public Backend {
 
   Result<Tensor> alloc(DType dtype, int64_t cols, int64_t rows) override {
     SLUICE_CHECK(cols > 0 && rows > 0, "alloc: empty tensor");
-    const int64_t bytes = cols * rows * (dtype == DType::kF32 ? 4 : 2);
+    const int64_t bytes = cols * rows * dtype_bytes(dtype);
     SLUICE_ASSIGN_OR_RETURN(void* p, device_alloc(bytes));
     SLUICE_CUDA_RETURN_IF_ERROR(cudaMemset(p, 0, size_t(bytes)));
     return Tensor{p, dtype, cols, rows, cols};
@@ -161,6 +161,13 @@ class CudaBackend final : public Backend {
     SLUICE_CUDA_CHECK(cudaMemcpy2DAsync(dst.data, size_t(dst.stride) * 4, src, size_t(dst.cols) * 4,
                                         size_t(dst.cols) * 4, size_t(dst.rows), cudaMemcpyHostToDevice, stream_));
     SLUICE_CUDA_CHECK(cudaStreamSynchronize(stream_));  // src is pageable and the caller's
+  }
+
+  void upload_i32(const Tensor& dst, const int32_t* src) override {
+    SLUICE_CHECK(dst.dtype == DType::kI32 && dst.stride == dst.cols, "upload_i32: dense i32 tensor expected");
+    // From pageable memory: the copy is staged by the driver before the call returns, ordered on
+    // the compute stream with the ops around it.
+    SLUICE_CUDA_CHECK(cudaMemcpyAsync(dst.data, src, size_t(dst.rows * dst.cols) * 4, cudaMemcpyHostToDevice, stream_));
   }
 
   void download(const Tensor& src, float* dst) override {
@@ -368,12 +375,13 @@ class CudaBackend final : public Backend {
                  "rope_store_kv: shape mismatch");
     SLUICE_CHECK(k.dtype == DType::kF32 && v.dtype == DType::kF32 && k_cache.dtype == DType::kF16 &&
                      v_cache.dtype == DType::kF16 && k.cols == k_cache.cols && v.cols == v_cache.cols && pos0 >= 0 &&
-                     pos0 + k.rows <= k_cache.rows && pos0 + v.rows <= v_cache.rows,
+                     pos0 + k.rows <= k_cache.rows && pos0 + v.rows <= v_cache.rows &&
+                     k_cache.row_map == v_cache.row_map,
                  "rope_store_kv: out of range");
     invalidate_q8();
     must(cuda::rope_store_kv(f32(q), q.stride, f32(k), k.stride, rk.n_head, f32(v), v.stride, v.cols, q.rows,
                              rope_args(rq), k_cache.data, k_cache.stride, v_cache.data, v_cache.stride, pos0, stream_,
-                             step_pos_for(pos0)),
+                             step_pos_for(pos0), k_cache.row_map),
          "rope_store_kv");
   }
 
@@ -487,7 +495,7 @@ class CudaBackend final : public Backend {
                      pos0 + src.rows <= cache.rows,
                  "store_rows: out of range");
     must(store_rows_f16(f32(src), src.stride, src.rows, src.cols, cache.data, cache.stride, pos0, stream_,
-                        step_pos_for(pos0)),
+                        step_pos_for(pos0), cache.row_map),
          "store_rows");
   }
 
@@ -496,6 +504,7 @@ class CudaBackend final : public Backend {
     SLUICE_CHECK(k_cache.dtype == DType::kF16 && v_cache.dtype == DType::kF16, "attention: caches must be f16");
     invalidate_q8();
     SLUICE_CHECK(p.pos0 + q.rows <= k_cache.rows, "attention: positions beyond the cache");
+    SLUICE_CHECK(k_cache.row_map == v_cache.row_map, "attention: k and v caches differ in paging");
     AttentionArgs a;
     a.q = f32(q);
     a.q_stride = q.stride;
@@ -512,6 +521,7 @@ class CudaBackend final : public Backend {
     a.scale = p.scale;
     a.pos0 = p.pos0;
     a.window = p.window;
+    a.row_map = k_cache.row_map;
     // Decode plans its key splits for the end of the position bucket (capped by the cache), in
     // and out of recorded steps alike, so both give the same results.
     a.plan_ctx = int(std::min<int64_t>((int64_t(p.pos0) + q.rows + kStepBucket - 1) / kStepBucket * kStepBucket,

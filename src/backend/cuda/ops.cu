@@ -407,6 +407,7 @@ struct RopeStoreArgs {
   int64_t k_cache_stride;
   __half* v_cache;
   int64_t v_cache_stride;
+  const int* row_map;  // paged cache: position p is row row_map[p] (nullptr: row p)
 };
 
 __global__ void __launch_bounds__(kRopeThreads) rope_store_kernel(RopeStoreArgs a) {
@@ -423,7 +424,8 @@ __global__ void __launch_bounds__(kRopeThreads) rope_store_kernel(RopeStoreArgs 
     float* kr = a.k + r * a.k_stride;
     rope_row(a.q, kr, a.n_head_k, cs, sn);
     __syncthreads();  // k rotated (by other threads) before it is stored; the table is reused
-    const int64_t row = a.q.base() + r;
+    const int64_t pos = a.q.base() + r;
+    const int64_t row = a.row_map != nullptr ? int64_t(a.row_map[pos]) : pos;
     __half* kc = a.k_cache + row * a.k_cache_stride;
     for (int64_t c = threadIdx.x; c < k_cols; c += kRopeThreads) kc[c] = __float2half_rn(kr[c]);
     const float* vr = a.v + r * a.v_stride;
@@ -748,7 +750,7 @@ Status rope(float* x, int64_t stride, int64_t rows, const RopeArgs& args, int po
 Status rope_store_kv(float* q, int64_t q_stride, float* k, int64_t k_stride, int n_head_k, const float* v,
                      int64_t v_stride, int64_t v_cols, int64_t rows, const RopeArgs& args, void* k_cache,
                      int64_t k_cache_stride, void* v_cache, int64_t v_cache_stride, int64_t pos0,
-                     cudaStream_t stream, const int* pos_dev) {
+                     cudaStream_t stream, const int* pos_dev, const int* row_map) {
   SLUICE_RETURN_IF_ERROR(check_rope(args));
   if (n_head_k <= 0 || v_cols <= 0) return invalid_argument("rope_store_kv: bad k heads or v columns");
   if (rows < 0 || pos0 < 0) return invalid_argument("rope_store_kv: negative rows or pos0");
@@ -769,6 +771,7 @@ Status rope_store_kv(float* q, int64_t q_stride, float* k, int64_t k_stride, int
   a.k_cache_stride = k_cache_stride;
   a.v_cache = static_cast<__half*>(v_cache);
   a.v_cache_stride = v_cache_stride;
+  a.row_map = row_map;
   const unsigned grid = unsigned(std::min(rows, kMaxGridY));
   const size_t smem = size_t(a.q.half) * 2 * sizeof(float);
   SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(rope_store_kernel, dim3(grid), dim3(kRopeThreads), smem, stream, a));
@@ -807,28 +810,34 @@ Status f32_to_f16(const float* src, int64_t src_stride, void* dst, int64_t dst_s
 }
 
 namespace {
-// store_rows_f16 at the device-held position (a replayed decode step): one block per row.
+// store_rows_f16 at the device-held position (a replayed decode step) or through a paged cache's
+// row map: one block per row.
 __global__ void __launch_bounds__(kThreads) store_rows_dev_kernel(const float* src, int64_t src_stride, int64_t rows,
                                                                   int64_t cols, __half* cache, int64_t cache_stride,
-                                                                  const int* pos_dev) {
+                                                                  int64_t pos0, const int* pos_dev,
+                                                                  const int* row_map) {
   pdl_wait();
   pdl_trigger();
+  const int64_t base = pos_dev != nullptr ? int64_t(*pos_dev) : pos0;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    __half* dst = cache + (int64_t(*pos_dev) + r) * cache_stride;
+    const int64_t row = row_map != nullptr ? int64_t(row_map[base + r]) : base + r;
+    __half* dst = cache + row * cache_stride;
     for (int64_t c = threadIdx.x; c < cols; c += kThreads) dst[c] = __float2half_rn(src[r * src_stride + c]);
   }
 }
 }  // namespace
 
 Status store_rows_f16(const float* src, int64_t src_stride, int64_t rows, int64_t cols, void* cache,
-                      int64_t cache_stride, int64_t pos0, cudaStream_t stream, const int* pos_dev) {
-  if (pos_dev != nullptr) {
+                      int64_t cache_stride, int64_t pos0, cudaStream_t stream, const int* pos_dev,
+                      const int* row_map) {
+  if (pos_dev != nullptr || row_map != nullptr) {
+    if (pos0 < 0) return invalid_argument("store_rows_f16: negative pos0 " + std::to_string(pos0));
     SLUICE_RETURN_IF_ERROR(check_rows("store_rows_f16", rows, cols));
     if (rows == 0 || cols == 0) return Status::ok();
     if (cache == nullptr) return invalid_argument("store_rows_f16: cache is null");
     SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(store_rows_dev_kernel, dim3(unsigned(std::min(rows, kMaxGridX))),
                                            dim3(kThreads), 0, stream, src, src_stride, rows, cols,
-                                           static_cast<__half*>(cache), cache_stride, pos_dev));
+                                           static_cast<__half*>(cache), cache_stride, pos0, pos_dev, row_map));
     SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("store_rows_dev_kernel");
     return Status::ok();
   }

@@ -89,12 +89,15 @@ Status rope(float* x, int64_t stride, int64_t rows, const RopeArgs& args, int po
 Status rope_store_kv(float* q, int64_t q_stride, float* k, int64_t k_stride, int n_head_k, const float* v,
                      int64_t v_stride, int64_t v_cols, int64_t rows, const RopeArgs& args, void* k_cache,
                      int64_t k_cache_stride, void* v_cache, int64_t v_cache_stride, int64_t pos0,
-                     cudaStream_t stream, const int* pos_dev = nullptr);
+                     cudaStream_t stream, const int* pos_dev = nullptr, const int* row_map = nullptr);
 
 // cache rows [pos0, pos0 + rows) = f16(src rows); cache is f16 with cache_stride elements per row.
-// pos_dev (optional): pos0 read from device memory when the kernel runs (as for rope).
+// pos_dev (optional): pos0 read from device memory when the kernel runs (as for rope). row_map
+// (optional, device memory; a paged cache, Tensor::row_map): position p goes to row row_map[p]
+// (also in rope_store_kv).
 Status store_rows_f16(const float* src, int64_t src_stride, int64_t rows, int64_t cols, void* cache,
-                      int64_t cache_stride, int64_t pos0, cudaStream_t stream, const int* pos_dev = nullptr);
+                      int64_t cache_stride, int64_t pos0, cudaStream_t stream, const int* pos_dev = nullptr,
+                      const int* row_map = nullptr);
 
 // dst (f16, [rows][dst_stride]) = f16(src) for the first `cols` elements of each row.
 Status f32_to_f16(const float* src, int64_t src_stride, void* dst, int64_t dst_stride, int64_t rows, int64_t cols,
