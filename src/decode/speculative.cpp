@@ -126,9 +126,6 @@ Status validate(const SpeculativeOptions& o) {
   return Status::ok();
 }
 
-namespace {
-
-// Adaptive K: the K in [1, k_max] with the most expected tokens per second.
 int choose_k(const SpecStats& s, int k_max, double draft_s_per_token) {
   if (s.drafted < 8) return k_max;  // too little seen: draft the most
   const double a = std::clamp(s.acceptance_rate(), 0.0, 0.999);
@@ -143,9 +140,10 @@ int choose_k(const SpecStats& s, int k_max, double draft_s_per_token) {
   if (n == 0) return k_max;
   const double den = n * sxx - sx * sx;
   const double slope = den > 1e-12 ? std::max(0.0, (n * sxy - sx * sy) / den) : 0.0;
-  const double icpt = (sy - slope * sx) / n;
-  int best = 1;
-  double best_rate = -1;
+  const double icpt = std::max(1e-9, (sy - slope * sx) / n);
+  // K = 0 is plain decoding: one token per one-token pass (the line's intercept).
+  int best = 0;
+  double best_rate = 1.0 / icpt;
   for (int k = 1; k <= k_max; ++k) {
     const double tokens = (1 - std::pow(a, k + 1)) / (1 - a);
     const double t = std::max(1e-9, icpt + slope * k + draft_s_per_token * k);
@@ -153,8 +151,6 @@ int choose_k(const SpecStats& s, int k_max, double draft_s_per_token) {
   }
   return best;
 }
-
-}  // namespace
 
 Result<Generation> generate_speculative(model::Model& target, Drafter& drafter, const model::Tokenizer& tokenizer,
                                         Sampler& sampler, std::span<const int32_t> prompt, const GenerateOptions& opts,
@@ -339,6 +335,9 @@ Result<Generation> generate_speculative(model::Model& target, Drafter& drafter, 
     gen.timings.decode_s += seconds_since(t_round);
     if (spec.adaptive) {
       k_next = choose_k(st, spec.k, st.drafted > 0 ? st.draft_s / double(st.drafted) : 0);
+      // Plain decoding chosen: every 16th round drafts one token anyway, so that the acceptance
+      // rate and the pass times keep being measured and speculation resumes when it pays again.
+      if (k_next == 0 && st.rounds % 16 == 0) k_next = 1;
     }
   }
   if (gen.stop != StopReason::kStoppedByCaller) emit(detok.flush());

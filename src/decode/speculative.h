@@ -90,12 +90,18 @@ class SelfDrafter final : public Drafter {
 
 struct SpeculativeOptions {
   int k = 4;              // tokens drafted per pass (the most, when adaptive); >= 1
-  // Choose K before each pass (1 .. k) to maximise expected tokens per second: the running
-  // acceptance rate a (expected tokens of a pass: (1 - a^(K+1)) / (1 - a)) against the measured
-  // draft seconds per token and verification seconds by K.
+  // Choose K before each pass (0 .. k; choose_k) to maximise expected tokens per second.
   bool adaptive = false;
 };
 Status validate(const SpeculativeOptions& o);
+
+struct SpecStats;
+// Adaptive K: the K in [0, k_max] with the most expected tokens per second, from the running
+// acceptance rate a (a pass of K drafts yields (1 - a^(K+1)) / (1 - a) tokens on average), the
+// draft seconds per drafted token, and the verification pass seconds by K (a least-squares line
+// through SpecStats::by_k). K = 0 is plain decoding (one token per one-token pass), chosen where
+// speculation does not pay. k_max before 8 tokens have been drafted.
+int choose_k(const SpecStats& s, int k_max, double draft_s_per_token);
 
 // Verification passes that carried K drafted tokens (index K of SpecStats::by_k).
 struct SpecPassStats {

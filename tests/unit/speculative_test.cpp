@@ -336,3 +336,34 @@ TEST(Speculative, RejectsBadK) {
 
 }  // namespace
 }  // namespace sluice::decode
+
+namespace sluice::decode {
+namespace {
+
+SpecStats stats_with(double acceptance, std::vector<std::pair<int, double>> pass_ms) {
+  SpecStats s;
+  s.drafted = 100;
+  s.accepted = int64_t(acceptance * 100);
+  for (auto [k, ms] : pass_ms) {
+    if (s.by_k.size() <= size_t(k)) s.by_k.resize(size_t(k) + 1);
+    s.by_k[size_t(k)].passes = 10;
+    s.by_k[size_t(k)].seconds = 10 * ms * 1e-3;
+  }
+  return s;
+}
+
+TEST(Speculative, AdaptiveKFollowsTheMeasuredCosts) {
+  // Too little seen: the most.
+  SpecStats fresh;
+  EXPECT_EQ(choose_k(fresh, 8, 0.001), 8);
+  // Weight-bound target (passes of K + 1 cost about one), cheap draft, high acceptance: a long K.
+  EXPECT_GE(choose_k(stats_with(0.8, {{1, 10.0}, {8, 10.5}}), 16, 0.0005), 6);
+  // The same at low acceptance: a short one.
+  EXPECT_LE(choose_k(stats_with(0.2, {{1, 10.0}, {8, 10.5}}), 16, 0.0005), 2);
+  // Compute-bound target (this 2-core CPU: a 4-token pass 2.6x a 1-token one) and a draft nearly
+  // as costly as the target: plain decoding.
+  EXPECT_EQ(choose_k(stats_with(0.55, {{0, 10.0}, {3, 26.0}}), 8, 0.009), 0);
+}
+
+}  // namespace
+}  // namespace sluice::decode
