@@ -169,13 +169,11 @@ Result<Generation> generate_speculative(model::Model& target, Drafter& drafter, 
   // token. A draft model that starts empty catches up on the whole of it (prompt included).
   const int n_before = target.n_past();
   std::vector<int32_t> seq(prompt.begin(), prompt.end());
-  if (n_before > 0) {
+  if (n_before > 0 && drafter.own_context()) {
     // Earlier turns (chat) are in the target's cache but not in `prompt`: a draft model would
     // need them too. Only a self-draft, which shares the cache, can continue from there.
-    if (dynamic_cast<ModelDrafter*>(&drafter) != nullptr) {
-      return invalid_argument("speculative decoding with a draft model starts from an empty KV cache (" +
-                              std::to_string(n_before) + " positions in use)");
-    }
+    return invalid_argument("speculative decoding with a draft model starts from an empty KV cache (" +
+                            std::to_string(n_before) + " positions in use)");
   }
 
   Generation gen;

@@ -50,6 +50,9 @@ class Drafter {
   // After verification: the first n_valid tokens of the last `seq` and of the drafted tokens
   // (seq followed by drafts) are the sequence's; later draft state must go.
   virtual void rollback(int n_valid) = 0;
+  // Whether the drafter keeps its own context (a draft model) and so must see the whole sequence
+  // from position 0; a self-draft shares the target's KV cache and continues from anywhere.
+  virtual bool own_context() const { return true; }
   // Seconds spent drafting (passes of the draft), for the stats.
   double seconds = 0;
 };
@@ -80,6 +83,7 @@ class SelfDrafter final : public Drafter {
   Status draft(std::span<const int32_t> seq, int k, Sampler& sampler, std::vector<int32_t>& tokens,
                std::vector<std::vector<Candidate>>& q) override;
   void rollback(int) override {}
+  bool own_context() const override { return false; }
   const std::vector<bool>& layers() const { return run_; }
 
  private:

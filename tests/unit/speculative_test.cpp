@@ -367,3 +367,21 @@ TEST(Speculative, AdaptiveKFollowsTheMeasuredCosts) {
 
 }  // namespace
 }  // namespace sluice::decode
+
+namespace sluice::decode {
+namespace {
+
+TEST(Speculative, DraftModelNeedsAnEmptyCacheSelfDraftDoesNot) {
+  const FakeTokenizer tok;
+  HashModel t(1, 64, -9.0f), d(2, 64, -9.0f);
+  std::vector<float> logits(kVocab);
+  ASSERT_TRUE(t.eval(std::vector<int32_t>{1, 2}, logits).is_ok());
+  ModelDrafter drafter(d);
+  Sampler s(greedy(), kVocab);
+  auto g = generate_speculative(t, drafter, tok, s, std::vector<int32_t>{3}, {4}, {2, false}, nullptr);
+  ASSERT_FALSE(g.is_ok());
+  EXPECT_NE(g.status().message().find("empty KV cache"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace sluice::decode
