@@ -11,10 +11,7 @@
 #include <map>
 #include <numeric>
 
-#include "decode/calibrate.h"
-#include "gguf/gguf.h"
 #include "model/config.h"
-#include "stream/cpu_streamer.h"
 #include "test_util.h"
 
 namespace sluice::decode {
