@@ -13,5 +13,15 @@ case "$kind" in
   *) echo "build.sh: unknown build kind '$kind' (release, asan, fuzz)" >&2; exit 2 ;;
 esac
 gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
-[ -f "$dir/CMakeCache.txt" ] || cmake -S . -B "$dir" "${gen[@]}" "${flags[@]}" >/dev/null
+# SLUICE_CUDA_ARCHS (e.g. 90): the CUDA architectures to compile for; unset: the default list of
+# CMakeLists.txt (every supported GPU). scripts/test.sh sets it on machines without a GPU, where
+# CUDA code is only compiled, to one architecture.
+if [ -n "${SLUICE_CUDA_ARCHS:-}" ]; then
+  flags+=(-DCMAKE_CUDA_ARCHITECTURES="$SLUICE_CUDA_ARCHS")
+elif [ -f "$dir/CMakeCache.txt" ] && grep -q "^CMAKE_CUDA_ARCHITECTURES:" "$dir/CMakeCache.txt"; then
+  flags+=(-UCMAKE_CUDA_ARCHITECTURES)  # back to the default list
+fi
+if [ ! -f "$dir/CMakeCache.txt" ] || [ -n "${SLUICE_CUDA_ARCHS:-}" ] || [[ " ${flags[*]} " == *" -UCMAKE_CUDA_ARCHITECTURES "* ]]; then
+  cmake --no-warn-unused-cli -S . -B "$dir" "${gen[@]}" "${flags[@]}" >/dev/null
+fi
 cmake --build "$dir" -j "$jobs"

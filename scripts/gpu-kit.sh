@@ -20,7 +20,10 @@ kit=${2:-.gpukit}
 case "$cmd" in
   pack)
     mkdir -p "$kit/debs"
-    (cd "$kit/debs" && apt-get download libpcre2-dev liburing-dev libcli11-dev nlohmann-json3-dev libgtest-dev)
+    # cpp-httplib (sluice serve) is a shared library in Debian: its runtime libraries come along,
+    # found at run time through the build's RPATH into the unpacked debs.
+    (cd "$kit/debs" && apt-get download libpcre2-dev liburing-dev libcli11-dev nlohmann-json3-dev libgtest-dev \
+      libcpp-httplib-dev libcpp-httplib0.11 libbrotli1 libssl3 zlib1g)
     fio_bin=$(command -v fio) || { echo "gpu-kit: fio not installed here (apt-get install fio)" >&2; exit 1; }
     tmp=$(mktemp -d)
     mkdir -p "$tmp/fio/lib" && cp "$fio_bin" "$tmp/fio/"

@@ -55,6 +55,8 @@ Result<std::unique_ptr<model::Model>> load_weights(const ModelFlags& f, double& 
   model::LoadOptions opts;
   opts.n_ctx = f.n_ctx;
   opts.n_threads = f.n_threads;
+  opts.max_sequences = f.max_sequences;
+  opts.kv_positions = f.kv_positions;
   opts.backend = backend_kind(f);
   opts.cuda_graphs = f.graphs;
   opts.on_load_progress = core::progress_bar("loading " + f.model_path);
@@ -170,6 +172,8 @@ Result<LoadedModel> load_device_streamed(const ModelFlags& mf, const StreamFlags
   model::LoadOptions lo;
   lo.n_ctx = mf.n_ctx;
   lo.n_threads = mf.n_threads;
+  lo.max_sequences = mf.max_sequences;
+  lo.kv_positions = mf.kv_positions;
   lo.backend = model::BackendKind::kCuda;
   lo.cuda_graphs = mf.graphs;
   lo.layer_source = stream::device_streaming_source(mf.model_path, o, &lm.device_streamer);
@@ -338,6 +342,8 @@ Result<LoadedModel> load_model(const ModelFlags& mf, const StreamFlags& sf) {
   model::LoadOptions lo;
   lo.n_ctx = mf.n_ctx;
   lo.n_threads = mf.n_threads;
+  lo.max_sequences = mf.max_sequences;
+  lo.kv_positions = mf.kv_positions;
   lo.backend = backend_kind(mf);
   lo.cuda_graphs = mf.graphs;
   lo.layer_source = stream::cpu_streaming_source(mf.model_path, o, &lm.streamer);

@@ -20,6 +20,7 @@ constexpr Command kCommands[] = {
     {"synth", sluice::app::cmd_synth, "write a random GGUF: sluice synth SHAPE --type T -o FILE"},
     {"bench", sluice::app::cmd_bench, "throughput: sluice bench -m MODEL"},
     {"calibrate", sluice::app::cmd_calibrate, "layer-skip scores: sluice calibrate -m MODEL -f TEXT"},
+    {"serve", sluice::app::cmd_serve, "OpenAI-compatible HTTP server: sluice serve -m MODEL [--port 8080]"},
 };
 
 void usage(FILE* out) {

@@ -19,6 +19,10 @@ struct ModelFlags {
   bool graphs = true;            // CUDA: replay recorded decode steps (--no-graphs: A/B)
   int n_ctx = 0;           // -c; 0: the model's own context length (capped by model/)
   int n_threads = 0;       // -t; 0: all physical cores
+  // Sequences open at once and the KV pool size in positions (model::LoadOptions; set by
+  // `sluice serve --parallel/--kv-positions`, 1 and 0 for every other command).
+  int max_sequences = 1;
+  int kv_positions = 0;
 };
 
 // Streaming and its observability (docs/STREAMING.md), for run, chat, perplexity and bench.

@@ -10,7 +10,7 @@
 //   prefills with f16 activations on tensor cores. Each of these is ~0.5% relative noise per matrix
 //   input, and random-weight models amplify it layer by layer: quantized synthetic models differ
 //   by up to 5e-2 in hidden states (bound 8e-2), float-format models by 1e-3..6e-3 (bound 1e-2),
-//   the real (depth-truncated) SmolLM2 by 1e-2 (bound 3e-2). A wrong op (mask, rope, GQA head,
+//   the real (depth-truncated) SmolLM2 by 1e-2, with a seed-dependent tail to 3.2e-2 (bound 5e-2). A wrong op (mask, rope, GQA head,
 //   block index) shows as an error of order 1, far above every bound.
 // - Greedy tokens: the GPU continuation is fed back to the CPU (teacher forcing) and the argmax
 //   compared at every position; where they differ, the CPU's own top-2 gap there must be a
@@ -450,7 +450,9 @@ TEST(ModelParityReal, SmolLM2) {
   const char* env = std::getenv("SLUICE_GPU_REAL_MODEL");
   const std::string path = env && *env ? std::string(env) : model_path(kSmolLM2);
   SLUICE_REQUIRE_MODEL(path);
-  check_parity(path, 3e-2, 48);
+  // Random prompt ids over the whole vocabulary: measured over 25 seeds (H100, 2026-11-25) the
+  // worst prefill layer is 1.0e-2..1.2e-2 for most, with a tail up to 2.9e-2 and 3.2e-2.
+  check_parity(path, 5e-2, 48);
 }
 
 // Gemma 3 270M Q4_K_M (scripts/fetch-models.sh) when models/ holds it: 18 layers, window 512 (the
@@ -460,7 +462,7 @@ TEST(ModelParityReal, Gemma3_270M) {
   SLUICE_SKIP_WITHOUT_GPU();
   const std::string path = model_path(kGemma3);
   SLUICE_REQUIRE_MODEL(path);
-  check_parity(path, 3e-2, 48);
+  check_parity(path, 5e-2, 48);
 }
 
 TEST(CudaBackend, ErrorsAreClear) {

@@ -60,7 +60,9 @@ struct DecodeParams {
 
 // Grid: one block per (head group, split, KV head, query row), flattened with the head group
 // fastest so the blocks sharing a KV head's rows run side by side and the second reads hit L2.
-template <int HD>
+// kPaged: keys through the paged cache's row map (a separate instantiation, so the unpaged
+// kernel, every single-sequence decode, has no map load or branch in its key loops).
+template <int HD, bool kPaged>
 __global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(const DecodeParams p) {
   pdl_wait();
   pdl_trigger();
@@ -127,7 +129,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(const Deco
 #pragma unroll
       for (int i = 0; i < S::kBatch; ++i) {
         const int j = tile0 + grp + S::kGroups * (u0 + i);
-        kr[i] = (piece_ok && j < end) ? load_row16(kp + cache_row(p.row_map, j) * p.k_stride) : make_uint4(0, 0, 0, 0);
+        const int64_t row = kPaged && piece_ok && j < end ? cache_row(p.row_map, j) : int64_t(j);
+        kr[i] = (piece_ok && j < end) ? load_row16(kp + row * p.k_stride) : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
       for (int i = 0; i < S::kBatch; ++i) {
@@ -183,7 +186,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(const Deco
         const int j = tile0 + grp + S::kGroups * (u0 + i);
         // Rows past the end are not read: their probability is 0 but the memory may hold
         // anything (NaN * 0 = NaN).
-        vr[i] = (piece_ok && j < end) ? load_row16(vp + cache_row(p.row_map, j) * p.v_stride) : make_uint4(0, 0, 0, 0);
+        const int64_t row = kPaged && piece_ok && j < end ? cache_row(p.row_map, j) : int64_t(j);
+        vr[i] = (piece_ok && j < end) ? load_row16(vp + row * p.v_stride) : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
       for (int i = 0; i < S::kBatch; ++i) {
@@ -286,8 +290,8 @@ template <int HD>
 Status launch_decode_hd(const DecodeParams& p, int n_tokens, float* out, int64_t out_stride, int8_t* out_q,
                         float2* out_ds, cudaStream_t stream) {
   const int64_t blocks = int64_t(n_tokens) * p.n_head_kv * p.n_hgroups * p.n_splits;
-  SLUICE_CUDA_RETURN_IF_ERROR(
-      launch_pdl(decode_split_kernel<HD>, dim3(unsigned(blocks)), dim3(kDecodeThreads), 0, stream, p));
+  const auto kernel = p.row_map != nullptr ? decode_split_kernel<HD, true> : decode_split_kernel<HD, false>;
+  SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(kernel, dim3(unsigned(blocks)), dim3(kDecodeThreads), 0, stream, p));
   SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("decode_split_kernel");
   SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(decode_combine_kernel, dim3(unsigned(p.n_head), unsigned(n_tokens)),
                                          dim3(kDecodeThreads), 0, stream, p.ws_acc, p.ws_ml, out, out_stride,

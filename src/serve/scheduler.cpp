@@ -1,0 +1,444 @@
+#include "serve/scheduler.h"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <numeric>
+
+namespace sluice::serve {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+}  // namespace
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kCancelled: return "cancelled";
+    case FinishReason::kError: return "error";
+  }
+  return "unknown";
+}
+
+std::optional<Event> Request::next(std::chrono::milliseconds timeout) {
+  std::unique_lock lk(mu_);
+  if (!cv_.wait_for(lk, timeout, [&] { return !events_.empty(); })) return std::nullopt;
+  Event e = std::move(events_.front());
+  events_.pop_front();
+  return e;
+}
+
+void Request::push(Event e) {
+  {
+    std::lock_guard lk(mu_);
+    events_.push_back(std::move(e));
+  }
+  cv_.notify_all();
+}
+
+// An admitted request: its sequence, reservation and generation state.
+struct Scheduler::Active {
+  Active(std::shared_ptr<Request> r, int s, int blocks, const model::Tokenizer& tok, int n_vocab)
+      : req(std::move(r)), seq(s), reserved(blocks), sampler(req->params.sampling, n_vocab), detok(tok) {}
+  std::shared_ptr<Request> req;
+  int seq;
+  int reserved;            // KV blocks reserved at admission
+  size_t n_prefilled = 0;  // prompt tokens evaluated
+  int32_t pending = -1;    // sampled, not yet evaluated (>= 0 while generating)
+  int n_generated = 0;
+  decode::Sampler sampler;
+  model::Detokenizer detok;
+  std::string held;  // text held back: it may be the start of a stop string
+  std::vector<TokenLogprob> logprobs;  // not yet sent
+  bool done = false;
+};
+
+Scheduler::Scheduler(model::Model& model, const model::Tokenizer& tokenizer, const SchedulerOptions& opts)
+    : model_(model), tok_(tokenizer), opts_(opts) {
+  n_ctx_ = model_.n_ctx();
+  n_vocab_ = model_.n_vocab();
+  const int max_seq = std::max(1, model_.max_sequences());
+  parallel_ = opts_.parallel > 0 ? std::min(opts_.parallel, max_seq) : max_seq;
+  multi_ = max_seq > 1;
+  opts_.step_tokens = std::clamp(opts_.step_tokens, 1, 512);
+  opts_.max_queue = std::max(0, opts_.max_queue);
+  for (int32_t id = 0; id < n_vocab_; ++id) {
+    if (tok_.is_end_of_generation(id)) eog_tokens_.push_back(id);
+  }
+  m_.parallel = parallel_;
+  m_.kv_blocks_total = model_.kv_blocks_total();
+  m_.kv_block_size = model_.kv_block_size();
+  thread_ = std::thread([this] { loop(); });
+}
+
+Scheduler::~Scheduler() { shutdown(std::chrono::milliseconds(0)); }
+
+Result<std::shared_ptr<Request>> Scheduler::submit(RequestParams p) {
+  if (p.prompt.empty()) return invalid_argument("the prompt is empty after tokenization");
+  for (int32_t t : p.prompt) {
+    if (t < 0 || t >= n_vocab_) {
+      return invalid_argument("prompt token " + std::to_string(t) + " is outside the vocabulary [0, " +
+                              std::to_string(n_vocab_) + ")");
+    }
+  }
+  if (int64_t(p.prompt.size()) > n_ctx_) {
+    return invalid_argument("the prompt is " + std::to_string(p.prompt.size()) +
+                            " tokens, longer than the context (" + std::to_string(n_ctx_) +
+                            " tokens); shorten it or start the server with a larger -c");
+  }
+  if (p.max_tokens == 0 || p.max_tokens < -1) {
+    return invalid_argument("max_tokens must be >= 1, got " + std::to_string(p.max_tokens));
+  }
+  if (Status st = decode::validate(p.sampling); !st.is_ok()) return st;
+  if (p.top_logprobs > 20) return invalid_argument("top_logprobs must be in [0, 20]");
+  const int64_t positions =
+      p.max_tokens < 0 ? n_ctx_ : std::min<int64_t>(n_ctx_, int64_t(p.prompt.size()) + p.max_tokens - 1);
+  const int need = model_.kv_blocks_for(int(positions));
+  if (need > model_.kv_blocks_total()) {
+    return invalid_argument("the request needs " + std::to_string(need) + " KV blocks (prompt " +
+                            std::to_string(p.prompt.size()) + " + max_tokens), more than the whole KV pool (" +
+                            std::to_string(model_.kv_blocks_total()) + " blocks); lower max_tokens");
+  }
+
+  auto req = std::make_shared<Request>(std::move(p));
+  {
+    std::lock_guard lk(mu_);
+    if (shutting_down_.load() || stop_) return unsupported("the server is shutting down");
+    // Requests beyond the free slots wait; at most max_queue of them.
+    const int free_slots = std::max(0, parallel_ - m_.active);
+    if (int(queue_.size()) >= opts_.max_queue + free_slots) {
+      return out_of_memory("queue full: " + std::to_string(queue_.size()) + " requests are waiting");
+    }
+    queue_.push_back(req);
+    m_.queued = int(queue_.size());
+  }
+  cv_.notify_all();
+  return req;
+}
+
+void Scheduler::shutdown(std::chrono::milliseconds deadline) {
+  shutting_down_.store(true);
+  const auto until = Clock::now() + deadline;
+  while (Clock::now() < until) {
+    {
+      std::lock_guard lk(mu_);
+      if (stop_ || (queue_.empty() && m_.active == 0)) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+Metrics Scheduler::metrics() const {
+  std::lock_guard lk(mu_);
+  Metrics m = m_;
+  // Generated tokens per second over the steps of the last ~10 s.
+  const auto now = Clock::now();
+  if (!rate_window_.empty()) {
+    const auto& [t0, g0] = rate_window_.front();
+    const double dt = std::chrono::duration<double>(now - t0).count();
+    if (dt > 0.5 && dt < 30) m.tokens_per_second = double(m.generated_tokens - g0) / dt;
+  }
+  return m;
+}
+
+void Scheduler::loop() {
+  for (;;) {
+    {
+      std::unique_lock lk(mu_);
+      if (active_.empty()) cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+      if (stop_) break;
+    }
+    admit();
+    if (!step()) {
+      // Nothing admitted could run (the queue head waits for blocks held by nobody running cannot
+      // happen; a cancelled head was dropped): avoid spinning.
+      std::unique_lock lk(mu_);
+      cv_.wait_for(lk, std::chrono::milliseconds(5));
+    }
+  }
+  // Stopped: cancel what is left.
+  for (auto& a : active_) finish(*a, FinishReason::kCancelled);
+  active_.clear();
+  std::deque<std::shared_ptr<Request>> left;
+  {
+    std::lock_guard lk(mu_);
+    left.swap(queue_);
+    m_.queued = 0;
+    m_.active = 0;
+    m_.requests_cancelled += left.size();
+  }
+  for (auto& r : left) {
+    Event e;
+    e.kind = Event::Kind::kDone;
+    e.finish = FinishReason::kCancelled;
+    e.n_prompt = int(r->params.prompt.size());
+    r->push(std::move(e));
+  }
+}
+
+void Scheduler::admit() {
+  for (;;) {
+    std::shared_ptr<Request> r;
+    {
+      std::lock_guard lk(mu_);
+      if (queue_.empty()) return;
+      r = queue_.front();
+      if (r->cancelled()) {
+        queue_.pop_front();
+        m_.queued = int(queue_.size());
+        m_.requests_cancelled++;
+      } else if (int(active_.size()) >= parallel_) {
+        return;
+      }
+    }
+    if (r->cancelled()) {
+      Event e;
+      e.kind = Event::Kind::kDone;
+      e.finish = FinishReason::kCancelled;
+      e.n_prompt = int(r->params.prompt.size());
+      r->push(std::move(e));
+      continue;
+    }
+    const auto& p = r->params;
+    const int64_t positions =
+        p.max_tokens < 0 ? n_ctx_ : std::min<int64_t>(n_ctx_, int64_t(p.prompt.size()) + p.max_tokens - 1);
+    const int need = model_.kv_blocks_for(int(positions));
+    if (reserved_blocks_ + need > model_.kv_blocks_total()) return;  // waits for blocks to be freed
+
+    // A sequence: 0 when free, else a new one.
+    int seq = -1;
+    const bool zero_used = std::any_of(active_.begin(), active_.end(), [](const auto& a) { return a->seq == 0; });
+    if (!zero_used) {
+      seq = 0;
+      model_.seq_truncate(0, 0);
+    } else if (multi_) {
+      auto s = model_.seq_new();
+      if (!s.is_ok()) return;  // no sequence free yet: wait
+      seq = *s;
+    } else {
+      return;
+    }
+    {
+      std::lock_guard lk(mu_);
+      // The head is still r: only this thread pops.
+      queue_.pop_front();
+      m_.queued = int(queue_.size());
+    }
+    reserved_blocks_ += need;
+    auto a = std::make_unique<Active>(std::move(r), seq, need, tok_, n_vocab_);
+    for (int32_t t : a->req->params.prompt) a->sampler.accept(t);
+    active_.push_back(std::move(a));
+    std::lock_guard lk(mu_);
+    m_.active = int(active_.size());
+    m_.kv_blocks_reserved = reserved_blocks_;
+  }
+}
+
+bool Scheduler::step() {
+  // Requests cancelled by their reader leave before the pass.
+  for (auto& a : active_) {
+    if (a->req->cancelled()) finish(*a, FinishReason::kCancelled);
+  }
+  std::erase_if(active_, [](const auto& a) { return a->done; });
+  if (active_.empty()) {
+    std::lock_guard lk(mu_);
+    m_.active = 0;
+    m_.kv_blocks_reserved = reserved_blocks_;
+    m_.kv_blocks_used = model_.kv_blocks_total() - model_.kv_blocks_free();
+    return false;
+  }
+
+  struct Row {
+    Active* a;
+    int n;         // tokens of this item
+    bool prefill;  // a prompt chunk (else a decode token)
+  };
+  std::vector<model::Model::SeqTokens> items;
+  std::vector<Row> rows;
+  int budget = opts_.step_tokens;
+  for (auto& a : active_) {
+    if (a->pending >= 0 && budget > 0) {
+      items.push_back({a->seq, std::span<const int32_t>(&a->pending, 1), false});
+      rows.push_back({a.get(), 1, false});
+      budget--;
+    }
+  }
+  for (auto& a : active_) {
+    const auto& prompt = a->req->params.prompt;
+    if (a->pending < 0 && a->n_prefilled < prompt.size() && budget > 0) {
+      const int n = int(std::min<size_t>(prompt.size() - a->n_prefilled, size_t(budget)));
+      items.push_back({a->seq, std::span<const int32_t>(prompt).subspan(a->n_prefilled, size_t(n)), false});
+      rows.push_back({a.get(), n, true});
+      budget -= n;
+    }
+  }
+  if (items.empty()) return false;
+
+  logits_.resize(items.size() * size_t(n_vocab_));
+  const auto t0 = Clock::now();
+  Status st = model_.eval_batch(items, logits_);
+  const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (!st.is_ok()) {
+    // The pass changed nothing: the requests in it fail with the model's message, the others go on.
+    for (auto& r : rows) finish(*r.a, FinishReason::kError, "model evaluation failed: " + st.message());
+  } else {
+    uint64_t prompt_tokens = 0;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      Active& a = *rows[i].a;
+      const std::span<float> row(logits_.data() + i * size_t(n_vocab_), size_t(n_vocab_));
+      if (rows[i].prefill) {
+        a.n_prefilled += size_t(rows[i].n);
+        prompt_tokens += uint64_t(rows[i].n);
+        if (a.n_prefilled < a.req->params.prompt.size()) continue;
+      } else {
+        a.pending = -1;
+      }
+      handle_token(a, row);
+    }
+    std::lock_guard lk(mu_);
+    m_.prompt_tokens += prompt_tokens;
+    m_.steps++;
+    int ntok = 0;
+    for (const auto& r : rows) ntok += r.n;
+    m_.batch_tokens += uint64_t(ntok);
+    m_.batch_sequences += rows.size();
+    m_.last_batch_tokens = ntok;
+    m_.last_batch_sequences = int(rows.size());
+    m_.busy_seconds += dt;
+  }
+  std::erase_if(active_, [](const auto& a) { return a->done; });
+  std::lock_guard lk(mu_);
+  m_.active = int(active_.size());
+  m_.kv_blocks_reserved = reserved_blocks_;
+  m_.kv_blocks_used = model_.kv_blocks_total() - model_.kv_blocks_free();
+  const auto now = Clock::now();
+  rate_window_.emplace_back(now, m_.generated_tokens);
+  while (rate_window_.size() > 2 && now - rate_window_[1].first > std::chrono::seconds(10)) rate_window_.pop_front();
+  return true;
+}
+
+void Scheduler::handle_token(Active& a, std::span<float> logits) {
+  const auto& p = a.req->params;
+  if (p.ignore_eos) {
+    for (int32_t id : eog_tokens_) logits[size_t(id)] = -INFINITY;
+  }
+  const int32_t tok = a.sampler.sample(logits);
+  a.sampler.accept(tok);
+  a.n_generated++;
+  {
+    std::lock_guard lk(mu_);
+    m_.generated_tokens++;
+  }
+  if (p.top_logprobs >= 0) {
+    float mx = -INFINITY;
+    for (float v : logits) mx = std::max(mx, v);
+    double sum = 0;
+    for (float v : logits) sum += std::exp(double(v) - mx);
+    const float lse = mx + float(std::log(sum));
+    TokenLogprob lp{tok, logits[size_t(tok)] - lse, {}};
+    if (p.top_logprobs > 0) {
+      std::vector<int32_t> idx(logits.size());
+      std::iota(idx.begin(), idx.end(), 0);
+      const size_t k = std::min(size_t(p.top_logprobs), idx.size());
+      std::partial_sort(idx.begin(), idx.begin() + ptrdiff_t(k), idx.end(), [&](int32_t x, int32_t y) {
+        return logits[size_t(x)] > logits[size_t(y)] || (logits[size_t(x)] == logits[size_t(y)] && x < y);
+      });
+      for (size_t i = 0; i < k; ++i) lp.top.push_back({idx[i], logits[size_t(idx[i])] - lse});
+    }
+    a.logprobs.push_back(std::move(lp));
+  }
+
+  if (tok_.is_end_of_generation(tok)) {
+    emit_text(a, a.detok.flush(), true);
+    if (!a.done) finish(a, FinishReason::kStop);
+    return;
+  }
+  // Control tokens (<|im_start|>, ...) structure the conversation; they are not text.
+  if (!tok_.is_control(tok)) emit_text(a, a.detok.push(tok), false);
+  if (a.done) return;  // a stop string
+  const int max_tokens = p.max_tokens < 0 ? INT_MAX : p.max_tokens;
+  // The token would be evaluated at position prompt + n_generated - 1.
+  const int64_t next_pos = int64_t(p.prompt.size()) + a.n_generated - 1;
+  if (a.n_generated >= max_tokens || next_pos >= n_ctx_) {
+    emit_text(a, a.detok.flush(), true);
+    if (!a.done) finish(a, FinishReason::kLength);
+    return;
+  }
+  a.pending = tok;
+  if (!a.logprobs.empty()) emit_text(a, "", false);  // logprobs of a token whose text is held back
+}
+
+void Scheduler::emit_text(Active& a, std::string piece, bool final) {
+  a.held += piece;
+  const auto& stops = a.req->params.stop;
+  size_t out_len = a.held.size();
+  bool stopped = false;
+  size_t first = std::string::npos;
+  for (const auto& s : stops) {
+    if (s.empty()) continue;
+    const size_t pos = a.held.find(s);
+    if (pos != std::string::npos && pos < first) first = pos;
+  }
+  if (first != std::string::npos) {
+    out_len = first;
+    stopped = true;
+  } else if (!final) {
+    // Hold back the longest tail that could still become a stop string.
+    size_t keep = 0;
+    for (const auto& s : stops) {
+      for (size_t k = std::min(s.size() - (s.empty() ? 0 : 1), a.held.size()); k > keep; --k) {
+        if (a.held.compare(a.held.size() - k, k, s, 0, k) == 0) {
+          keep = k;
+          break;
+        }
+      }
+    }
+    out_len = a.held.size() - keep;
+  }
+  if (out_len > 0 || !a.logprobs.empty()) {
+    Event e;
+    e.kind = Event::Kind::kText;
+    e.text = a.held.substr(0, out_len);
+    e.logprobs = std::move(a.logprobs);
+    a.logprobs.clear();
+    a.req->push(std::move(e));
+  }
+  a.held.erase(0, stopped ? a.held.size() : out_len);
+  if (stopped) finish(a, FinishReason::kStop);
+}
+
+void Scheduler::finish(Active& a, FinishReason r, const std::string& error) {
+  if (a.done) return;
+  a.done = true;
+  if (a.seq == 0 || !multi_) {
+    model_.seq_truncate(a.seq, 0);
+  } else {
+    model_.seq_free(a.seq);
+  }
+  reserved_blocks_ -= a.reserved;
+  a.reserved = 0;
+  Event e;
+  e.kind = Event::Kind::kDone;
+  e.finish = r;
+  e.error = error;
+  e.n_prompt = int(a.req->params.prompt.size());
+  e.n_generated = a.n_generated;
+  e.logprobs = std::move(a.logprobs);
+  a.req->push(std::move(e));
+  std::lock_guard lk(mu_);
+  switch (r) {
+    case FinishReason::kCancelled: m_.requests_cancelled++; break;
+    case FinishReason::kError: m_.requests_failed++; break;
+    default: m_.requests_finished++; break;
+  }
+}
+
+}  // namespace sluice::serve

@@ -1,0 +1,184 @@
+// Continuous batching for `sluice serve` (docs/SERVING.md). One scheduler thread owns the model;
+// HTTP threads submit requests through a thread-safe inbox and read each request's events from its
+// own channel.
+//
+// Every step the scheduler builds one Model::eval_batch: one decode token for every request that
+// is generating, then prompt chunks of the requests still prefilling (in arrival order) up to the
+// step's token budget. Requests join at the next step after admission and leave at the token that
+// ends them (end of generation, stop string, max_tokens, context full, cancellation), freeing their
+// sequence and KV blocks at once.
+//
+// Admission is by KV blocks: a request reserves the blocks of its prompt plus max_tokens (capped at
+// the context) when it is admitted, so a running request never runs out of cache. A request that
+// does not fit waits in the queue; one that could never fit (more blocks than the whole pool) is
+// refused at submit() with a message saying so.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/status.h"
+#include "decode/sampler.h"
+#include "model/model.h"
+#include "model/tokenizer.h"
+
+namespace sluice::serve {
+
+struct RequestParams {
+  std::vector<int32_t> prompt;  // not empty
+  int max_tokens = -1;          // -1: until end of generation or the context is full
+  decode::SamplerParams sampling;
+  std::vector<std::string> stop;  // stop strings (not part of the output)
+  int top_logprobs = -1;          // -1: no logprobs; 0..20: the chosen token's logprob + that many alternatives
+  bool ignore_eos = false;        // never sample end-of-generation tokens (benchmarks; llama-server's field)
+};
+
+struct TopLogprob {
+  int32_t id;
+  float logprob;
+};
+// The log-probability of one generated token under the model (log-softmax of the raw logits,
+// before any sampling filter), and the most likely alternatives.
+struct TokenLogprob {
+  int32_t id;
+  float logprob;
+  std::vector<TopLogprob> top;
+};
+
+enum class FinishReason { kStop, kLength, kCancelled, kError };
+const char* finish_reason_name(FinishReason r);  // "stop", "length", "cancelled", "error"
+
+// What the scheduler sends a request's reader. kText carries new text (may be empty when only
+// logprobs are new) and the logprobs of the tokens sampled since the last event; kDone is last.
+struct Event {
+  enum class Kind { kText, kDone } kind = Kind::kText;
+  std::string text;
+  std::vector<TokenLogprob> logprobs;
+  // kDone only:
+  FinishReason finish = FinishReason::kStop;
+  std::string error;  // kError: what went wrong
+  int n_prompt = 0;
+  int n_generated = 0;
+};
+
+// One request as both sides see it. The reader calls next(); cancel() may come from any thread.
+class Request {
+ public:
+  explicit Request(RequestParams p) : params(std::move(p)) {}
+  const RequestParams params;
+
+  // Waits up to `timeout` for the next event; nullopt on timeout.
+  std::optional<Event> next(std::chrono::milliseconds timeout);
+  // Asks the scheduler to stop this request at its next step (client gone); its KV blocks are
+  // freed then and a kDone(kCancelled) event follows.
+  void cancel() { cancelled_.store(true); }
+  bool cancelled() const { return cancelled_.load(); }
+
+  // Scheduler side.
+  void push(Event e);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Event> events_;
+  std::atomic<bool> cancelled_{false};
+};
+
+struct SchedulerOptions {
+  int max_queue = 64;     // requests waiting for admission beyond which submit() refuses (HTTP 503)
+  int step_tokens = 512;  // tokens per eval_batch (decode tokens + prompt chunks); the model's cap is 512
+  int parallel = 0;       // requests generating at once; 0 or more than the model's max_sequences(): that
+};
+
+// A snapshot for /metrics.
+struct Metrics {
+  uint64_t requests_finished = 0;
+  uint64_t requests_cancelled = 0;
+  uint64_t requests_failed = 0;
+  uint64_t prompt_tokens = 0;     // prompt tokens evaluated
+  uint64_t generated_tokens = 0;  // tokens sampled
+  uint64_t steps = 0;             // eval_batch calls
+  uint64_t batch_tokens = 0;      // tokens over all steps (batch_tokens / steps: mean batch size)
+  uint64_t batch_sequences = 0;   // sequences over all steps
+  int last_batch_tokens = 0;
+  int last_batch_sequences = 0;
+  int queued = 0;   // waiting for admission
+  int active = 0;   // admitted (prefilling or generating)
+  int parallel = 0; // slots
+  int kv_blocks_total = 0;
+  int kv_blocks_used = 0;      // the model's pool
+  int kv_blocks_reserved = 0;  // reserved by admitted requests
+  int kv_block_size = 0;
+  double busy_seconds = 0;     // wall time inside steps
+  double tokens_per_second = 0;  // generated tokens per second over the last few seconds
+};
+
+class Scheduler {
+ public:
+  // `model` and `tokenizer` must outlive the scheduler; the scheduler thread is their only user.
+  Scheduler(model::Model& model, const model::Tokenizer& tokenizer, const SchedulerOptions& opts);
+  ~Scheduler();  // shutdown(0)
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a request. Errors: kInvalidArgument (empty prompt, a token outside the vocabulary, a
+  // prompt longer than the context, a request larger than the KV pool, bad sampling parameters);
+  // kOutOfMemory with "queue full" when max_queue requests are waiting; kUnsupported while
+  // shutting down.
+  Result<std::shared_ptr<Request>> submit(RequestParams params);
+
+  // Stops accepting, lets queued and running requests finish for up to `deadline`, cancels what is
+  // left (their readers get kDone(kCancelled)), and stops the thread. Idempotent.
+  void shutdown(std::chrono::milliseconds deadline);
+  bool shutting_down() const { return shutting_down_.load(); }
+
+  Metrics metrics() const;
+  int n_ctx() const { return n_ctx_; }
+  int parallel() const { return parallel_; }
+
+ private:
+  struct Active;
+  void loop();
+  bool step();  // one batch; false when there was nothing to do
+  void admit();
+  void finish(Active& a, FinishReason r, const std::string& error = {});
+  void handle_token(Active& a, std::span<float> logits);
+  void emit_text(Active& a, std::string piece, bool final);
+
+  model::Model& model_;
+  const model::Tokenizer& tok_;
+  SchedulerOptions opts_;
+  int n_ctx_ = 0;
+  int n_vocab_ = 0;
+  int parallel_ = 1;
+  bool multi_ = false;  // the model runs several sequences (seq_new works)
+
+  // Shared with submitting threads.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Request>> queue_;
+  bool stop_ = false;
+  std::atomic<bool> shutting_down_{false};
+  Metrics m_;  // under mu_
+
+  // Scheduler thread only.
+  std::vector<std::unique_ptr<Active>> active_;
+  std::vector<int> free_slots_;  // sequence ids not in use (0 always exists)
+  int reserved_blocks_ = 0;
+  std::vector<float> logits_;
+  std::vector<int32_t> eog_tokens_;  // masked for ignore_eos requests
+  std::deque<std::pair<std::chrono::steady_clock::time_point, uint64_t>> rate_window_;
+
+  std::thread thread_;
+};
+
+}  // namespace sluice::serve

@@ -1,0 +1,439 @@
+// serve::Scheduler: continuous batching (requests join and leave at token boundaries), chunked
+// prefill mixed with decode, admission by KV blocks, stop strings, logprobs, cancellation, queue
+// limit and shutdown, against a fake multi-sequence model (a paged pool with eval_batch) and a
+// fake one-sequence model (the Model base-class defaults); then greedy output against
+// decode::generate on the real SmolLM2 model.
+#include "serve/scheduler.h"
+
+#include <map>
+#include <set>
+
+#include "app/common.h"
+#include "decode/generate.h"
+#include "model/config.h"
+#include "test_util.h"
+
+namespace sluice::serve {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr int kVocab = 16;
+constexpr int32_t kEog = 15;
+
+// Token i is the letter 'a' + i; 15 ends generation; 14 is a control token.
+class FakeTokenizer final : public model::Tokenizer {
+ public:
+  std::vector<int32_t> encode(std::string_view, bool, bool) const override { return {}; }
+  std::string token_bytes(int32_t id) const override { return id >= 0 && id < kVocab ? std::string(1, char('a' + id)) : ""; }
+  int n_vocab() const override { return kVocab; }
+  int32_t bos() const override { return -1; }
+  int32_t eos() const override { return kEog; }
+  bool is_end_of_generation(int32_t id) const override { return id == kEog; }
+  bool add_bos_default() const override { return false; }
+  int32_t find_token(std::string_view) const override { return -1; }
+  bool is_control(int32_t id) const override { return id == 14 || id == kEog; }
+  bool strips_leading_space() const override { return false; }
+};
+
+// The most likely next token is (last token + 1) % 16 in every sequence, so each request's greedy
+// output is determined by its own last prompt token whatever else shares the batch. A pool of
+// blocks of 4 positions; every pass is recorded and checked against eval_batch's contract.
+class FakeModel : public model::Model {
+ public:
+  FakeModel(int n_ctx, int max_seq, int blocks) : n_ctx_(n_ctx), max_seq_(max_seq), blocks_(blocks) { seqs_[0] = {}; }
+
+  const model::Config& config() const override { return config_; }
+  const char* backend_name() const override { return "fake"; }
+  int n_vocab() const override { return kVocab; }
+  int n_ctx() const override { return n_ctx_; }
+  int n_past() const override { return int(seqs_.at(0).size()); }
+  Status eval(std::span<const int32_t> tokens, std::span<float> logits) override {
+    SeqTokens item{0, tokens, false};
+    return eval_batch(std::span(&item, 1), logits);
+  }
+  void truncate(int n) override { seq_truncate(0, n); }
+  uint64_t weight_bytes_per_token() const override { return 1; }
+
+  Result<int> seq_new() override {
+    if (int(seqs_.size()) >= max_seq_) return out_of_memory("all sequences in use");
+    const int id = next_id_++;
+    seqs_[id] = {};
+    return id;
+  }
+  void seq_free(int seq) override {
+    if (seq != 0) seqs_.erase(seq);
+  }
+  int seq_n_past(int seq) const override {
+    auto it = seqs_.find(seq);
+    return it == seqs_.end() ? 0 : int(it->second.size());
+  }
+  void seq_truncate(int seq, int n) override {
+    auto it = seqs_.find(seq);
+    if (it != seqs_.end() && n < int(it->second.size())) it->second.resize(size_t(n));
+  }
+  int max_sequences() const override { return max_seq_; }
+  int kv_block_size() const override { return 4; }
+  int kv_blocks_total() const override { return blocks_; }
+  int kv_blocks_free() const override {
+    int used = 0;
+    for (const auto& [id, s] : seqs_) used += kv_blocks_for(int(s.size()));
+    return blocks_ - used;
+  }
+
+  Status eval_batch(std::span<const SeqTokens> items, std::span<float> logits) override {
+    int total = 0, rows = 0, need = 0;
+    std::set<int> seen;
+    for (const auto& it : items) {
+      auto s = seqs_.find(it.seq);
+      if (s == seqs_.end()) return contract("unknown sequence " + std::to_string(it.seq));
+      if (!seen.insert(it.seq).second) return contract("sequence twice in one pass");
+      if (it.tokens.empty()) return contract("empty item");
+      if (int(s->second.size() + it.tokens.size()) > n_ctx_) return contract("sequence past n_ctx");
+      total += int(it.tokens.size());
+      rows += it.all_logits ? int(it.tokens.size()) : 1;
+      need += kv_blocks_for(int(s->second.size() + it.tokens.size())) - kv_blocks_for(int(s->second.size()));
+    }
+    if (total > 512) return contract("more than 512 tokens");
+    if (logits.size() != size_t(rows) * kVocab) return contract("wrong logits size");
+    if (need > kv_blocks_free()) return out_of_memory("pool full");
+    passes.push_back({int(items.size()), total});
+    if (delay.count() > 0) std::this_thread::sleep_for(delay);
+    size_t row = 0;
+    for (const auto& it : items) {
+      auto& s = seqs_[it.seq];
+      s.insert(s.end(), it.tokens.begin(), it.tokens.end());
+      const int32_t next = (s.back() + 1) % wrap;
+      for (int i = 0; i < kVocab; ++i) logits[row * kVocab + size_t(i)] = i == next ? 5.0f : float(i) * 0.1f;
+      row++;
+    }
+    return Status::ok();
+  }
+
+  struct Pass {
+    int sequences, tokens;
+  };
+  std::vector<Pass> passes;   // read after the scheduler is idle
+  std::atomic<int> violations{0};
+  std::chrono::microseconds delay{0};  // per pass, so requests overlap in time
+  int wrap = kVocab;  // next token (last + 1) % wrap: 14 never ends generation
+
+ private:
+  Status contract(const std::string& what) {
+    violations++;
+    return invalid_argument("contract: " + what);
+  }
+  model::Config config_{};
+  int n_ctx_, max_seq_, blocks_;
+  int next_id_ = 1;
+  std::map<int, std::vector<int32_t>> seqs_;
+};
+
+// The Model base-class defaults: sequence 0 only.
+class OneSeqModel : public FakeModel {
+ public:
+  OneSeqModel(int n_ctx) : FakeModel(n_ctx, 1, n_ctx) {}
+  Result<int> seq_new() override { return model::Model::seq_new(); }
+  int max_sequences() const override { return 1; }
+  int kv_block_size() const override { return 1; }
+  int kv_blocks_total() const override { return n_ctx(); }
+  int kv_blocks_free() const override { return n_ctx() - n_past(); }
+  Status eval_batch(std::span<const SeqTokens> items, std::span<float> logits) override {
+    if (items.size() != 1 || items[0].seq != 0) violations++;
+    return FakeModel::eval_batch(items, logits);
+  }
+};
+
+RequestParams greedy(std::vector<int32_t> prompt, int max_tokens) {
+  RequestParams p;
+  p.prompt = std::move(prompt);
+  p.max_tokens = max_tokens;
+  p.sampling.temperature = 0;
+  return p;
+}
+
+struct Outcome {
+  std::string text;
+  Event done;
+  int events = 0;
+  std::vector<TokenLogprob> logprobs;
+};
+
+Outcome drain(Request& r) {
+  Outcome o;
+  for (;;) {
+    auto e = r.next(10s);
+    if (!e) {
+      ADD_FAILURE() << "no event within 10 s";
+      return o;
+    }
+    o.events++;
+    o.text += e->text;
+    for (auto& lp : e->logprobs) o.logprobs.push_back(lp);
+    if (e->kind == Event::Kind::kDone) {
+      o.done = std::move(*e);
+      return o;
+    }
+  }
+}
+
+TEST(ServeScheduler, OneRequestGreedyUntilMaxTokens) {
+  FakeModel m(64, 4, 64);
+  FakeTokenizer tok;
+  Scheduler s(m, tok, {});
+  auto r = s.submit(greedy({1, 2, 3}, 5));
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  Outcome o = drain(**r);
+  EXPECT_EQ(o.text, "efghi");
+  EXPECT_EQ(o.done.finish, FinishReason::kLength);
+  EXPECT_EQ(o.done.n_prompt, 3);
+  EXPECT_EQ(o.done.n_generated, 5);
+  s.shutdown(1s);
+  EXPECT_EQ(m.violations, 0);
+  EXPECT_EQ(m.kv_blocks_free(), 64);  // everything returned
+}
+
+TEST(ServeScheduler, EndOfGenerationStopsAndAddsNoText) {
+  FakeModel m(64, 4, 64);
+  FakeTokenizer tok;
+  Scheduler s(m, tok, {});
+  auto r = s.submit(greedy({11}, 10));  // 12 13 14(control) 15(EOG)
+  ASSERT_TRUE(r.is_ok());
+  Outcome o = drain(**r);
+  EXPECT_EQ(o.text, "mn");
+  EXPECT_EQ(o.done.finish, FinishReason::kStop);
+  EXPECT_EQ(o.done.n_generated, 4);
+}
+
+TEST(ServeScheduler, ConcurrentRequestsSharePassesAndGetTheirOwnText) {
+  FakeModel m(256, 8, 512);
+  m.delay = 1ms;
+  FakeTokenizer tok;
+  Scheduler s(m, tok, {});
+  std::vector<std::shared_ptr<Request>> reqs;
+  for (int i = 0; i < 6; ++i) {
+    auto r = s.submit(greedy({int32_t(i), int32_t(i)}, 12 + i));
+    ASSERT_TRUE(r.is_ok()) << r.status().message();
+    reqs.push_back(*r);
+  }
+  for (int i = 0; i < 6; ++i) {
+    Outcome o = drain(*reqs[size_t(i)]);
+    // Tokens after i: i+1, i+2, ... skipping the control token 14 and stopping at EOG 15.
+    std::string want;
+    for (int t = i + 1, n = 0; n < 12 + i && t != kEog; ++t, ++n) {
+      if (t != 14) want += char('a' + t);
+    }
+    EXPECT_EQ(o.text, want) << "request " << i;
+  }
+  s.shutdown(1s);
+  EXPECT_EQ(m.violations, 0);
+  int most = 0;
+  for (const auto& p : m.passes) most = std::max(most, p.sequences);
+  EXPECT_GE(most, 2) << "requests never shared a pass";
+  EXPECT_EQ(m.kv_blocks_free(), 512);
+}
+
+TEST(ServeScheduler, LongPromptIsPrefilledInChunksMixedWithDecode) {
+  FakeModel m(2048, 4, 1024);
+  m.delay = 2ms;
+  FakeTokenizer tok;
+  SchedulerOptions o;
+  o.step_tokens = 128;
+  Scheduler s(m, tok, o);
+  auto short_req = s.submit(greedy({0}, 40));
+  ASSERT_TRUE(short_req.is_ok());
+  std::vector<int32_t> long_prompt(1000, 3);
+  long_prompt.back() = 2;
+  auto long_req = s.submit(greedy(long_prompt, 3));
+  ASSERT_TRUE(long_req.is_ok());
+  Outcome lo = drain(**long_req);
+  EXPECT_EQ(lo.text, "def");
+  Outcome so = drain(**short_req);
+  EXPECT_EQ(so.done.finish, FinishReason::kStop);  // reached EOG
+  s.shutdown(1s);
+  EXPECT_EQ(m.violations, 0);
+  bool mixed = false;
+  for (const auto& p : m.passes) {
+    EXPECT_LE(p.tokens, 128);
+    mixed = mixed || (p.sequences == 2 && p.tokens > 2);
+  }
+  EXPECT_TRUE(mixed) << "no pass mixed a prompt chunk with a decode token";
+}
+
+TEST(ServeScheduler, StopStringEndsTheTextBeforeIt) {
+  FakeModel m(64, 4, 64);
+  FakeTokenizer tok;
+  Scheduler s(m, tok, {});
+  auto p = greedy({0}, 10);
+  p.stop = {"xyz", "de"};
+  auto r = s.submit(p);
+  ASSERT_TRUE(r.is_ok());
+  Outcome o = drain(**r);
+  EXPECT_EQ(o.text, "bc");
+  EXPECT_EQ(o.done.finish, FinishReason::kStop);
+}
+
+TEST(ServeScheduler, LogprobsOfTheChosenTokenAndTheTopAlternatives) {
+  FakeModel m(64, 4, 64);
+  FakeTokenizer tok;
+  Scheduler s(m, tok, {});
+  auto p = greedy({0}, 3);
+  p.top_logprobs = 2;
+  auto r = s.submit(p);
+  ASSERT_TRUE(r.is_ok());
+  Outcome o = drain(**r);
+  ASSERT_EQ(o.logprobs.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(o.logprobs[i].id, int32_t(i + 1));
+    ASSERT_EQ(o.logprobs[i].top.size(), 2u);
+    EXPECT_EQ(o.logprobs[i].top[0].id, o.logprobs[i].id);
+    EXPECT_FLOAT_EQ(o.logprobs[i].top[0].logprob, o.logprobs[i].logprob);
+    EXPECT_LT(o.logprobs[i].logprob, 0.0f);
+    EXPECT_GT(o.logprobs[i].top[0].logprob, o.logprobs[i].top[1].logprob);
+  }
+}
+
+TEST(ServeScheduler, AdmissionWaitsForKvBlocksAndRefusesWhatCanNeverFit) {
+  // Pool of 8 blocks (32 positions); a request of 10 + 20 tokens reserves 29 positions = 8 blocks.
+  FakeModel m(64, 4, 8);
+  m.wrap = 14;
+  FakeTokenizer tok;
+  Scheduler s(m, tok, {});
+  auto a = s.submit(greedy(std::vector<int32_t>(10, 1), 20));
+  auto b = s.submit(greedy(std::vector<int32_t>(10, 2), 20));
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  EXPECT_EQ(drain(**a).done.n_generated, 20);
+  EXPECT_EQ(drain(**b).done.n_generated, 20);
+  for (const auto& p : m.passes) EXPECT_EQ(p.sequences, 1);  // never both at once
+  auto big = s.submit(greedy(std::vector<int32_t>(10, 1), 40));
+  ASSERT_FALSE(big.is_ok());
+  EXPECT_EQ(big.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(big.status().message().find("KV"), std::string::npos) << big.status().message();
+  EXPECT_EQ(m.violations, 0);
+}
+
+TEST(ServeScheduler, PromptLongerThanTheContextIsRefused) {
+  FakeModel m(16, 4, 64);
+  FakeTokenizer tok;
+  Scheduler s(m, tok, {});
+  auto r = s.submit(greedy(std::vector<int32_t>(17, 1), 1));
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("longer than the context"), std::string::npos) << r.status().message();
+  EXPECT_FALSE(s.submit(greedy({}, 1)).is_ok());
+  EXPECT_FALSE(s.submit(greedy({99}, 1)).is_ok());
+}
+
+TEST(ServeScheduler, ContextFullEndsWithLength) {
+  FakeModel m(8, 4, 64);
+  FakeTokenizer tok;
+  Scheduler s(m, tok, {});
+  auto r = s.submit(greedy({0, 0, 0, 0, 0}, -1));
+  ASSERT_TRUE(r.is_ok());
+  Outcome o = drain(**r);
+  EXPECT_EQ(o.done.finish, FinishReason::kLength);
+  EXPECT_EQ(o.done.n_generated, 4);  // the 4th is sampled from position 7's logits, never evaluated
+  EXPECT_EQ(m.violations, 0);
+}
+
+TEST(ServeScheduler, CancelFreesTheSequenceAndItsBlocks) {
+  FakeModel m(4096, 4, 2048);
+  m.wrap = 14;
+  m.delay = 1ms;
+  FakeTokenizer tok;
+  Scheduler s(m, tok, {});
+  auto r = s.submit(greedy({0}, 4000));
+  ASSERT_TRUE(r.is_ok());
+  ASSERT_TRUE((*r)->next(10s).has_value());
+  (*r)->cancel();
+  Outcome o = drain(**r);
+  EXPECT_EQ(o.done.finish, FinishReason::kCancelled);
+  EXPECT_LT(o.done.n_generated, 4000);
+  // The scheduler is idle now; the pool is whole again.
+  for (int i = 0; i < 100 && s.metrics().active > 0; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(s.metrics().kv_blocks_reserved, 0);
+  EXPECT_EQ(s.metrics().requests_cancelled, 1u);
+  s.shutdown(1s);
+  EXPECT_EQ(m.kv_blocks_free(), 2048);
+}
+
+TEST(ServeScheduler, QueueFullIsRefusedAndShutdownCancelsWhatIsLeft) {
+  FakeModel m(100000, 1, 100000);
+  m.wrap = 14;
+  m.delay = 1ms;
+  FakeTokenizer tok;
+  SchedulerOptions o;
+  o.max_queue = 1;
+  Scheduler s(m, tok, o);
+  auto a = s.submit(greedy({0}, 90000));
+  ASSERT_TRUE(a.is_ok());
+  ASSERT_TRUE((*a)->next(10s).has_value());  // running
+  auto b = s.submit(greedy({0}, 5));
+  ASSERT_TRUE(b.is_ok());  // waits
+  auto c = s.submit(greedy({0}, 5));
+  ASSERT_FALSE(c.is_ok());
+  EXPECT_EQ(c.status().code(), ErrorCode::kOutOfMemory);
+  EXPECT_NE(c.status().message().find("queue full"), std::string::npos);
+  s.shutdown(50ms);
+  EXPECT_EQ(drain(**a).done.finish, FinishReason::kCancelled);
+  EXPECT_EQ(drain(**b).done.finish, FinishReason::kCancelled);
+  auto d = s.submit(greedy({0}, 5));
+  ASSERT_FALSE(d.is_ok());
+  EXPECT_NE(d.status().message().find("shutting down"), std::string::npos);
+}
+
+TEST(ServeScheduler, OneSequenceModelServesRequestsOneAfterAnother) {
+  OneSeqModel m(64);
+  FakeTokenizer tok;
+  SchedulerOptions o;
+  o.parallel = 8;
+  Scheduler s(m, tok, o);
+  EXPECT_EQ(s.parallel(), 1);
+  auto a = s.submit(greedy({0}, 4));
+  auto b = s.submit(greedy({5}, 4));
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  EXPECT_EQ(drain(**a).text, "bcde");
+  EXPECT_EQ(drain(**b).text, "ghij");
+  s.shutdown(1s);
+  EXPECT_EQ(m.violations, 0);
+  EXPECT_EQ(m.n_past(), 0);
+}
+
+// The real model: the scheduler's greedy text equals decode::generate's (what `sluice run` prints).
+TEST(ServeScheduler, GreedyMatchesGenerateOnSmolLM2) {
+  const std::string path = test::model_path(test::kSmolLM2);
+  SLUICE_REQUIRE_MODEL(path);
+  auto meta = app::open_model_meta(path);
+  ASSERT_TRUE(meta.is_ok()) << meta.status().message();
+  model::LoadOptions lo;
+  lo.n_ctx = 256;
+  lo.max_sequences = 4;
+  lo.kv_positions = 1024;
+  auto m = model::Model::load(path, lo);
+  ASSERT_TRUE(m.is_ok()) << m.status().message();
+  const auto& tok = *meta->tokenizer;
+  const std::vector<std::string> prompts = {"The capital of France is", "Once upon a time", "1, 2, 3, 4,"};
+  std::vector<std::string> want;
+  for (const auto& p : prompts) {
+    (*m)->truncate(0);
+    decode::SamplerParams sp;
+    sp.temperature = 0;
+    decode::Sampler sampler(sp, (*m)->n_vocab());
+    decode::GenerateOptions go;
+    go.n_predict = 12;
+    auto g = decode::generate(**m, tok, sampler, tok.encode(p, tok.add_bos_default(), true), go, nullptr);
+    ASSERT_TRUE(g.is_ok()) << g.status().message();
+    want.push_back(g->text);
+  }
+  (*m)->truncate(0);
+  Scheduler s(**m, tok, {});
+  std::vector<std::shared_ptr<Request>> reqs;
+  for (const auto& p : prompts) {
+    auto r = s.submit(greedy(tok.encode(p, tok.add_bos_default(), true), 12));
+    ASSERT_TRUE(r.is_ok()) << r.status().message();
+    reqs.push_back(*r);
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(drain(*reqs[i]).text, want[i]) << prompts[i];
+}
+
+}  // namespace
+}  // namespace sluice::serve
