@@ -19,7 +19,8 @@
 #   --quick         benchmarks without the 128256-row output matrix.
 #   --bench-arg A   pass A to bench_gpu_gemv (e.g. --variants; repeatable).
 #   --out DIR       logs, CSV and the summary (default: $OUT if set, else out/gpu-check).
-#   --skip STEP     skip a step: build, test, memcheck, bench, model, profile, cpu, hybrid, moe, stream (repeatable).
+#   --skip STEP     skip a step: build, test, memcheck, bench, model, profile, cpu, hybrid, moe, serve, spec,
+#                   stream (repeatable).
 #
 # On the lent GPU machine (no package registry) the measured runs used scripts/gpu-kit.sh: `pack`
 # here (Debian build deps as .deb, fio, llama.cpp's source), `build` there (static sluice, GPU
@@ -303,6 +304,47 @@ step_hybrid() {
   record hybrid ok "$OUT_DIR/hybrid.txt"
 }
 
+# Serving (docs/SERVING.md, issue 14): 8B Q4_K_M resident, sluice serve --parallel 32 against
+# llama-server -np 32 with the same load generator; 70B Q4_K_M with 16 GiB free, aggregate decode
+# at 1, 16 and 32 concurrent requests.
+step_serve() {
+  [[ -x "$SLUICE_BIN" ]] || { record serve skipped "no sluice binary"; return; }
+  local hold=/tmp/sluice-vram-hold m8=/dev/shm/sluice-8b.gguf m70=/dev/shm/sluice-70b.gguf
+  local server=${LLAMA_CUDA%/*}/llama-server-cuda
+  nvcc -O2 -o "$hold" tools/gpu/vram_hold.cu >"$OUT_DIR/serve.log" 2>&1 || { record serve FAIL "vram_hold build"; return; }
+  wait_llama
+  [[ -f $m8 ]] || "$SLUICE_BIN" synth llama-3-8b --type q4_k_m --seed 1 -o "$m8" >>"$OUT_DIR/serve.log" 2>&1
+  [[ -f $m70 ]] || "$SLUICE_BIN" synth llama-3-70b --type q4_k_m --seed 1 -o "$m70" >>"$OUT_DIR/serve.log" 2>&1
+  export CUDA_MODULE_LOADING=EAGER
+  { echo "### 8B Q4_K_M resident: sluice serve --parallel 32"
+    python3 bench/e2e/serve_bench.py --url http://127.0.0.1:8089 --tokens 128 --concurrency 1,8,32 \
+      --server "$SLUICE_BIN serve -m $m8 --port 8089 --parallel 32 -c 2048 -b cuda"
+    if [[ -x $server ]]; then
+      echo "### llama-server -np 32"
+      python3 bench/e2e/serve_bench.py --url http://127.0.0.1:8089 --tokens 128 --concurrency 1,8,32 \
+        --server "$server -m $m8 --port 8089 -np 32 -c 65536 -ngl 99"
+    fi
+    echo "### 70B Q4_K_M, 16 GiB free: sluice serve --vram-budget 15G --parallel 32"
+    local fifo; fifo=$(mktemp -u) && mkfifo "$fifo"
+    "$hold" 16 >"$fifo" 2>&1 & local hp=$!
+    read -r line <"$fifo"; rm -f "$fifo"; echo "$line"
+    python3 bench/e2e/serve_bench.py --url http://127.0.0.1:8089 --tokens 64 --concurrency 1,16,32 \
+      --server "$SLUICE_BIN serve -m $m70 --port 8089 --parallel 32 -c 1024 --kv-positions 4096 --vram-budget 15G"
+    kill "$hp"; wait "$hp" 2>/dev/null
+  } >"$OUT_DIR/serve.txt" 2>&1
+  record serve ok "$OUT_DIR/serve.txt"
+}
+
+# Speculative decoding (docs/SPECULATIVE.md, issue 15): verification pass time by K on the 70B
+# shape Q4_K_M with a 15 GiB VRAM budget.
+step_spec() {
+  [[ -x "$SLUICE_BIN" ]] || { record spec skipped "no sluice binary"; return; }
+  local m70=/dev/shm/sluice-70b.gguf
+  [[ -f $m70 ]] || "$SLUICE_BIN" synth llama-3-70b --type q4_k_m --seed 1 -o "$m70" >"$OUT_DIR/spec.log" 2>&1
+  SLUICE="$SLUICE_BIN" REPS=3 bash bench/e2e/spec_bench.sh "$m70" 15G >"$OUT_DIR/spec.txt" 2>&1
+  record spec ok "$OUT_DIR/spec.txt"
+}
+
 # Mixtures of experts (docs/STREAMING.md, "Mixture of experts"): Mixtral-8x7B shape with 12 GiB
 # free and Qwen3-30B-A3B shape with 8 GiB free, sluice's miss policies against llama.cpp's
 # --n-cpu-moe; the Qwen3 shape CPU only; a Zipf 1.0 router with the expert cache capped.
@@ -414,7 +456,7 @@ if [[ -n "$CARRIED" ]]; then
   mkdir -p "$PREBUILT" && tar -C "$PREBUILT" -xJf "$CARRIED/bins.tar.xz" && cp "$CARRIED"/*.gguf "$CARRIED"/*.tar.xz "$PREBUILT"/ 2>/dev/null
 fi
 
-STEPS=(build test memcheck bench model profile cpu hybrid moe stream)
+STEPS=(build test memcheck bench model profile cpu hybrid moe serve spec stream)
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader 2>&1 |
   tee "$OUT_DIR/gpu.txt"
 # cuBLAS (prefill GEMMs) is a shared library: the toolkit's, else the one the Python stack ships.
