@@ -6,6 +6,10 @@
 // against the memory (or link) bandwidth. On the CUDA backend the device's copy bandwidth is
 // measured once per run and tg rows give the ratio to it (the roofline of a weight-bound decode);
 // on the CPU the bound column stays empty. --ram-budget benchmarks the streamed model.
+// --spec-k 1,2,4,8,16: speculative decoding's verification pass (docs/SPECULATIVE.md): after a
+// --spec-ctx token prefill, the time of one pass of K + 1 tokens with every token's logits, per
+// K, against a one-token decode pass, and the effective tok/s that pass time gives at a few
+// acceptance rates (draft time not included: the target's side of the trade).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -16,6 +20,7 @@
 
 #include "app/commands.h"
 #include "app/common.h"
+#include "app/speculation.h"
 #include "backend/backend.h"
 
 namespace sluice::app {
@@ -80,6 +85,56 @@ std::string format_params(uint64_t n) {
   return buf;
 }
 
+// The verification pass per K: one K + 1 token eval (every token's logits) at position spec_ctx,
+// rolled back after each; K = 0 is the one-token decode pass it replaces.
+Status bench_spec(model::Model& m, std::vector<int> ks, int spec_ctx, int reps, std::mt19937& rng) {
+  std::uniform_int_distribution<int32_t> any_token(0, m.n_vocab() - 1);
+  std::vector<int32_t> ctx(static_cast<size_t>(spec_ctx));
+  for (auto& t : ctx) t = any_token(rng);
+  m.truncate(0);
+  std::vector<float> last(size_t(m.n_vocab()));
+  SLUICE_RETURN_IF_ERROR(m.eval(ctx, last));
+  ks.insert(ks.begin(), 0);
+  std::vector<double> ms;
+  for (int k : ks) {
+    std::vector<int32_t> batch(size_t(k) + 1);
+    for (auto& t : batch) t = any_token(rng);
+    std::vector<float> logits(batch.size() * size_t(m.n_vocab()));
+    std::vector<double> times;
+    for (int i = 0; i <= reps; ++i) {  // the first is the warm-up
+      const auto t0 = std::chrono::steady_clock::now();
+      SLUICE_RETURN_IF_ERROR(m.eval(batch, logits));
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      m.truncate(spec_ctx);
+      if (i > 0) times.push_back(s);
+    }
+    std::sort(times.begin(), times.end());
+    ms.push_back(times[times.size() / 2] * 1e3);
+  }
+  std::printf("\nspeculative verification pass (median of %d; after %d positions; %s backend):\n", reps, spec_ctx,
+              m.backend_name());
+  std::printf("| %3s | %6s | %10s | %7s | %7s | %8s | %8s | %8s | %8s |\n", "K", "tokens", "ms/pass", "x K=0",
+              "x K=1", "tok/s@.5", "tok/s@.7", "tok/s@.8", "tok/s@.9");
+  std::printf("| --: | -----: | ---------: | ------: | ------: | -------: | -------: | -------: | -------: |\n");
+  const double k1 = ks.size() > 1 && ks[1] == 1 ? ms[1] : 0;
+  for (size_t i = 0; i < ks.size(); ++i) {
+    const int k = ks[i];
+    char r1[16] = "-";
+    if (k1 > 0) std::snprintf(r1, sizeof r1, "%.2f", ms[i] / k1);
+    std::printf("| %3d | %6d | %10.2f | %7.2f | %7s |", k, k + 1, ms[i], ms[i] / ms[0], r1);
+    for (double a : {0.5, 0.7, 0.8, 0.9}) {
+      // Expected tokens of a pass: the accepted prefix plus the target's own token.
+      const double tokens = (1 - std::pow(a, k + 1)) / (1 - a);
+      std::printf(" %8.1f |", tokens / (ms[i] * 1e-3));
+    }
+    std::printf("\n");
+  }
+  std::printf("(K = 0: one-token decode pass; tok/s@a: expected tokens per pass (1 - a^(K+1)) / (1 - a) at acceptance "
+              "rate a over the pass time, draft time not included)\n");
+  m.truncate(0);
+  return Status::ok();
+}
+
 }  // namespace
 
 int cmd_bench(int argc, char** argv) {
@@ -87,6 +142,8 @@ int cmd_bench(int argc, char** argv) {
   std::string model_path;
   int n_prompt = 512, n_gen = 128, reps = 5, n_threads = 0;
   bool json = false, csv = false;
+  std::vector<int> spec_k;
+  int spec_ctx = 256;
   app.add_option("-m,--model", model_path, "GGUF model file (of a split model: the first shard)")->required();
   app.add_option("-p,--n-prompt", n_prompt, "prompt tokens for the pp test; 0 = skip")
       ->check(CLI::Range(0, 1 << 20))
@@ -96,21 +153,33 @@ int cmd_bench(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("-r,--repetitions", reps, "measured repetitions per test")->check(CLI::Range(1, 1000))->capture_default_str();
   app.add_option("-t,--threads", n_threads, "CPU threads (0: all physical cores)")->check(CLI::Range(0, 4096));
+  app.add_option("--spec-k", spec_k, "verification pass time for these K (tokens drafted; a pass carries K + 1)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 255));
+  app.add_option("--spec-ctx", spec_ctx, "context positions filled before the --spec-k passes")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   auto* json_flag = app.add_flag("--json", json, "JSON output");
   app.add_flag("--csv", csv, "CSV output")->excludes(json_flag);
   ModelFlags mf;
   add_backend_flags(app, mf);
   StreamFlags stf;
   add_stream_flags(app, stf);
+  SpecFlags spf;  // --skip-layers / --early-exit: their speed (their cost: sluice calibrate)
+  add_layer_skip_flags(app, spf);
   if (auto rc = parse_flags(app, argc, argv)) return *rc;
   if (auto st = resolve_stream_flags(stf); !st.is_ok()) return report_error("bench", st.status());
-  if (n_prompt == 0 && n_gen == 0) return report_error("bench", invalid_argument("-p and -n are both 0: nothing to run"));
+  if (n_prompt == 0 && n_gen == 0 && spec_k.empty()) return report_error("bench", invalid_argument("-p and -n are both 0: nothing to run"));
 
   auto meta = open_model_meta(model_path);
   if (!meta.is_ok()) return report_error("bench", meta.status());
   const ModelSummary summary = summarize(*meta->file);
   mf.model_path = model_path;
   mf.n_ctx = std::max(n_prompt, n_gen);
+  if (!spec_k.empty()) {
+    mf.n_ctx = std::max(mf.n_ctx, spec_ctx + 1 + *std::max_element(spec_k.begin(), spec_k.end()));
+    stf.decode_batch = *std::max_element(spec_k.begin(), spec_k.end()) + 1;
+  }
   mf.n_threads = n_threads;
   if (stf.show_plan) {
     if (Status st = print_plan(mf, stf, *meta->file); !st.is_ok()) return report_error("bench", st);
@@ -120,6 +189,7 @@ int cmd_bench(int argc, char** argv) {
   if (!loaded.is_ok()) return report_error("bench", loaded.status());
   model::Model& m = *loaded->model;
   const double load_s = loaded->load_s;
+  if (Status st = apply_layer_flags(m, spf, model_path); !st.is_ok()) return report_error("bench", st);
   const std::string backend = m.backend_name();
   // The roofline of a decode that reads every weight once: device-to-device copy bandwidth
   // (bytes read + written), measured once. A failure only leaves the bound empty.
@@ -164,6 +234,9 @@ int cmd_bench(int argc, char** argv) {
   };
   if (Status st = run("pp", n_prompt, time_prefill); !st.is_ok()) return report_error("bench", st);
   if (Status st = run("tg", n_gen, time_decode); !st.is_ok()) return report_error("bench", st);
+  if (!spec_k.empty()) {
+    if (Status st = bench_spec(m, spec_k, spec_ctx, reps, rng); !st.is_ok()) return report_error("bench", st);
+  }
 
   const int threads = n_threads;  // 0: model/ chose (all physical cores)
   const std::string threads_str = n_threads > 0 ? std::to_string(n_threads) : "auto";
@@ -192,7 +265,7 @@ int cmd_bench(int argc, char** argv) {
                   static_cast<unsigned long long>(summary.n_bytes), static_cast<unsigned long long>(summary.n_params),
                   backend.c_str(), threads, r.test.c_str(), r.mean, r.stdev, r.median, r.weight_gb_s, bound, ratio);
     }
-  } else {
+  } else if (!results.empty()) {
     std::printf("| %-24s | %10s | %10s | %-7s | %7s | %6s | %19s | %10s | %11s | %10s |\n", "model", "size", "params",
                 "backend", "threads", "test", "t/s", "median t/s", "weight GB/s", "% of bound");
     std::printf("| %s | %s: | %s: | %s | %s: | %s: | %s: | %s: | %s: | %s: |\n", std::string(24, '-').c_str(),

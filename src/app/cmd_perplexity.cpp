@@ -13,6 +13,7 @@
 
 #include "app/commands.h"
 #include "app/common.h"
+#include "app/speculation.h"
 
 namespace sluice::app {
 namespace {
@@ -44,6 +45,8 @@ int cmd_perplexity(int argc, char** argv) {
       ->capture_default_str();
   StreamFlags stf;
   add_stream_flags(app, stf);
+  SpecFlags spf;  // --skip-layers / --early-exit: the perplexity cost of the lossy modes
+  add_layer_skip_flags(app, spf);
   if (auto rc = parse_flags(app, argc, argv)) return *rc;
   if (auto st = resolve_stream_flags(stf); !st.is_ok()) return report_error("perplexity", st.status());
   if (mf.n_ctx < 4) {
@@ -84,6 +87,9 @@ int cmd_perplexity(int argc, char** argv) {
     return report_error("perplexity", invalid_argument("the model's context holds " + std::to_string(m.n_ctx()) +
                                                        " tokens, less than -c " + std::to_string(n_ctx)));
   }
+  if (Status st = apply_layer_flags(m, spf, mf.model_path); !st.is_ok()) return report_error("perplexity", st);
+  // Early exit applies to one-token passes: with it, scored tokens are evaluated one per pass.
+  const int score_batch = spf.early_exit > 0 ? 1 : kScoreBatch;
   const int n_vocab = m.n_vocab();
   const int first = n_ctx / 2;
   std::fprintf(stderr, "perplexity: %zu tokens, %d windows of %d, scoring the last %d predictions of each\n",
@@ -103,8 +109,8 @@ int cmd_perplexity(int argc, char** argv) {
       return report_error("perplexity", st);
     }
     // Logits at position j predict token j + 1, for j in [first, n_ctx - 1).
-    for (int j = first; j < n_ctx - 1; j += kScoreBatch) {
-      const int n = std::min(kScoreBatch, n_ctx - 1 - j);
+    for (int j = first; j < n_ctx - 1; j += score_batch) {
+      const int n = std::min(score_batch, n_ctx - 1 - j);
       std::span<float> out(logits.data(), size_t(n) * size_t(n_vocab));
       if (Status st = m.eval(std::span(window.data() + j, size_t(n)), out); !st.is_ok()) {
         return report_error("perplexity", st);
@@ -134,6 +140,7 @@ int cmd_perplexity(int argc, char** argv) {
   std::fprintf(stderr, "load:    %.3f s\nscored:  %lld tokens in %.2f s (%.1f tok/s evaluated)\n", load_s,
                static_cast<long long>(count), s, double(n_chunks) * (n_ctx - 1) / s);
   // Every eval here is a batch (no decode step): the stream stats are per pass.
+  print_layer_counts(stderr, m, spf);
   if (Status st = finish_stream(stderr, *loaded, decode::Timings{}); !st.is_ok()) return report_error("perplexity", st);
   return kExitOk;
 }

@@ -2,11 +2,13 @@
 // continuation to stdout as it is produced; stderr ends with load time, prefill and decode
 // tok/s and the weight bandwidth per decoded token.
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 #include <vector>
 
 #include "app/commands.h"
 #include "app/common.h"
+#include "app/speculation.h"
 
 namespace sluice::app {
 
@@ -28,7 +30,15 @@ int cmd_run(int argc, char** argv) {
   add_sampling_flags(app, sf);
   StreamFlags stf;
   add_stream_flags(app, stf);
+  SpecFlags spf;
+  add_spec_flags(app, spf);
   if (auto rc = parse_flags(app, argc, argv)) return *rc;
+  // Speculation: a verification pass carries K + 1 tokens (the planner places units for it), and
+  // a draft model's bytes come out of the budgets the target is planned with.
+  if (spf.speculative()) stf.decode_batch = spf.draft_k + 1;
+  if (!spf.draft_model.empty()) {
+    if (Status st = charge_draft_to_budgets(spf.draft_model, mf, stf); !st.is_ok()) return report_error("run", st);
+  }
   if (auto st = resolve_stream_flags(stf); !st.is_ok()) return report_error("run", st.status());
 
   auto sampling = resolve_sampling(sf);
@@ -76,6 +86,9 @@ int cmd_run(int argc, char** argv) {
   if (!loaded.is_ok()) return report_error("run", loaded.status());
   model::Model& m = *loaded->model;
   if (Status st = check_fits(m.n_ctx()); !st.is_ok()) return report_error("run", st);
+  if (Status st = apply_layer_flags(m, spf, mf.model_path); !st.is_ok()) return report_error("run", st);
+  auto spec = make_speculation(spf, mf, m, tok);
+  if (!spec.is_ok()) return report_error("run", spec.status());
 
   if (!sf.seed_given && sampling->temperature > 0) {
     std::fprintf(stderr, "seed: %llu\n", static_cast<unsigned long long>(sampling->seed));
@@ -83,7 +96,10 @@ int cmd_run(int argc, char** argv) {
   decode::Sampler sampler(*sampling, m.n_vocab());
   decode::GenerateOptions opts;
   opts.n_predict = n_predict;
-  auto gen = decode::generate(m, tok, sampler, tokens, opts, print_to_stdout);
+  decode::SpecStats spec_stats;
+  auto gen = spec->drafter ? decode::generate_speculative(m, *spec->drafter, tok, sampler, tokens, opts, spec->options,
+                                                          print_to_stdout, &spec_stats)
+                           : decode::generate(m, tok, sampler, tokens, opts, print_to_stdout);
   std::fputc('\n', stdout);
   std::fflush(stdout);
   if (!gen.is_ok()) return report_error("run", gen.status());
@@ -94,6 +110,8 @@ int cmd_run(int argc, char** argv) {
   }
   std::fprintf(stderr, "stop:    %s after %zu tokens\n", decode::stop_reason_name(gen->stop), gen->tokens.size());
   print_stats(stderr, loaded->load_s, gen->timings, m.weight_bytes_per_token(), m.backend_name());
+  if (spec->drafter) std::fputs(spec_stats.describe(gen->timings).c_str(), stderr);
+  print_layer_counts(stderr, m, spf);
   if (Status st = finish_stream(stderr, *loaded, gen->timings); !st.is_ok()) return report_error("run", st);
   return kExitOk;
 }

@@ -14,6 +14,7 @@ int cmd_perplexity(int argc, char** argv);  // perplexity over a text file
 int cmd_inspect(int argc, char** argv);     // describe a GGUF file
 int cmd_synth(int argc, char** argv);       // write a random-but-valid GGUF of a named shape
 int cmd_bench(int argc, char** argv);       // prefill/decode throughput table
+int cmd_calibrate(int argc, char** argv);   // layer-skip scores and their perplexity cost
 int cmd_serve(int argc, char** argv);       // OpenAI-compatible HTTP server
 
 }  // namespace sluice::app

@@ -112,6 +112,7 @@ Result<stream::DeviceStreamOptions> device_options(const ModelFlags& mf, const S
   o.hybrid = !sf.no_hybrid;
   o.host_cpu.n_threads = mf.n_threads;
   o.n_ctx = kv_pool_positions(mf);
+  o.decode_batch = sf.decode_batch;
   if (!sf.vram_budget.empty()) {
     SLUICE_ASSIGN_OR_RETURN(o.vram_budget, stream::parse_byte_size(sf.vram_budget));
   }
@@ -258,6 +259,15 @@ Status print_plan(const ModelFlags& mf, const StreamFlags& sf, const gguf::File&
       gpu_source = h2d.is_ok() && vram.is_ok() ? "measured" : "default (measurement failed)";
     }
     const std::string cpu_note = o.hybrid ? stream::measure_hybrid_bandwidths(file, o) : "hybrid off (--no-hybrid)";
+    if (o.decode_batch > 1) {
+      // Speculative decoding: the plan a one-token decode pass would get, then the one for K + 1.
+      stream::DeviceStreamOptions o1 = o;
+      o1.decode_batch = 1;
+      SLUICE_ASSIGN_OR_RETURN(stream::DevicePlan plan1, stream::plan_device(file, layout, o1));
+      std::printf("plan without speculation (1 token per decode pass):\n%s\nplan with speculation (%d tokens per "
+                  "verification pass, --draft-k %d):\n",
+                  plan1.describe().c_str(), o.decode_batch, o.decode_batch - 1);
+    }
     SLUICE_ASSIGN_OR_RETURN(stream::DevicePlan plan, stream::plan_device(file, layout, o));
     std::printf("plan (GPU device pipeline; H2D %.1f GB/s, VRAM %.0f GB/s %s; disk %.2f GB/s %s;\n"
                 "      CPU %.1f GB/s, DRAM %.1f GB/s shared: %s):\n%s",
@@ -290,6 +300,19 @@ Status print_plan(const ModelFlags& mf, const StreamFlags& sf, const gguf::File&
   for (const auto& u : layout.layers) all += u.ram_bytes();
   o.ram_budget = budget.value_or(all);
   SLUICE_ASSIGN_OR_RETURN(stream::CpuPlan plan, stream::plan_cpu(layout, o));
+  if (sf.decode_batch > 1) {
+    // CPU only, placement does not depend on the batch; the pass time does (the compute term).
+    stream::PlanInput in = plan.input;
+    stream::Plan p1 = plan.plan, pk = plan.plan;
+    in.batch = 1;
+    stream::score_plan(in, p1);
+    in.batch = sf.decode_batch;
+    stream::score_plan(in, pk);
+    std::printf("speculation: predicted %.2f ms per 1-token pass, %.2f ms per %d-token verification pass (%.2fx); "
+                "break-even at %.2f tokens per pass\n",
+                p1.token_seconds * 1e3, pk.token_seconds * 1e3, sf.decode_batch, pk.token_seconds / p1.token_seconds,
+                pk.token_seconds / p1.token_seconds);
+  }
   std::printf("plan (CPU only; disk %.2f GB/s %s; CPU %.0f GB/s default):\n%s", o.bw.disk / 1e9,
               disk_source(probe).c_str(), o.bw.cpu / 1e9, plan.describe().c_str());
   return Status::ok();

@@ -19,6 +19,7 @@ constexpr Command kCommands[] = {
     {"inspect", sluice::app::cmd_inspect, "describe a GGUF file: sluice inspect MODEL [--json]"},
     {"synth", sluice::app::cmd_synth, "write a random GGUF: sluice synth SHAPE --type T -o FILE"},
     {"bench", sluice::app::cmd_bench, "throughput: sluice bench -m MODEL"},
+    {"calibrate", sluice::app::cmd_calibrate, "layer-skip scores: sluice calibrate -m MODEL -f TEXT"},
     {"serve", sluice::app::cmd_serve, "OpenAI-compatible HTTP server: sluice serve -m MODEL [--port 8080]"},
 };
 

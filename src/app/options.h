@@ -46,6 +46,9 @@ struct StreamFlags {
   // disk). auto: off for both (copies or reads ahead that go unused take PCIe or disk time from the
   // misses; measured slower on both, docs/STREAMING.md).
   std::string expert_prefetch = "auto";
+  // Tokens per decode pass: 1, or K + 1 with speculative decoding (set by the command from
+  // --draft-k): the planner places units for that batch, and --plan shows both plans.
+  int decode_batch = 1;
 };
 
 struct SamplingFlags {

@@ -60,6 +60,9 @@ class Sampler {
   std::vector<Candidate> distribution(std::span<const float> logits) const;
 
   const SamplerParams& params() const { return params_; }
+  // A uniform draw in [0, 1) from this sampler's generator (speculative decoding's acceptance
+  // test and residual draws share the seeded stream, so a run replays from --seed).
+  double draw_uniform() { return uniform(); }
 
  private:
   std::vector<Candidate> penalized(std::span<const float> logits) const;

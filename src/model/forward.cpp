@@ -13,6 +13,7 @@
 #include "model/config.h"
 #include "model/executor.h"
 #include "model/kv_cache.h"
+#include "model/layer_gate.h"
 #include "model/model.h"
 #include "model/weights.h"
 
@@ -38,6 +39,8 @@ class MappedLayerSource final : public LayerSource {
   void release(int) override {}
   bool release_needs_sync() const override { return false; }
   bool weights_fixed() const override { return true; }
+  bool can_skip(const std::vector<bool>&) const override { return true; }
+  bool resident(int) const override { return true; }
 
  private:
   const Weights& w_;
@@ -98,6 +101,18 @@ class LlamaFamilyModel final : public Model {
   uint64_t weight_bytes_per_token() const override { return w_.bytes_per_token(); }
   Timings timings() const override { return timings_; }
   void reset_timings() override { timings_ = {}; }
+  // Layer skip and early exit (model.h; the gate keeps the loop's part to two questions).
+  Status set_layer_mask(std::vector<bool> run) override { return gate_.set_mask(std::move(run), cfg_.n_layer); }
+  std::vector<bool> layer_mask() const override { return gate_.mask(); }
+  std::vector<bool> resident_layers() const override {
+    std::vector<bool> r(size_t(cfg_.n_layer));
+    for (int l = 0; l < cfg_.n_layer; ++l) r[size_t(l)] = src_->resident(l);
+    return r;
+  }
+  Status set_early_exit(float threshold, int min_layer) override {
+    return gate_.set_early_exit(threshold, min_layer, cfg_.n_layer);
+  }
+  LayerCounts layer_counts() const override { return gate_.counts(); }
 
   Result<int> seq_new() override { return blocks_.open(); }
   void seq_free(int seq) override { blocks_.close(seq); }
@@ -260,9 +275,11 @@ class LlamaFamilyModel final : public Model {
     SLUICE_RETURN_IF_ERROR(src.begin_pass(int(n)));
     // A decode pass of one sequence over resident weights repeats the same ops every token: one
     // replayable step. Not for mixtures of experts: routing downloads the router's logits in
-    // every layer. Not for a sequence with a row map (it changes as the sequence grows).
+    // every layer. Not for a sequence with a row map (it changes as the sequence grows). Not
+    // with a layer mask or early exit (a pass that leaves layers out).
     const bool step = n == 1 && segs.size() == 1 && segs[0].map < 0 && out != nullptr && src.weights_fixed() &&
-                      !on_layer_ && !host_ && !cfg_.moe();
+                      !on_layer_ && !host_ && !cfg_.moe() && gate_.full();
+    const bool skip_fetch = !gate_.full() && src.can_skip(gate_.mask());
     const int pos0 = segs[0].pos0;
     // The embedding lookup is host work (the table stays in host memory): outside the step.
     be.get_rows(g.token_embd.view(), ids, main_.x(n));
@@ -277,7 +294,16 @@ class LlamaFamilyModel final : public Model {
       be.begin_step(kDecodeStepKey, pos0);
     }
     Executor* cur = &main_;
+    gate_.count_pass();
+    bool exited = false;
     for (int l = 0; l < cfg_.n_layer; ++l) {
+      if (exited || !gate_.runs(l)) {  // layer skip / early exit: fetched only where the source must
+        if ((skip_fetch && !gate_.runs(l)) || src.weights_fixed()) continue;
+        SLUICE_RETURN_IF_ERROR(src.acquire(l).status());
+        src.release(l);
+        continue;
+      }
+      gate_.count_layer();
       Executor* e = host_ && src.on_host(l) ? host_.get() : &main_;
       if (e != cur) {
         cur->move_x(*e, n, handoff_);
@@ -289,10 +315,11 @@ class LlamaFamilyModel final : public Model {
         // Both executors keep this layer's cache: the other one gets the new rows too.
         e->mirror_kv(e == &main_ ? *host_ : main_, l, n, segs, handoff_);
       }
-      if (on_layer_) {
+      if (on_layer_ || (gate_.watches(n) && gate_.wants(l))) {
         hidden_.resize(size_t(n * cfg_.n_embd));
         e->backend().download(e->x(n), hidden_.data());
-        on_layer_(l, hidden_);
+        if (on_layer_) on_layer_(l, hidden_);
+        exited = gate_.watches(n) && gate_.converged(l, hidden_);
       }
       // The source may overwrite this layer's memory once released.
       if (src.release_needs_sync()) e->backend().sync();
@@ -344,6 +371,7 @@ class LlamaFamilyModel final : public Model {
   Timings timings_;
   std::function<void(int, std::span<const float>)> on_layer_;
   std::vector<float> hidden_;  // on_layer_'s download buffer
+  LayerGate gate_;             // layers a pass runs (mask, early exit)
 };
 
 // Device bytes the whole model needs on a backend with its own memory: every weight but the

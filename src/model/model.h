@@ -7,6 +7,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "core/progress.h"
 #include "core/status.h"
@@ -130,6 +131,33 @@ class Model {
     if (items.size() != 1 || items[0].seq != 0) return invalid_argument("this model runs one sequence only");
     return eval(items[0].tokens, logits);
   }
+
+  // ---- Layer skip and early exit (speculative self-draft, --skip-layers, --early-exit;
+  // docs/SPECULATIVE.md). Lossy: off unless set. ----
+  // The layers later passes run: run[l] == false leaves layer l out of every pass (its residual
+  // contribution is dropped and its KV rows at the pass's positions are not written; a later pass
+  // that runs the layer at those positions overwrites them, which is how a verification pass
+  // repairs what a self-draft pass left). Where the weight source can (LayerSource::can_skip) a
+  // skipped layer's weights are not fetched either. Empty: every layer (the default).
+  // Error (no change): size other than n_layer.
+  virtual Status set_layer_mask(std::vector<bool> run) {
+    return run.empty() ? Status::ok() : unsupported("this model cannot skip layers");
+  }
+  virtual std::vector<bool> layer_mask() const { return {}; }
+  // Layers whose weights a pass reads where they lie, without a disk read or a PCIe copy: every
+  // layer of a resident model, the resident units of a streamed one (what self-draft runs).
+  virtual std::vector<bool> resident_layers() const { return {}; }
+  // Early exit: a pass of one token stops after layer l >= min_layer once the cosine similarity of
+  // that layer's input and output hidden state reaches `threshold` (the later layers' KV rows at
+  // that position are not written). threshold <= 0: off (the default).
+  virtual Status set_early_exit(float threshold, int min_layer) {
+    return threshold <= 0 ? Status::ok() : unsupported("this model has no early exit");
+  }
+  // Layers run and passes that exited early since load (early-exit and skip reporting).
+  struct LayerCounts {
+    int64_t passes = 0, layers_run = 0, early_exits = 0;
+  };
+  virtual LayerCounts layer_counts() const { return {}; }
 
   // Bytes of weights read per decoded token (for GB/s reporting).
   virtual uint64_t weight_bytes_per_token() const = 0;

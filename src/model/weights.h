@@ -151,6 +151,15 @@ class LayerSource {
   // then a replayable step (Backend::begin_step).
   virtual bool weights_fixed() const { return false; }
 
+  // Layer skip (Model::set_layer_mask): whether a pass may leave out the layers with run[l] ==
+  // false, calling neither acquire nor release for them. A source that fetches ahead in layer
+  // order can leave out layers it keeps resident, or every layer it streams (its ring then waits
+  // for the next full pass unchanged); false: the loop acquires and releases a skipped layer
+  // without computing it (fetched, not run), keeping the order.
+  virtual bool can_skip(const std::vector<bool>& run) const { return false; }
+  // Whether `layer`'s weights are read where they lie (no disk read, no copy to the device).
+  virtual bool resident(int layer) const { return false; }
+
   // Hybrid execution: a second executor, the host CPU, computing some layers where their weights
   // lie in host memory while the main backend's copy queue streams others (model/executor.h).
   struct HostExecutor {

@@ -649,6 +649,16 @@ void CpuLayerStreamer::release(int layer) {
   if (failed_.is_ok()) (void)submit_next();
 }
 
+bool CpuLayerStreamer::can_skip(const std::vector<bool>& run) const {
+  size_t skipped = 0;
+  for (int l : streamed_) skipped += size_t(l) < run.size() && !run[size_t(l)];
+  return skipped == 0 || skipped == streamed_.size();
+}
+
+bool CpuLayerStreamer::resident(int layer) const {
+  return layer >= 0 && size_t(layer) < stream_index_.size() && stream_index_[size_t(layer)] < 0;
+}
+
 std::function<Result<std::unique_ptr<model::LayerSource>>(const gguf::File&, const model::Weights&, backend::Backend&)>
 cpu_streaming_source(const std::string& path, const CpuStreamOptions& opts, CpuLayerStreamer** out) {
   return [path, opts, out](const gguf::File& file, const model::Weights& w,

@@ -148,6 +148,10 @@ class CpuLayerStreamer final : public model::LayerSource {
   Status begin_pass(int n_tokens) override;
   Result<const model::LayerWeights*> acquire(int layer) override;
   void release(int layer) override;
+  // Layer skip: resident layers, or every streamed layer at once (the ring of reads ahead then
+  // waits, unchanged, for the next pass that runs them).
+  bool can_skip(const std::vector<bool>& run) const override;
+  bool resident(int layer) const override;
 
   const CpuPlan& plan() const { return plan_; }
   const StreamStats& stats() const { return stats_; }

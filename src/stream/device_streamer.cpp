@@ -111,6 +111,7 @@ Result<DevicePlan> plan_device(const gguf::File& file, const FileLayout& layout,
   in.has_gpu = true;
   in.min_slots = opts.n_slots;
   in.bw = opts.bw;
+  in.batch = std::max(1, opts.decode_batch);
   // Multiply-adds per token of each layer: its matrices' elements (the planner's compute term).
   std::map<std::string, uint64_t> params;
   for (const gguf::TensorInfo& t : file.tensors()) {
@@ -730,6 +731,22 @@ void DeviceStreamer::release(int layer) {
   newest_mark_ = std::max(newest_mark_, sl.free_mark);
   ++released_;
   if (failed_.is_ok()) (void)pump(-1);  // errors are sticky and reported by the next acquire
+}
+
+bool DeviceStreamer::can_skip(const std::vector<bool>& run) const {
+  // Layers the host executor computes where they lie hold no ring state either, but whether a
+  // layer runs there is decided per pass: only VRAM-resident layers and the whole ring qualify.
+  size_t skipped = 0, streamed = 0;
+  for (size_t l = 0; l < stream_index_.size() && l < run.size(); ++l) {
+    if (stream_index_[l] < 0) continue;
+    ++streamed;
+    skipped += !run[l];
+  }
+  return skipped == 0 || skipped == streamed;
+}
+
+bool DeviceStreamer::resident(int layer) const {
+  return layer >= 0 && size_t(layer) < stream_index_.size() && stream_index_[size_t(layer)] < 0;
 }
 
 void DeviceStreamer::trace_mark_span(Mark anchor, int64_t anchor_us, Mark from, Mark to, TraceEvent e) {

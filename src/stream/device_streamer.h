@@ -71,6 +71,10 @@ struct DeviceStreamOptions {
   // every layer to the GPU. Off: every streamed layer is copied (pure streaming).
   bool hybrid = true;
   int prefill_batch = 32;
+  // Tokens per decode pass the placement is planned for: 1, or K + 1 when speculative decoding
+  // verifies K drafted tokens per pass (a larger batch favours streaming to the GPU over CPU
+  // compute).
+  int decode_batch = 1;
   int cpu_threads = 0;      // the host executor's threads (0: physical cores)
   // Measure the CPU's GB/s (alone and while the GPU copies) at load for the plan (GPU only).
   bool measure_cpu = true;
@@ -149,6 +153,10 @@ class DeviceStreamer final : public model::LayerSource {
   Status begin_pass(int n_tokens) override;
   Result<const model::LayerWeights*> acquire(int layer) override;
   void release(int layer) override;
+  // Layer skip: resident layers, or every streamed layer at once (the ring of reads ahead then
+  // waits, unchanged, for the next pass that runs them).
+  bool can_skip(const std::vector<bool>& run) const override;
+  bool resident(int layer) const override;
   // Slot reuse is ordered on the device by marks, never by a host sync.
   bool release_needs_sync() const override { return false; }
   // Only when every layer is resident (then decode steps may be replayed).

@@ -53,6 +53,17 @@ if command -v python3 >/dev/null; then
   python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert len(j['layers']) == 3 and j['architecture'] == 'llama', j" \
     "$tmp/ok.json" || { echo "FAIL: inspect --json content"; fail=1; }
 fi
+# Speculative decoding (docs/SPECULATIVE.md): a draft of another vocabulary is a clear error.
+"$sluice" synth tiny --layers 2 --type q8_0 --vocab 300 -o "$tmp/v300.gguf" >/dev/null 2>&1
+expect 2 "draft model .*v300.gguf has a vocabulary of 300 tokens, the model .*ok.gguf" \
+  "$sluice" run -m "$tmp/ok.gguf" -p hi -n 2 --draft-model "$tmp/v300.gguf"
+expect 2 "exclude each other" "$sluice" run -m "$tmp/ok.gguf" -p hi -n 2 --draft-model "$tmp/ok.gguf" --self-draft
+expect 2 "draft-k" "$sluice" run -m "$tmp/ok.gguf" -p hi -n 2 --self-draft --draft-k 0
+expect 2 "--draft-layers: 'x' is not a layer id" "$sluice" run -m "$tmp/ok.gguf" -p hi -n 2 --self-draft --draft-layers 1,x
+expect 2 "no calibration file" "$sluice" run -m "$tmp/ok.gguf" -p hi -n 2 --skip-layers 1
+expect 0 "spec: .* passes" "$sluice" run -m "$tmp/ok.gguf" -p hi -n 6 --temp 0 --self-draft --draft-k 2
+expect 0 "spec: .* passes" "$sluice" run -m "$tmp/ok.gguf" -p hi -n 6 --draft-model "$tmp/ok.gguf" --draft-k 3
+expect 0 "LOSSY" "$sluice" run -m "$tmp/ok.gguf" -p hi -n 3 --skip-layers 1,
 # A truncated synth file is rejected with the tensor named.
 head -c 200000 "$tmp/ok.gguf" >"$tmp/trunc.gguf"
 expect 2 "trunc.gguf: tensor '.*': offset: .*past the end" "$sluice" inspect "$tmp/trunc.gguf"
