@@ -8,6 +8,7 @@
 // cancels the rest and exits 0.
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <chrono>
@@ -17,6 +18,8 @@
 
 #include "app/commands.h"
 #include "app/common.h"
+#include "model/arch.h"
+#include "model/config.h"
 #include "serve/http_server.h"
 #include "serve/scheduler.h"
 
@@ -99,9 +102,19 @@ int cmd_serve(int argc, char** argv) {
 
   mf.max_sequences = parallel;
   if (kv_positions == 0) {
-    // The context of each request times the slots; the model caps n_ctx, so the product is taken
-    // with the flag's value when given, else with the model's default (its own length, <= 4096).
-    const int ctx = mf.n_ctx > 0 ? mf.n_ctx : 4096;
+    // The context of each request times the slots: -c when given, else the model's default
+    // context (its own length, capped at 4096 by model/; 4096 when the header cannot tell).
+    int ctx = mf.n_ctx;
+    if (ctx <= 0) {
+      ctx = 4096;
+      if (auto arch_name = meta->file->get_string("general.architecture"); arch_name.is_ok()) {
+        if (const model::ArchSpec* arch = model::find_arch(*arch_name)) {
+          if (auto cfg = model::read_config(*meta->file, *arch); cfg.is_ok() && cfg->n_ctx_train > 0) {
+            ctx = std::min(ctx, cfg->n_ctx_train);
+          }
+        }
+      }
+    }
     kv_positions = ctx * parallel;
   }
   mf.kv_positions = kv_positions;

@@ -1,6 +1,7 @@
 """16 concurrent streaming clients (openai client, greedy) each get exactly the text they get when
 alone: batching must not mix sequences up. With a one-sequence model the requests are served one
-after another; with the paged multi-sequence KV pool they share passes.
+after another; with the paged multi-sequence KV pool they share passes. And a prompt longer than
+one step's 512 tokens, prefilled in chunks beside decoding requests, continues as `sluice run`.
 
     python3 test_concurrent.py SLUICE_BINARY SOURCE_DIR
 """
@@ -58,6 +59,37 @@ class Concurrent(unittest.TestCase):
             m = s.metrics()
             self.assertEqual(m['sluice_requests_total{outcome="failed"}'], 0)
             self.assertEqual(m["sluice_kv_blocks_reserved"], 0)
+        finally:
+            self.assertEqual(s.stop(), 0)
+
+    def test_long_prompt_prefilled_in_chunks_beside_decoding_requests(self):
+        # ~700 tokens: more than one 512-token step, so the prompt is prefilled in chunks while two
+        # short requests decode in the same passes; its greedy continuation equals `sluice run`'s.
+        words = "the cat sat on a mat while dogs ran around the big red house near the river".split()
+        prompt = " ".join(words[(i * 7) % len(words)] for i in range(680)) + ". In summary,"
+        want = su.sluice_run(prompt, 12, chat=False, ctx=1024)
+        s = su.Server(ctx=1024, parallel=4)
+        try:
+            out, errors = {}, []
+
+            def go(key, p, n):
+                try:
+                    out[key] = su.openai_client(s).completions.create(model="x", prompt=p, max_tokens=n,
+                                                                      temperature=0).choices[0].text
+                except Exception as e:  # noqa: BLE001 - reported below
+                    errors.append(repr(e))
+
+            threads = [threading.Thread(target=go, args=(f"short{i}", "Once upon a time", 40)) for i in range(2)]
+            threads.append(threading.Thread(target=go, args=("long", prompt, 12)))
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=600)
+            self.assertEqual(errors, [])
+            self.assertEqual(out["long"], want)
+            self.assertEqual(out["short0"], out["short1"])
+            m = s.metrics()
+            self.assertGreater(m["sluice_prompt_tokens_total"], 680)
         finally:
             self.assertEqual(s.stop(), 0)
 
