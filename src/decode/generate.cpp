@@ -13,6 +13,18 @@ double seconds_since(Clock::time_point t0) {
 
 }  // namespace
 
+Status prefill(model::Model& model, Sampler& sampler, std::span<const int32_t> prompt, std::span<float> logits,
+               Generation& gen) {
+  for (int32_t t : prompt) sampler.accept(t);
+  const auto t0 = Clock::now();
+  if (Status st = model.eval(prompt, logits); !st.is_ok()) {
+    return Status(st.code(), "prefill of " + std::to_string(prompt.size()) + " tokens: " + st.message());
+  }
+  gen.timings.n_prompt = int(prompt.size());
+  gen.timings.prefill_s = seconds_since(t0);
+  return Status::ok();
+}
+
 const char* stop_reason_name(StopReason r) {
   switch (r) {
     case StopReason::kEndOfGeneration: return "end of generation";
@@ -36,15 +48,8 @@ Result<Generation> generate(model::Model& model, const model::Tokenizer& tokeniz
   }
 
   Generation gen;
-  for (int32_t t : prompt) sampler.accept(t);
   std::vector<float> logits(size_t(model.n_vocab()));
-
-  const auto t_prefill = Clock::now();
-  if (Status st = model.eval(prompt, logits); !st.is_ok()) {
-    return Status(st.code(), "prefill of " + std::to_string(prompt.size()) + " tokens: " + st.message());
-  }
-  gen.timings.n_prompt = int(prompt.size());
-  gen.timings.prefill_s = seconds_since(t_prefill);
+  SLUICE_RETURN_IF_ERROR(prefill(model, sampler, prompt, logits, gen));
 
   model::Detokenizer detok(tokenizer);
   auto emit = [&](const std::string& piece) {

@@ -54,6 +54,12 @@ struct Generation {
 // Receives each complete-UTF-8 piece of text as soon as it is decoded; return false to stop.
 using TextCallback = std::function<bool(std::string_view piece)>;
 
+// The prefill both generation loops (this one, speculative.h) start with: the prompt's tokens
+// into the sampler's repetition history, one eval of the whole prompt into `logits` (n_vocab
+// floats), its size and time into gen.timings. Error: the model's, prefixed with the prompt size.
+Status prefill(model::Model& model, Sampler& sampler, std::span<const int32_t> prompt, std::span<float> logits,
+               Generation& gen);
+
 // Evaluates `prompt` (appended at model.n_past()) and samples until a stop condition.
 // `sampler` must have been built for model.n_vocab(); prompt tokens are fed to its
 // repetition history. Errors: empty prompt or prompt that does not fit in the remaining

@@ -178,14 +178,8 @@ Result<Generation> generate_speculative(model::Model& target, Drafter& drafter, 
 
   Generation gen;
   SpecStats st;
-  for (int32_t t : prompt) sampler.accept(t);
   std::vector<float> logits(nv);
-  const auto t_prefill = Clock::now();
-  if (Status s = target.eval(prompt, logits); !s.is_ok()) {
-    return Status(s.code(), "prefill of " + std::to_string(prompt.size()) + " tokens: " + s.message());
-  }
-  gen.timings.n_prompt = int(prompt.size());
-  gen.timings.prefill_s = seconds_since(t_prefill);
+  SLUICE_RETURN_IF_ERROR(prefill(target, sampler, prompt, logits, gen));
 
   model::Detokenizer detok(tokenizer);
   auto emit = [&](const std::string& piece) {
