@@ -78,9 +78,8 @@ Status Executor::layer(const LayerWeights& L, int l, int64_t n, std::span<const 
   for (const Segment& s : segs) {
     const int end = s.pos0 + int(s.n);
     const Tensor kc = kv_.k(l, end, s.map), vc = kv_.v(l, end, s.map);
-    const bool all = segs.size() == 1;
-    const Tensor qs = all ? q : q.row_range(s.row0, s.n), ks = all ? k : k.row_range(s.row0, s.n),
-                 vs = all ? v : v.row_range(s.row0, s.n), as = all ? attn : attn.row_range(s.row0, s.n);
+    const Tensor qs = q.row_range(s.row0, s.n), ks = k.row_range(s.row0, s.n), vs = v.row_range(s.row0, s.n),
+                 as = attn.row_range(s.row0, s.n);
     const backend::AttentionParams ap{c.n_head, c.n_head_kv, c.head_dim, scale, s.pos0, swa ? c.n_swa : 0};
     be.rope_store_kv(qs, rq, ks, rk, vs, kc, vc, s.pos0);
     be.attention(qs, kc, vc, as, ap);
@@ -322,7 +321,7 @@ void Executor::mirror_kv(Executor& to, int l, int64_t n, std::span<const Segment
     for (const Segment& s : segs) {
       const int end = s.pos0 + int(s.n);
       const Tensor cache = i == 0 ? to.kv_.k(l, end, s.map) : to.kv_.v(l, end, s.map);
-      to.be_->store_rows(segs.size() == 1 ? dst[i] : dst[i].row_range(s.row0, s.n), cache, s.pos0);
+      to.be_->store_rows(dst[i].row_range(s.row0, s.n), cache, s.pos0);
     }
   }
 }
