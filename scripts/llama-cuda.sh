@@ -38,10 +38,11 @@ case "${1:-}" in
     ninja -C "$work/build" -j "$(nproc)" llama-bench >"$work/build.log" 2>&1 || { tail -30 "$work/build.log"; exit 1; }
     mkdir -p "$dest" && cp "$work/build/bin/llama-bench" "$dest/llama-bench-cuda"
     ls -la "$dest/llama-bench-cuda"
-    # Then the server (the serving benchmark's rival); llama-bench is usable meanwhile.
-    ninja -C "$work/build" -j "$(nproc)" llama-server >"$work/build-server.log" 2>&1 ||
+    # Then the server and llama-batched-bench (the serving benchmarks' rivals); llama-bench is usable meanwhile.
+    ninja -C "$work/build" -j "$(nproc)" llama-server llama-batched-bench >"$work/build-server.log" 2>&1 ||
       { tail -30 "$work/build-server.log"; exit 1; }
     cp "$work/build/bin/llama-server" "$dest/llama-server-cuda"
+    cp "$work/build/bin/llama-batched-bench" "$dest/llama-batched-bench-cuda"
     ls -la "$dest/llama-server-cuda"
     ;;
   *)

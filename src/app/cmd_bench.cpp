@@ -10,6 +10,9 @@
 // --spec-ctx token prefill, the time of one pass of K + 1 tokens with every token's logits, per
 // K, against a one-token decode pass, and the effective tok/s that pass time gives at a few
 // acceptance rates (draft time not included: the target's side of the trade).
+// --batch-seqs 1,8,32: batched decode (what `sluice serve` runs, llama-batched-bench's S_TG):
+// N sequences, each filled with --batch-ctx positions, then passes that decode one token of every
+// sequence; the time per pass and the aggregate tok/s, next to the N = 1 row.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -135,6 +138,70 @@ Status bench_spec(model::Model& m, std::vector<int> ks, int spec_ctx, int reps, 
   return Status::ok();
 }
 
+// Batched decode over n sequences of `ctx` positions each, per n: the median pass time of `reps`
+// passes (after a warm-up pass), each pass one token for every sequence, rolled back after it.
+Status bench_batch(model::Model& m, const std::vector<int>& ns, int ctx, int reps, std::mt19937& rng) {
+  std::uniform_int_distribution<int32_t> any_token(0, m.n_vocab() - 1);
+  std::vector<double> ms;
+  for (int n : ns) {
+    std::vector<int> seqs;
+    auto free_all = [&] {
+      for (int s : seqs) s == 0 ? m.seq_truncate(0, 0) : m.seq_free(s);
+    };
+    std::vector<int32_t> prompt(static_cast<size_t>(ctx)), step(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) {
+      // Sequence 0 is always open; the others are made (as `sluice serve` does).
+      m.seq_truncate(0, 0);
+      auto s = i == 0 ? Result<int>(0) : m.seq_new();
+      if (!s.is_ok()) {
+        free_all();
+        return s.status();
+      }
+      seqs.push_back(*s);
+      for (auto& t : prompt) t = any_token(rng);
+      std::vector<float> last(size_t(m.n_vocab()));
+      // Prompts in chunks the pass limit allows.
+      for (int p = 0; p < ctx; p += 512) {
+        const std::span<const int32_t> chunk(prompt.data() + p, size_t(std::min(512, ctx - p)));
+        const model::Model::SeqTokens item{*s, chunk, false};
+        if (Status st = m.eval_batch({&item, 1}, last); !st.is_ok()) {
+          free_all();
+          return st;
+        }
+      }
+    }
+    std::vector<model::Model::SeqTokens> items(static_cast<size_t>(n));
+    std::vector<float> logits(size_t(n) * size_t(m.n_vocab()));
+    std::vector<double> times;
+    for (int r = 0; r <= reps; ++r) {  // the first is the warm-up
+      for (auto& t : step) t = any_token(rng);
+      for (int i = 0; i < n; ++i) items[size_t(i)] = {seqs[size_t(i)], std::span<const int32_t>(&step[size_t(i)], 1), false};
+      const auto t0 = std::chrono::steady_clock::now();
+      const Status st = m.eval_batch(items, logits);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (!st.is_ok()) {
+        free_all();
+        return st;
+      }
+      for (int sq : seqs) m.seq_truncate(sq, ctx);
+      if (r > 0) times.push_back(s);
+    }
+    free_all();
+    std::sort(times.begin(), times.end());
+    ms.push_back(times[times.size() / 2] * 1e3);
+  }
+  std::printf("\nbatched decode (median of %d passes; every sequence at %d positions; %s backend):\n", reps, ctx,
+              m.backend_name());
+  std::printf("| %9s | %10s | %12s | %11s | %11s |\n", "sequences", "ms/pass", "tok/s (all)", "x 1 seq ms", "x 1 seq t/s");
+  std::printf("| --------: | ---------: | -----------: | ----------: | ----------: |\n");
+  for (size_t i = 0; i < ns.size(); ++i) {
+    const double tok_s = double(ns[i]) / (ms[i] * 1e-3);
+    const double tok_s0 = double(ns[0]) / (ms[0] * 1e-3);
+    std::printf("| %9d | %10.2f | %12.1f | %11.2f | %11.2f |\n", ns[i], ms[i], tok_s, ms[i] / ms[0], tok_s / tok_s0);
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 int cmd_bench(int argc, char** argv) {
@@ -144,6 +211,8 @@ int cmd_bench(int argc, char** argv) {
   bool json = false, csv = false;
   std::vector<int> spec_k;
   int spec_ctx = 256;
+  std::vector<int> batch_seqs;
+  int batch_ctx = 128;
   app.add_option("-m,--model", model_path, "GGUF model file (of a split model: the first shard)")->required();
   app.add_option("-p,--n-prompt", n_prompt, "prompt tokens for the pp test; 0 = skip")
       ->check(CLI::Range(0, 1 << 20))
@@ -159,6 +228,12 @@ int cmd_bench(int argc, char** argv) {
   app.add_option("--spec-ctx", spec_ctx, "context positions filled before the --spec-k passes")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
+  app.add_option("--batch-seqs", batch_seqs, "batched decode: one pass decodes a token of each of N sequences, per N")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 512));
+  app.add_option("--batch-ctx", batch_ctx, "positions of every sequence before the --batch-seqs passes")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   auto* json_flag = app.add_flag("--json", json, "JSON output");
   app.add_flag("--csv", csv, "CSV output")->excludes(json_flag);
   ModelFlags mf;
@@ -169,7 +244,7 @@ int cmd_bench(int argc, char** argv) {
   add_layer_skip_flags(app, spf);
   if (auto rc = parse_flags(app, argc, argv)) return *rc;
   if (auto st = resolve_stream_flags(stf); !st.is_ok()) return report_error("bench", st.status());
-  if (n_prompt == 0 && n_gen == 0 && spec_k.empty()) return report_error("bench", invalid_argument("-p and -n are both 0: nothing to run"));
+  if (n_prompt == 0 && n_gen == 0 && spec_k.empty() && batch_seqs.empty()) return report_error("bench", invalid_argument("-p and -n are both 0: nothing to run"));
 
   auto meta = open_model_meta(model_path);
   if (!meta.is_ok()) return report_error("bench", meta.status());
@@ -179,6 +254,14 @@ int cmd_bench(int argc, char** argv) {
   if (!spec_k.empty()) {
     mf.n_ctx = std::max(mf.n_ctx, spec_ctx + 1 + *std::max_element(spec_k.begin(), spec_k.end()));
     stf.decode_batch = *std::max_element(spec_k.begin(), spec_k.end()) + 1;
+  }
+  if (!batch_seqs.empty()) {
+    // One pool for every sequence of the largest batch, planned for passes of that many tokens.
+    const int most = *std::max_element(batch_seqs.begin(), batch_seqs.end());
+    mf.n_ctx = std::max(mf.n_ctx, batch_ctx + 1);
+    mf.max_sequences = most;
+    mf.kv_positions = most * (batch_ctx + 16);
+    stf.decode_batch = std::max(stf.decode_batch, most);
   }
   mf.n_threads = n_threads;
   if (stf.show_plan) {
@@ -236,6 +319,13 @@ int cmd_bench(int argc, char** argv) {
   if (Status st = run("tg", n_gen, time_decode); !st.is_ok()) return report_error("bench", st);
   if (!spec_k.empty()) {
     if (Status st = bench_spec(m, spec_k, spec_ctx, reps, rng); !st.is_ok()) return report_error("bench", st);
+  }
+  if (!batch_seqs.empty()) {
+    if (m.max_sequences() < *std::max_element(batch_seqs.begin(), batch_seqs.end())) {
+      return report_error("bench", unsupported("this model runs " + std::to_string(m.max_sequences()) +
+                                                " sequence(s) at once; --batch-seqs needs more"));
+    }
+    if (Status st = bench_batch(m, batch_seqs, batch_ctx, reps, rng); !st.is_ok()) return report_error("bench", st);
   }
 
   const int threads = n_threads;  // 0: model/ chose (all physical cores)

@@ -112,6 +112,16 @@ struct AttentionParams {
   int first_key(int t) const { return window > 0 ? std::max(0, pos0 + t - window + 1) : 0; }
 };
 
+// One sequence's share of a pass over several sequences (model/executor.h Segment): rows
+// [row0, row0 + n) of the pass's q/k/v/attention-output tensors, at positions [pos0, pos0 + n),
+// and that sequence's cache views (positions [0, pos0 + n) as rows, paged through their row_map).
+struct SeqRows {
+  int64_t row0 = 0;
+  int64_t n = 0;
+  int pos0 = 0;
+  Tensor k_cache, v_cache;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -271,6 +281,27 @@ class Backend {
   // a = p.first_key(t) (0 without a sliding window).
   virtual void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                          const Tensor& out, const AttentionParams& p) = 0;
+
+  // Several sequences in one pass: the ops above over each sequence's rows, its positions and its
+  // cache, with the same results as one call per sequence (the default). A GPU backend does all
+  // the sequences in a few launches: per-sequence launches would dominate a batched decode pass.
+  // rope_store_kv(q, k, v rows of s, ..., s.k_cache, s.v_cache, s.pos0) for every s.
+  virtual void rope_store_kv_seqs(const Tensor& q, const RopeParams& rq, const Tensor& k, const RopeParams& rk,
+                                  const Tensor& v, std::span<const SeqRows> seqs) {
+    for (const SeqRows& s : seqs) {
+      rope_store_kv(q.row_range(s.row0, s.n), rq, k.row_range(s.row0, s.n), rk, v.row_range(s.row0, s.n), s.k_cache,
+                    s.v_cache, s.pos0);
+    }
+  }
+  // attention(q rows of s, s.k_cache, s.v_cache, out rows of s, p with pos0 = s.pos0) for every s.
+  virtual void attention_seqs(const Tensor& q, const Tensor& out, const AttentionParams& p,
+                              std::span<const SeqRows> seqs) {
+    for (const SeqRows& s : seqs) {
+      AttentionParams ps = p;
+      ps.pos0 = s.pos0;
+      attention(q.row_range(s.row0, s.n), s.k_cache, s.v_cache, out.row_range(s.row0, s.n), ps);
+    }
+  }
 };
 
 struct CpuOptions {

@@ -75,15 +75,14 @@ Status Executor::layer(const LayerWeights& L, int l, int64_t n, std::span<const 
   if (L.k_norm.present()) be.rms_norm(k, L.k_norm.view(), eps, k);
   // Per sequence: its rows rotate at its positions, its K/V go to its blocks, its queries attend
   // over its own keys (one segment: the whole pass, as with one sequence).
+  seq_rows_.clear();
   for (const Segment& s : segs) {
     const int end = s.pos0 + int(s.n);
-    const Tensor kc = kv_.k(l, end, s.map), vc = kv_.v(l, end, s.map);
-    const Tensor qs = q.row_range(s.row0, s.n), ks = k.row_range(s.row0, s.n), vs = v.row_range(s.row0, s.n),
-                 as = attn.row_range(s.row0, s.n);
-    const backend::AttentionParams ap{c.n_head, c.n_head_kv, c.head_dim, scale, s.pos0, swa ? c.n_swa : 0};
-    be.rope_store_kv(qs, rq, ks, rk, vs, kc, vc, s.pos0);
-    be.attention(qs, kc, vc, as, ap);
+    seq_rows_.push_back({s.row0, s.n, s.pos0, kv_.k(l, end, s.map), kv_.v(l, end, s.map)});
   }
+  const backend::AttentionParams ap{c.n_head, c.n_head_kv, c.head_dim, scale, 0, swa ? c.n_swa : 0};
+  be.rope_store_kv_seqs(q, rq, k, rk, v, seq_rows_);
+  be.attention_seqs(q, attn, ap, seq_rows_);
   be.matmul(L.wo.view(), attn, xn);
   if (L.post_attn_norm.present()) be.rms_norm(xn, L.post_attn_norm.view(), eps, xn);  // gemma3
   be.add_rms_norm(x, xn, L.ffn_norm.view(), eps, xn);

@@ -97,6 +97,7 @@ class Executor {
   backend::Tensor attn_;  // attention output      [n_head * head_dim_v]
   backend::Tensor gate_;  // ffn gate, then swiglu [n_ff_max]
   backend::Tensor up_;    // ffn up                [n_ff_max]
+  std::vector<backend::SeqRows> seq_rows_;  // layer(): the pass's sequences, their cache views
   // Mixture of experts (Config::moe()).
   backend::Tensor logits_;  // router logits          [n_expert]
   backend::Tensor pred_logits_;  // the next layer's router on this layer's state [n_expert] (prefetch)

@@ -32,6 +32,7 @@
 #include <iterator>
 #include <limits>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -897,6 +898,134 @@ TEST(FusedDecodeOps, MoeDecodeOpsEqualSeparateOps) {
     worst = std::max(worst, std::fabs(double(a[size_t(r)]) - ref) / scale_ref);
   }
   EXPECT_LE(worst, 1e-2) << "expert 0 output vs the reference (relative to sum |w x|)";
+}
+
+
+// A pass over several sequences (Backend::rope_store_kv_seqs / attention_seqs): the CUDA backend's
+// launches over all the sequences give what one rope_store_kv and one attention call per sequence
+// give (the base class's loop): q and k rotated and the caches written bit for bit, attention
+// outputs equal up to the key splits' summation order. Sequences at different positions in one
+// paged pool (scattered rows, one sequence unpaged on rows 0..), decode rows mixed with a prompt
+// chunk, pure-decode passes, GQA with and without a sliding window, 40 sequences (more than one launch holds).
+TEST(FusedDecodeOps, SequencesInOneLaunchEqualOneCallEach) {
+  SLUICE_SKIP_WITHOUT_GPU();
+  auto made = backend::make_cuda_backend({});
+  ASSERT_TRUE(made.is_ok()) << made.status().message();
+  backend::Backend& be = **made;
+  struct C {
+    int n_head, n_head_kv, head_dim, window;
+    std::vector<int> pos0, n;  // per sequence; sequence 0 is unpaged
+  };
+  std::vector<C> cases = {
+      {32, 8, 128, 0, {7, 0, 130, 64, 300, 1, 17}, {1, 1, 1, 6, 1, 1, 1}},
+      {8, 2, 64, 8, {3, 40, 9, 200}, {1, 1, 1, 1}},
+      {4, 4, 128, 0, {}, {}},
+  };
+  for (int i = 0; i < 40; ++i) {
+    cases[2].pos0.push_back(11 * i + i % 3);
+    cases[2].n.push_back(1);
+  }
+  uint64_t salt = 900;
+  for (const C& c : cases) {
+    const int n_seq = int(c.pos0.size());
+    const int64_t qc = int64_t(c.n_head) * c.head_dim, kvc = int64_t(c.n_head_kv) * c.head_dim;
+    int64_t rows = 0, pool = 0;
+    for (int s = 0; s < n_seq; ++s) {
+      rows += c.n[size_t(s)];
+      pool += c.pos0[size_t(s)] + c.n[size_t(s)];
+    }
+    pool += 37;
+    // Row maps: sequence 0 on pool rows 0.., the others on shuffled rows of the rest.
+    std::vector<int32_t> free_rows;
+    const int end0 = c.pos0[0] + c.n[0];
+    for (int32_t r = end0; r < pool; ++r) free_rows.push_back(r);
+    std::mt19937 rng{static_cast<uint32_t>(salt)};
+    std::shuffle(free_rows.begin(), free_rows.end(), rng);
+    std::vector<int32_t> maps;
+    std::vector<int64_t> map_at(size_t(n_seq), -1);
+    size_t used = 0;
+    for (int s = 1; s < n_seq; ++s) {
+      map_at[size_t(s)] = int64_t(maps.size());
+      for (int p = 0; p < c.pos0[size_t(s)] + c.n[size_t(s)]; ++p) maps.push_back(free_rows[used++]);
+    }
+    auto map_t = be.alloc(DType::kI32, int64_t(std::max<size_t>(maps.size(), 1)), 1);
+    ASSERT_TRUE(map_t.is_ok());
+    if (!maps.empty()) be.upload_i32(*map_t, maps.data());
+    const auto qv = random_floats(size_t(rows * qc), 1.0f, ++salt), kv = random_floats(size_t(rows * kvc), 1.0f, ++salt),
+               vv = random_floats(size_t(rows * kvc), 1.0f, ++salt),
+               cache = random_floats(size_t(pool * kvc), 1.0f, ++salt);
+    struct Run {
+      Tensor q, k, v, out, kc, vc, staging;
+    };
+    auto setup = [&](Run& r) {
+      auto q = be.alloc(DType::kF32, qc, rows), k = be.alloc(DType::kF32, kvc, rows), v = be.alloc(DType::kF32, kvc, rows);
+      auto out = be.alloc(DType::kF32, qc, rows), kc = be.alloc(DType::kF16, kvc, pool),
+           vc = be.alloc(DType::kF16, kvc, pool), st = be.alloc(DType::kF32, kvc, pool);
+      ASSERT_TRUE(q.is_ok() && k.is_ok() && v.is_ok() && out.is_ok() && kc.is_ok() && vc.is_ok() && st.is_ok());
+      r = {*q, *k, *v, *out, *kc, *vc, *st};
+      be.upload(r.q, qv.data());
+      be.upload(r.k, kv.data());
+      be.upload(r.v, vv.data());
+      be.upload(r.staging, cache.data());  // every pool row holds keys of some position
+      be.store_rows(r.staging, r.kc, 0);
+      be.store_rows(r.staging, r.vc, 0);
+    };
+    auto seqs_of = [&](const Run& r) {
+      std::vector<backend::SeqRows> seqs;
+      int64_t row0 = 0;
+      for (int s = 0; s < n_seq; ++s) {
+        const int end = c.pos0[size_t(s)] + c.n[size_t(s)];
+        Tensor kc{r.kc.data, r.kc.dtype, r.kc.cols, end, r.kc.stride};
+        Tensor vc{r.vc.data, r.vc.dtype, r.vc.cols, end, r.vc.stride};
+        if (map_at[size_t(s)] >= 0) {
+          kc.row_map = vc.row_map = static_cast<const int32_t*>(map_t->data) + map_at[size_t(s)];
+        }
+        seqs.push_back({row0, c.n[size_t(s)], c.pos0[size_t(s)], kc, vc});
+        row0 += c.n[size_t(s)];
+      }
+      return seqs;
+    };
+    backend::RopeParams rq;
+    rq.mode = backend::RopeMode::kNeox;
+    rq.n_head = c.n_head;
+    rq.head_dim = c.head_dim;
+    rq.n_rot = c.head_dim;
+    rq.freq_base = 10000.0f;
+    backend::RopeParams rk = rq;
+    rk.n_head = c.n_head_kv;
+    const backend::AttentionParams ap{c.n_head, c.n_head_kv, c.head_dim, 1.0f / std::sqrt(float(c.head_dim)), 0,
+                                      c.window};
+    Run a, b;
+    setup(a);
+    setup(b);
+    const auto sa = seqs_of(a), sb = seqs_of(b);
+    be.rope_store_kv_seqs(a.q, rq, a.k, rk, a.v, sa);
+    be.attention_seqs(a.q, a.out, ap, sa);
+    be.Backend::rope_store_kv_seqs(b.q, rq, b.k, rk, b.v, sb);  // one call per sequence
+    be.Backend::attention_seqs(b.q, b.out, ap, sb);
+    const std::string at = "case n_head " + std::to_string(c.n_head) + ", " + std::to_string(n_seq) + " sequences";
+    auto f32_of = [&](const Tensor& t) {
+      std::vector<float> h(size_t(t.rows * t.cols));
+      be.download(t, h.data());
+      return h;
+    };
+    auto u16_of = [&](const Tensor& t) {
+      be.sync();
+      std::vector<uint16_t> h(size_t(t.rows * t.cols));
+      GPU_CHECK(cudaMemcpy(h.data(), t.data, h.size() * 2, cudaMemcpyDeviceToHost));
+      return h;
+    };
+    EXPECT_EQ(f32_of(a.q), f32_of(b.q)) << at << ": q";
+    EXPECT_EQ(f32_of(a.k), f32_of(b.k)) << at << ": k";
+    EXPECT_EQ(u16_of(a.kc), u16_of(b.kc)) << at << ": K cache";
+    EXPECT_EQ(u16_of(a.vc), u16_of(b.vc)) << at << ": V cache";
+    const auto oa = f32_of(a.out), ob = f32_of(b.out);
+    double worst = 0;
+    for (size_t i = 0; i < oa.size(); ++i) worst = std::max(worst, double(std::fabs(oa[i] - ob[i])));
+    EXPECT_LE(worst, 2e-5) << at << ": attention output";
+    // The outputs are attention, not zeros or copies: they differ between sequences.
+    EXPECT_NE(std::vector<float>(oa.begin(), oa.begin() + qc), std::vector<float>(oa.end() - qc, oa.end())) << at;
+  }
 }
 
 }  // namespace

@@ -22,7 +22,11 @@ attn::DecodePlan plan_decode(const AttentionArgs& a, int sm_count) {
   // Keys of the last (longest) query row, or the range of positions the plan is made for. With a
   // sliding window the splits still cut [0, n_ctx): those wholly before a row's window are empty
   // for that row (the kernel skips them), so one plan serves every position of a replayed step.
-  const int64_t n_ctx = std::max<int64_t>(int64_t(a.pos0) + a.n_tokens, a.plan_ctx);
+  int64_t n_ctx = std::max<int64_t>(int64_t(a.pos0) + a.n_tokens, a.plan_ctx);
+  if (a.seq_rows != nullptr) {  // the longest sequence
+    n_ctx = 1;
+    for (int t = 0; t < a.n_tokens; ++t) n_ctx = std::max<int64_t>(n_ctx, int64_t(a.seq_rows[t].pos) + 1);
+  }
   const int64_t base_blocks = int64_t(a.n_tokens) * a.n_head_kv * plan.n_hgroups;
   const int64_t target = int64_t(attn::kDecodeBlocksPerSm) * sm_count;
   const int64_t splits = std::clamp<int64_t>(ceil_div(target, base_blocks), 1, attn::max_splits(n_ctx));
@@ -42,6 +46,17 @@ Status check_args(const AttentionArgs& a, int sm_count) {
                             std::to_string(a.pos0) + ")");
   }
   if (a.window < 0) return invalid_argument("attention: negative window " + std::to_string(a.window));
+  if (a.seq_rows != nullptr) {
+    if (a.n_tokens > kMaxAttentionSeqRows) {
+      return invalid_argument("attention: " + std::to_string(a.n_tokens) + " sequence rows, at most " +
+                              std::to_string(kMaxAttentionSeqRows) + " per call");
+    }
+    for (int t = 0; t < a.n_tokens; ++t) {
+      if (a.seq_rows[t].pos < 0 || a.seq_rows[t].row < 0 || a.seq_rows[t].pos == INT_MAX) {
+        return invalid_argument("attention: sequence row " + std::to_string(t) + " has a bad row or position");
+      }
+    }
+  }
   if (a.n_head <= 0 || a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0 || a.n_head > 65535) {
     return invalid_argument("attention: bad head counts (n_head " + std::to_string(a.n_head) + ", n_head_kv " +
                             std::to_string(a.n_head_kv) + ")");
@@ -75,7 +90,20 @@ int64_t attention_workspace_bytes(int n_tokens, int n_head, int head_dim, int ma
   return attn::decode_workspace_bytes(rows, n_head, head_dim, attn::max_splits(max_positions));
 }
 
+int64_t attention_seq_workspace_bytes(int n_rows, int n_head, int head_dim, int max_positions) {
+  if (n_rows <= 0 || n_head <= 0 || head_dim <= 0 || max_positions <= 0) return 0;
+  return attn::decode_workspace_bytes(std::min(n_rows, kMaxAttentionSeqRows), n_head, head_dim,
+                                      attn::max_splits(max_positions));
+}
+
 bool attention_writes_q8(const AttentionArgs& args) {
+  if (args.seq_rows != nullptr) {  // rows 0, 1, ... of a dense output, as the activation is laid out
+    for (int t = 0; t < args.n_tokens; ++t) {
+      if (args.seq_rows[t].row != t) return false;
+    }
+    return args.n_tokens > 0 && args.n_tokens <= kMaxAttentionSeqRows &&
+           args.out_stride == int64_t(args.n_head) * args.head_dim && args.head_dim % 32 == 0;
+  }
   return args.n_tokens > 0 && args.n_tokens <= attn::kDecodeMaxTokens &&
          args.out_stride == int64_t(args.n_head) * args.head_dim && args.head_dim % 32 == 0;
 }
@@ -84,14 +112,14 @@ Status attention(const AttentionArgs& args, void* workspace, int64_t workspace_b
                  cudaStream_t stream) {
   SLUICE_RETURN_IF_ERROR(check_args(args, sm_count));
   if (args.n_tokens == 0) return Status::ok();
-  if (args.n_tokens > attn::kDecodeMaxTokens) return attn::launch_prefill(args, stream);
+  if (args.n_tokens > attn::kDecodeMaxTokens && args.seq_rows == nullptr) return attn::launch_prefill(args, stream);
 
   const attn::DecodePlan plan = plan_decode(args, sm_count);
   const int64_t need = attn::decode_workspace_bytes(args.n_tokens, args.n_head, args.head_dim, plan.n_splits);
   if (workspace == nullptr || workspace_bytes < need) {
     return invalid_argument("attention: workspace too small: " + std::to_string(workspace_bytes) + " bytes, need " +
                             std::to_string(need) + " (attention_workspace_bytes for " +
-                            std::to_string(int64_t(args.pos0) + args.n_tokens) + " positions)");
+                            std::to_string(int64_t(args.pos0) + args.n_tokens) + " positions, or attention_seq_workspace_bytes)");
   }
   if (reinterpret_cast<uintptr_t>(workspace) % 16 != 0) {
     return invalid_argument("attention: workspace must be 16-byte aligned");

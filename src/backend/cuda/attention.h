@@ -20,6 +20,14 @@
 
 namespace sluice::backend::cuda {
 
+// One query row of a call over several sequences (AttentionArgs::seq_rows).
+struct AttentionSeqRow {
+  int64_t row = 0;               // the row of q and out
+  int pos = 0;                   // its position: it sees keys [0, pos] (or its window) of its sequence
+  const int* row_map = nullptr;  // its sequence's paged cache (device memory; nullptr: position = row)
+};
+inline constexpr int kMaxAttentionSeqRows = 32;
+
 struct AttentionArgs {
   const float* q = nullptr;     // [n_tokens][q_stride], row = n_head * head_dim floats
   int64_t q_stride = 0;
@@ -49,6 +57,11 @@ struct AttentionArgs {
   // as quantize_activation_q8 makes it; out must be dense) for the output projection's GEMV.
   int8_t* out_q = nullptr;
   float2* out_ds = nullptr;
+  // Optional: one decode row of each of several sequences in one call (a batched decode pass).
+  // Query row t is seq_rows[t] (host memory, n_tokens <= kMaxAttentionSeqRows entries); pos0,
+  // pos_dev, plan_ctx and row_map are then unused. Always the decode kernels: rows of different
+  // sequences share no keys, so the prefill kernel's tiles would gain nothing.
+  const AttentionSeqRow* seq_rows = nullptr;
 };
 // True when attention() writes out_q/out_ds for this call shape (decode rows, dense output).
 bool attention_writes_q8(const AttentionArgs& args);
@@ -56,6 +69,8 @@ bool attention_writes_q8(const AttentionArgs& args);
 // Workspace bytes attention() needs for this call shape at most `max_positions` cache rows
 // (allocate once for the largest call; 0 is a valid answer).
 int64_t attention_workspace_bytes(int n_tokens, int n_head, int head_dim, int max_positions);
+// The same for a call with seq_rows of n_rows rows.
+int64_t attention_seq_workspace_bytes(int n_rows, int n_head, int head_dim, int max_positions);
 
 // Enqueues the attention. Error: unsupported head_dim, bad arguments, workspace too small, launch
 // failure.

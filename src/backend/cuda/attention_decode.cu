@@ -35,6 +35,13 @@ struct DecodeShape {
   static_assert(kDecodeTile == 2 * kWarpSize, "the softmax step gives each lane two keys of a tile");
 };
 
+// AttentionArgs::seq_rows as the kernels read them (kernel parameters).
+struct SeqRowDev {
+  int64_t row;
+  const int* map;
+  int pos;
+};
+
 struct DecodeParams {
   const float* q;  // [n_tokens][q_stride]
   int64_t q_stride;
@@ -56,6 +63,14 @@ struct DecodeParams {
   const int* pos_dev;  // non-null: pos0 is read here (a replayed step)
   const int* row_map;  // AttentionArgs::row_map (nullptr: position = row)
   float scale_log2;  // scale * log2(e): scores come out in log2 units, so exp2f is the exponential
+  int n_seq_rows;    // > 0: query row t is seq[t] (its q/out row, position and row map)
+  SeqRowDev seq[kMaxAttentionSeqRows];
+};
+
+// The out rows of the combine (n == 0: row t is row t).
+struct OutRows {
+  int n;
+  int64_t row[kMaxAttentionSeqRows];
 };
 
 // Grid: one block per (head group, split, KV head, query row), flattened with the head group
@@ -63,7 +78,7 @@ struct DecodeParams {
 // kPaged: keys through the paged cache's row map (a separate instantiation, so the unpaged
 // kernel, every single-sequence decode, has no map load or branch in its key loops).
 template <int HD, bool kPaged>
-__global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(const DecodeParams p) {
+__global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(const __grid_constant__ DecodeParams p) {
   pdl_wait();
   pdl_trigger();
   using S = DecodeShape<HD>;
@@ -90,7 +105,11 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(const Deco
   // [begin, end) of them (maybe none: when t is not the last row, the plan is made for the longest
   // row or the step's position range; with a window, for splits wholly before it). Every key of
   // [begin, end) is visible, so each tile's first key is and the tile max is finite.
-  const int n_kv = (p.pos_dev != nullptr ? *p.pos_dev : p.pos0) + t + 1;
+  // Several sequences: row t is its own sequence's one decode row, with its own keys.
+  const bool multi = p.n_seq_rows > 0;
+  const int n_kv = multi ? p.seq[t].pos + 1 : (p.pos_dev != nullptr ? *p.pos_dev : p.pos0) + t + 1;
+  const int* row_map = multi ? p.seq[t].map : p.row_map;
+  const int64_t q_row = multi ? p.seq[t].row : int64_t(t);
   const int lo = p.window > 0 ? max(0, n_kv - p.window) : 0;
   const int split0 = split * p.split_keys;
   const int begin = max(split0, lo);
@@ -103,7 +122,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(const Deco
   float qr[kMaxHeadsPerBlock][8];
 #pragma unroll
   for (int h = 0; h < kMaxHeadsPerBlock; ++h) {
-    const float* qh = p.q + int64_t(t) * p.q_stride + int64_t(head0 + h) * HD + c * 8;
+    const float* qh = p.q + q_row * p.q_stride + int64_t(head0 + h) * HD + c * 8;
 #pragma unroll
     for (int e = 0; e < 8; ++e) qr[h][e] = (h < nh && piece_ok) ? qh[e] * p.scale_log2 : 0.0f;
   }
@@ -129,7 +148,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(const Deco
 #pragma unroll
       for (int i = 0; i < S::kBatch; ++i) {
         const int j = tile0 + grp + S::kGroups * (u0 + i);
-        const int64_t row = kPaged && piece_ok && j < end ? cache_row(p.row_map, j) : int64_t(j);
+        const int64_t row = kPaged && piece_ok && j < end ? cache_row(row_map, j) : int64_t(j);
         kr[i] = (piece_ok && j < end) ? load_row16(kp + row * p.k_stride) : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
@@ -186,7 +205,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(const Deco
         const int j = tile0 + grp + S::kGroups * (u0 + i);
         // Rows past the end are not read: their probability is 0 but the memory may hold
         // anything (NaN * 0 = NaN).
-        const int64_t row = kPaged && piece_ok && j < end ? cache_row(p.row_map, j) : int64_t(j);
+        const int64_t row = kPaged && piece_ok && j < end ? cache_row(row_map, j) : int64_t(j);
         vr[i] = (piece_ok && j < end) ? load_row16(vp + row * p.v_stride) : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
@@ -253,7 +272,7 @@ __device__ float block_reduce(float v, float* scratch) {
 __global__ void __launch_bounds__(kDecodeThreads)
     decode_combine_kernel(const float* __restrict__ ws_acc, const float2* __restrict__ ws_ml, float* __restrict__ out,
                           int64_t out_stride, int n_head, int head_dim, int n_splits, int8_t* __restrict__ out_q,
-                          float2* __restrict__ out_ds) {
+                          float2* __restrict__ out_ds, const __grid_constant__ OutRows rows) {
   __shared__ float w[kMaxSplits];
   __shared__ float scratch[kDecodeThreads / kWarpSize];
   pdl_wait();
@@ -280,7 +299,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
     float acc = 0.0f;
     for (int s = 0; s < n_splits; ++s) acc = fmaf(w[s], ws_acc[(row0 + s) * head_dim + d], acc);
     const float y = acc * inv;
-    const int64_t e = int64_t(t) * out_stride + int64_t(head) * head_dim + d;
+    const int64_t e = (rows.n > 0 ? rows.row[t] : int64_t(t)) * out_stride + int64_t(head) * head_dim + d;
     out[e] = y;
     if (out_q != nullptr) q8_block(y, out_q + (e - int64_t(threadIdx.x % kWarpSize)), out_ds + e / 32);
   }
@@ -290,12 +309,16 @@ template <int HD>
 Status launch_decode_hd(const DecodeParams& p, int n_tokens, float* out, int64_t out_stride, int8_t* out_q,
                         float2* out_ds, cudaStream_t stream) {
   const int64_t blocks = int64_t(n_tokens) * p.n_head_kv * p.n_hgroups * p.n_splits;
-  const auto kernel = p.row_map != nullptr ? decode_split_kernel<HD, true> : decode_split_kernel<HD, false>;
+  const bool paged = p.row_map != nullptr || p.n_seq_rows > 0;
+  const auto kernel = paged ? decode_split_kernel<HD, true> : decode_split_kernel<HD, false>;
+  OutRows rows{};
+  rows.n = p.n_seq_rows;
+  for (int t = 0; t < p.n_seq_rows; ++t) rows.row[t] = p.seq[t].row;
   SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(kernel, dim3(unsigned(blocks)), dim3(kDecodeThreads), 0, stream, p));
   SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("decode_split_kernel");
   SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(decode_combine_kernel, dim3(unsigned(p.n_head), unsigned(n_tokens)),
                                          dim3(kDecodeThreads), 0, stream, p.ws_acc, p.ws_ml, out, out_stride,
-                                         p.n_head, HD, p.n_splits, out_q, out_ds));
+                                         p.n_head, HD, p.n_splits, out_q, out_ds, rows));
   SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("decode_combine_kernel");
   return Status::ok();
 }
@@ -325,6 +348,8 @@ Status launch_decode(const AttentionArgs& a, const DecodePlan& plan, void* works
   p.pos_dev = a.pos_dev;
   p.row_map = a.row_map;
   p.scale_log2 = a.scale * kLog2e;
+  p.n_seq_rows = a.seq_rows != nullptr ? a.n_tokens : 0;
+  for (int t = 0; t < p.n_seq_rows; ++t) p.seq[t] = {a.seq_rows[t].row, a.seq_rows[t].row_map, a.seq_rows[t].pos};
   const bool q8 = a.out_q != nullptr && a.out_ds != nullptr && attention_writes_q8(a);
   int8_t* q = q8 ? a.out_q : nullptr;
   float2* ds = q8 ? a.out_ds : nullptr;

@@ -363,10 +363,7 @@ class CudaBackend final : public Backend {
 
   void rope_store_kv(const Tensor& q, const RopeParams& rq, const Tensor& k, const RopeParams& rk, const Tensor& v,
                      const Tensor& k_cache, const Tensor& v_cache, int pos0) override {
-    const bool same_rope = rq.mode == rk.mode && rq.head_dim == rk.head_dim && rq.n_rot == rk.n_rot &&
-                           rq.freq_base == rk.freq_base && rq.freq_scale == rk.freq_scale &&
-                           rq.freq_factors.data == rk.freq_factors.data;
-    if (!same_rope) {
+    if (!same_rope(rq, rk)) {
       Backend::rope_store_kv(q, rq, k, rk, v, k_cache, v_cache, pos0);
       return;
     }
@@ -383,6 +380,39 @@ class CudaBackend final : public Backend {
                              rope_args(rq), k_cache.data, k_cache.stride, v_cache.data, v_cache.stride, pos0, stream_,
                              step_pos_for(pos0), k_cache.row_map),
          "rope_store_kv");
+  }
+
+  // Every sequence's rows in launches of up to kMaxRopeSeqs sequences (they share the layer's cache
+  // pool). One sequence: rope_store_kv (a recorded decode step reads its position from the device).
+  void rope_store_kv_seqs(const Tensor& q, const RopeParams& rq, const Tensor& k, const RopeParams& rk, const Tensor& v,
+                          std::span<const SeqRows> seqs) override {
+    if (seqs.size() <= 1 || !same_rope(rq, rk) || !one_pool(seqs)) {
+      Backend::rope_store_kv_seqs(q, rq, k, rk, v, seqs);
+      return;
+    }
+    const Tensor& kc = seqs[0].k_cache;
+    const Tensor& vc = seqs[0].v_cache;
+    SLUICE_CHECK(int64_t(rq.n_head) * rq.head_dim == q.cols && int64_t(rk.n_head) * rk.head_dim == k.cols &&
+                     k.rows == q.rows && v.rows == q.rows,
+                 "rope_store_kv_seqs: shape mismatch");
+    SLUICE_CHECK(k.dtype == DType::kF32 && v.dtype == DType::kF32 && kc.dtype == DType::kF16 &&
+                     vc.dtype == DType::kF16 && k.cols == kc.cols && v.cols == vc.cols,
+                 "rope_store_kv_seqs: types or columns differ");
+    invalidate_q8();
+    std::vector<cuda::RopeSeq> chunk;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const SeqRows& sq = seqs[i];
+      SLUICE_CHECK(sq.n >= 0 && sq.row0 >= 0 && sq.row0 + sq.n <= q.rows && sq.pos0 >= 0 &&
+                       sq.pos0 + sq.n <= sq.k_cache.rows && sq.pos0 + sq.n <= sq.v_cache.rows,
+                   "rope_store_kv_seqs: out of range");
+      chunk.push_back({sq.row0, int(sq.n), sq.pos0, sq.k_cache.row_map});
+      if (chunk.size() == size_t(cuda::kMaxRopeSeqs) || i + 1 == seqs.size()) {
+        must(cuda::rope_store_kv_seqs(f32(q), q.stride, f32(k), k.stride, rk.n_head, f32(v), v.stride, v.cols,
+                                      rope_args(rq), kc.data, kc.stride, vc.data, vc.stride, chunk, stream_),
+             "rope_store_kv_seqs");
+        chunk.clear();
+      }
+    }
   }
 
   void add_bias(const Tensor& y, const WeightView& b) override {
@@ -540,8 +570,83 @@ class CudaBackend final : public Backend {
     if (q8) set_q8(out);
   }
 
+  // The decode rows (one token) of every sequence in launches of up to kMaxAttentionSeqRows
+  // sequences, each row over its own sequence's keys; longer rows (prompt chunks) one call each.
+  void attention_seqs(const Tensor& q, const Tensor& out, const AttentionParams& p,
+                      std::span<const SeqRows> seqs) override {
+    if (seqs.size() <= 1 || !one_pool(seqs)) {
+      Backend::attention_seqs(q, out, p, seqs);
+      return;
+    }
+    const Tensor& kc = seqs[0].k_cache;
+    const Tensor& vc = seqs[0].v_cache;
+    SLUICE_CHECK(kc.dtype == DType::kF16 && vc.dtype == DType::kF16, "attention: caches must be f16");
+    invalidate_q8();
+    std::vector<AttentionSeqRow>& rows = seq_rows_;
+    rows.clear();
+    for (const SeqRows& sq : seqs) {
+      SLUICE_CHECK(sq.n >= 0 && sq.row0 >= 0 && sq.row0 + sq.n <= q.rows && sq.row0 + sq.n <= out.rows &&
+                       sq.pos0 >= 0 && sq.pos0 + sq.n <= sq.k_cache.rows,
+                   "attention_seqs: out of range");
+      if (sq.n == 1) {
+        rows.push_back({sq.row0, sq.pos0, sq.k_cache.row_map});
+      } else if (sq.n > 1) {
+        Backend::attention_seqs(q, out, p, {&sq, 1});
+      }
+    }
+    // Every row a decode row, rows 0, 1, ... in one launch: the combine also writes the output's
+    // int8 activation for the output projection.
+    bool dense = rows.size() == size_t(out.rows) && rows.size() <= size_t(kMaxAttentionSeqRows) &&
+                 out.stride == out.cols;
+    for (size_t t = 0; t < rows.size() && dense; ++t) dense = rows[t].row == int64_t(t);
+    for (size_t t0 = 0; t0 < rows.size(); t0 += size_t(kMaxAttentionSeqRows)) {
+      const int n = int(std::min(rows.size() - t0, size_t(kMaxAttentionSeqRows)));
+      AttentionArgs a;
+      a.q = f32(q);
+      a.q_stride = q.stride;
+      a.n_tokens = n;
+      a.k_cache = kc.data;
+      a.k_stride = kc.stride;
+      a.v_cache = vc.data;
+      a.v_stride = vc.stride;
+      a.out = f32(out);
+      a.out_stride = out.stride;
+      a.n_head = p.n_head;
+      a.n_head_kv = p.n_head_kv;
+      a.head_dim = p.head_dim;
+      a.scale = p.scale;
+      a.window = p.window;
+      a.seq_rows = rows.data() + t0;
+      int positions = 1;
+      for (int t = 0; t < n; ++t) positions = std::max(positions, a.seq_rows[t].pos + 1);
+      void* ws = grow(attn_ws_, attention_seq_workspace_bytes(n, p.n_head, p.head_dim, positions));
+      if (dense) {
+        const Q8Activation xq = q8_view(out.cols, int(out.rows));
+        a.out_q = xq.q;
+        a.out_ds = xq.ds;
+      }
+      must(cuda::attention(a, ws, attn_ws_.bytes, dev_.sm_count, stream_), "attention_seqs");
+    }
+    if (dense) set_q8(out);
+  }
+
  private:
   static float* f32(const Tensor& t) { return static_cast<float*>(t.data); }
+  static bool same_rope(const RopeParams& rq, const RopeParams& rk) {
+    return rq.mode == rk.mode && rq.head_dim == rk.head_dim && rq.n_rot == rk.n_rot && rq.freq_base == rk.freq_base &&
+           rq.freq_scale == rk.freq_scale && rq.freq_factors.data == rk.freq_factors.data;
+  }
+  // The sequences' caches are views of one K and one V tensor (a layer's pool), K and V paged alike.
+  static bool one_pool(std::span<const SeqRows> seqs) {
+    for (const SeqRows& sq : seqs) {
+      if (sq.k_cache.data != seqs[0].k_cache.data || sq.v_cache.data != seqs[0].v_cache.data ||
+          sq.k_cache.stride != seqs[0].k_cache.stride || sq.v_cache.stride != seqs[0].v_cache.stride ||
+          sq.k_cache.row_map != sq.v_cache.row_map) {
+        return false;
+      }
+    }
+    return true;
+  }
 
   static uint64_t step_key(uint64_t key, int pos) {
     return key * 0x9E3779B97F4A7C15ull ^ uint64_t(pos / kStepBucket);
@@ -760,6 +865,7 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   std::vector<void*> device_allocs_;  // every cudaMalloc, freed at destruction
   Scratch q8_, x_f16_, w_f16_, attn_ws_;
+  std::vector<AttentionSeqRow> seq_rows_;  // attention_seqs: the decode rows of a pass
   const void* q8_of_ = nullptr;  // see q8_view
   int64_t q8_rows_ = 0, q8_cols_ = 0, q8_stride_ = 0;
   void* staging_ = nullptr;  // pinned host rows for get_rows

@@ -7,6 +7,7 @@
 // and an add into an FMA (the CPU reference is built for baseline x86-64 and never fuses); where
 // the CPU sums in double, so does the GPU.
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -366,8 +367,8 @@ struct RopeKernelArgs {
 constexpr int kRopeThreads = 512;  // a decode row: 2048 pairs in 4 steps per thread
 
 // The row's cos/sin table, as rope_kernel fills it (one entry per rotating pair of a head).
-__device__ __forceinline__ void rope_table(const RopeKernelArgs& a, int64_t r, float* cs, float* sn) {
-  const float pos = float(a.base() + r);
+__device__ __forceinline__ void rope_table(const RopeKernelArgs& a, int64_t position, float* cs, float* sn) {
+  const float pos = float(position);
   for (int i = threadIdx.x; i < a.half; i += kRopeThreads) {
     float theta = pos;
     for (int k = 0; k < i; ++k) theta = __fmul_rn(theta, a.theta_scale);
@@ -418,7 +419,7 @@ __global__ void __launch_bounds__(kRopeThreads) rope_store_kernel(RopeStoreArgs 
   float* sn = table + a.q.half;
   const int64_t k_cols = int64_t(a.n_head_k) * a.q.head_dim;
   for (int64_t r = blockIdx.x; r < a.q.rows; r += gridDim.x) {
-    rope_table(a.q, r, cs, sn);
+    rope_table(a.q, a.q.base() + r, cs, sn);
     __syncthreads();
     rope_row(a.q, a.q.x + r * a.q.stride, a.q.n_head, cs, sn);
     float* kr = a.k + r * a.k_stride;
@@ -434,12 +435,52 @@ __global__ void __launch_bounds__(kRopeThreads) rope_store_kernel(RopeStoreArgs 
   }
 }
 
+// rope_store_kernel over several sequences' rows (rope_store_kv_seqs): pass row i of the launch is
+// row j = i - cum[s] of sequence s (cum[s] <= i < cum[s + 1]), tensor row row0[s] + j, position
+// pos0[s] + j, cache row map[s][pos] (or pos). One block per row, as above.
+struct RopeSeqTable {
+  int n = 0;
+  int cum[kMaxRopeSeqs + 1] = {};
+  int pos0[kMaxRopeSeqs] = {};
+  int64_t row0[kMaxRopeSeqs] = {};
+  const int* map[kMaxRopeSeqs] = {};
+};
+
+__global__ void __launch_bounds__(kRopeThreads) rope_store_seqs_kernel(RopeStoreArgs a,
+                                                                      const __grid_constant__ RopeSeqTable t) {
+  pdl_wait();
+  pdl_trigger();
+  extern __shared__ float table[];
+  float* cs = table;
+  float* sn = table + a.q.half;
+  const int64_t k_cols = int64_t(a.n_head_k) * a.q.head_dim;
+  for (int i = int(blockIdx.x); i < t.cum[t.n]; i += int(gridDim.x)) {
+    int s = 0;
+    while (s + 1 < t.n && i >= t.cum[s + 1]) ++s;
+    const int j = i - t.cum[s];
+    const int64_t r = t.row0[s] + j;
+    const int64_t pos = int64_t(t.pos0[s]) + j;
+    rope_table(a.q, pos, cs, sn);
+    __syncthreads();
+    rope_row(a.q, a.q.x + r * a.q.stride, a.q.n_head, cs, sn);
+    float* kr = a.k + r * a.k_stride;
+    rope_row(a.q, kr, a.n_head_k, cs, sn);
+    __syncthreads();  // k rotated (by other threads) before it is stored; the table is reused
+    const int64_t row = t.map[s] != nullptr ? int64_t(t.map[s][pos]) : pos;
+    __half* kc = a.k_cache + row * a.k_cache_stride;
+    for (int64_t c = threadIdx.x; c < k_cols; c += kRopeThreads) kc[c] = __float2half_rn(kr[c]);
+    const float* vr = a.v + r * a.v_stride;
+    __half* vc = a.v_cache + row * a.v_cache_stride;
+    for (int64_t c = threadIdx.x; c < a.v_cols; c += kRopeThreads) vc[c] = __float2half_rn(vr[c]);
+  }
+}
+
 __global__ void __launch_bounds__(kRopeThreads) rope_kernel(RopeKernelArgs a) {
   extern __shared__ float table[];  // cos [half], then sin [half]
   float* cs = table;
   float* sn = table + a.half;
   for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
-    rope_table(a, r, cs, sn);
+    rope_table(a, a.base() + r, cs, sn);
     __syncthreads();
     rope_row(a, a.x + r * a.stride, a.n_head, cs, sn);
     __syncthreads();  // the table is rewritten for the next row
@@ -776,6 +817,52 @@ Status rope_store_kv(float* q, int64_t q_stride, float* k, int64_t k_stride, int
   const size_t smem = size_t(a.q.half) * 2 * sizeof(float);
   SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(rope_store_kernel, dim3(grid), dim3(kRopeThreads), smem, stream, a));
   SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("rope_store_kernel");
+  return Status::ok();
+}
+
+Status rope_store_kv_seqs(float* q, int64_t q_stride, float* k, int64_t k_stride, int n_head_k, const float* v,
+                          int64_t v_stride, int64_t v_cols, const RopeArgs& args, void* k_cache, int64_t k_cache_stride,
+                          void* v_cache, int64_t v_cache_stride, std::span<const RopeSeq> seqs, cudaStream_t stream) {
+  SLUICE_RETURN_IF_ERROR(check_rope(args));
+  if (n_head_k <= 0 || v_cols <= 0) return invalid_argument("rope_store_kv_seqs: bad k heads or v columns");
+  if (seqs.size() > size_t(kMaxRopeSeqs)) {
+    return invalid_argument("rope_store_kv_seqs: " + std::to_string(seqs.size()) + " sequences, at most " +
+                            std::to_string(kMaxRopeSeqs) + " per call");
+  }
+  if (k_cache == nullptr || v_cache == nullptr) return invalid_argument("rope_store_kv_seqs: null cache");
+  SLUICE_RETURN_IF_ERROR(check_stride("rope_store_kv_seqs", "q", q, q_stride, int64_t(args.n_head) * args.head_dim));
+  SLUICE_RETURN_IF_ERROR(check_stride("rope_store_kv_seqs", "k", k, k_stride, int64_t(n_head_k) * args.head_dim));
+  SLUICE_RETURN_IF_ERROR(check_stride("rope_store_kv_seqs", "v", v, v_stride, v_cols));
+  RopeSeqTable t;
+  int64_t rows = 0;
+  for (const RopeSeq& sq : seqs) {
+    if (sq.n < 0 || sq.pos0 < 0 || sq.row0 < 0) return invalid_argument("rope_store_kv_seqs: negative rows or position");
+    if (sq.n == 0) continue;
+    t.row0[t.n] = sq.row0;
+    t.pos0[t.n] = sq.pos0;
+    t.map[t.n] = sq.row_map;
+    rows += sq.n;
+    if (rows > INT_MAX) return invalid_argument("rope_store_kv_seqs: too many rows");
+    t.cum[++t.n] = int(rows);
+  }
+  if (rows == 0) return Status::ok();
+  RopeStoreArgs a;
+  a.q = rope_kernel_args(q, q_stride, rows, args, 0, nullptr);
+  a.k = k;
+  a.k_stride = k_stride;
+  a.n_head_k = n_head_k;
+  a.v = v;
+  a.v_stride = v_stride;
+  a.v_cols = v_cols;
+  a.k_cache = static_cast<__half*>(k_cache);
+  a.k_cache_stride = k_cache_stride;
+  a.v_cache = static_cast<__half*>(v_cache);
+  a.v_cache_stride = v_cache_stride;
+  a.row_map = nullptr;
+  const unsigned grid = unsigned(std::min(rows, kMaxGridY));
+  const size_t smem = size_t(a.q.half) * 2 * sizeof(float);
+  SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(rope_store_seqs_kernel, dim3(grid), dim3(kRopeThreads), smem, stream, a, t));
+  SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("rope_store_seqs_kernel");
   return Status::ok();
 }
 

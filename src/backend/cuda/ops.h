@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <span>
 
 #include "backend/cuda/gemv.h"
 #include "core/status.h"
@@ -90,6 +91,21 @@ Status rope_store_kv(float* q, int64_t q_stride, float* k, int64_t k_stride, int
                      int64_t v_stride, int64_t v_cols, int64_t rows, const RopeArgs& args, void* k_cache,
                      int64_t k_cache_stride, void* v_cache, int64_t v_cache_stride, int64_t pos0,
                      cudaStream_t stream, const int* pos_dev = nullptr, const int* row_map = nullptr);
+
+// One sequence of rope_store_kv_seqs: rows [row0, row0 + n) of q/k/v, at positions [pos0, pos0 +
+// n), stored at cache rows row_map[p] (device memory; nullptr: row p).
+struct RopeSeq {
+  int64_t row0 = 0;
+  int n = 0;
+  int pos0 = 0;
+  const int* row_map = nullptr;
+};
+inline constexpr int kMaxRopeSeqs = 32;
+// rope_store_kv of several sequences' rows (at most kMaxRopeSeqs) in one launch: the results of
+// one rope_store_kv per sequence, bit for bit.
+Status rope_store_kv_seqs(float* q, int64_t q_stride, float* k, int64_t k_stride, int n_head_k, const float* v,
+                          int64_t v_stride, int64_t v_cols, const RopeArgs& args, void* k_cache, int64_t k_cache_stride,
+                          void* v_cache, int64_t v_cache_stride, std::span<const RopeSeq> seqs, cudaStream_t stream);
 
 // cache rows [pos0, pos0 + rows) = f16(src rows); cache is f16 with cache_stride elements per row.
 // pos_dev (optional): pos0 read from device memory when the kernel runs (as for rope). row_map
