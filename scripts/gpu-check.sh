@@ -304,19 +304,26 @@ step_hybrid() {
   record hybrid ok "$OUT_DIR/hybrid.txt"
 }
 
-# Serving (docs/SERVING.md, issue 14): 8B Q4_K_M resident, sluice serve --parallel 32 against
-# llama-server -np 32 with the same load generator; 70B Q4_K_M with 16 GiB free, aggregate decode
-# at 1, 16 and 32 concurrent requests.
+# Serving (docs/SERVING.md, issue 14): 8B Q4_K_M resident, the engine's batched decode pass
+# (sluice bench --batch-seqs against llama-batched-bench, 128 positions per sequence), then sluice
+# serve --parallel 32 against llama-server -np 32 with the same load generator; 70B Q4_K_M with
+# 16 GiB free, aggregate decode at 1, 16 and 32 concurrent requests.
 step_serve() {
   [[ -x "$SLUICE_BIN" ]] || { record serve skipped "no sluice binary"; return; }
   local hold=/tmp/sluice-vram-hold m8=/dev/shm/sluice-8b.gguf m70=/dev/shm/sluice-70b.gguf
-  local server=${LLAMA_CUDA%/*}/llama-server-cuda
+  local server=${LLAMA_CUDA%/*}/llama-server-cuda batched=${LLAMA_CUDA%/*}/llama-batched-bench-cuda
   nvcc -O2 -o "$hold" tools/gpu/vram_hold.cu >"$OUT_DIR/serve.log" 2>&1 || { record serve FAIL "vram_hold build"; return; }
   wait_llama
   [[ -f $m8 ]] || "$SLUICE_BIN" synth llama-3-8b --type q4_k_m --seed 1 -o "$m8" >>"$OUT_DIR/serve.log" 2>&1
   [[ -f $m70 ]] || "$SLUICE_BIN" synth llama-3-70b --type q4_k_m --seed 1 -o "$m70" >>"$OUT_DIR/serve.log" 2>&1
   export CUDA_MODULE_LOADING=EAGER
-  { echo "### 8B Q4_K_M resident: sluice serve --parallel 32"
+  { echo "### 8B Q4_K_M resident, batched decode pass: sluice bench --batch-seqs"
+    "$SLUICE_BIN" bench -m "$m8" -b cuda -p 0 -n 0 --batch-seqs 1,2,4,8,16,32 --batch-ctx 128 -r 7
+    if [[ -x $batched ]]; then
+      echo "### llama-batched-bench (S_TG: decode tok/s over all sequences)"
+      "$batched" -m "$m8" -c 8192 -b 2048 -ub 512 -npp 128 -ntg 32 -npl 1,2,4,8,16,32 -ngl 99 2>&1 | grep -E "^\|"
+    fi
+    echo "### 8B Q4_K_M resident: sluice serve --parallel 32"
     python3 bench/e2e/serve_bench.py --url http://127.0.0.1:8089 --tokens 128 --concurrency 1,8,32 \
       --server "$SLUICE_BIN serve -m $m8 --port 8089 --parallel 32 -c 2048 -b cuda"
     if [[ -x $server ]]; then

@@ -195,6 +195,16 @@ Result<DevicePlan> plan_device(const gguf::File& file, const FileLayout& layout,
   return dp;
 }
 
+bool hybrid_faster(const DevicePlan& dp, int n_tokens) {
+  PlanInput in = dp.input;
+  in.batch = n_tokens;
+  Plan hybrid = dp.plan, gpu = dp.plan;
+  for (UnitPlan& u : gpu.units) u.exec = Executor::kGpu;
+  score_plan(in, hybrid);
+  score_plan(in, gpu);
+  return hybrid.token_seconds <= gpu.token_seconds;
+}
+
 std::string DevicePlan::describe() const {
   std::string s = plan.describe(input);
   char line[512];
@@ -209,6 +219,13 @@ std::string DevicePlan::describe() const {
                   "  prefill (passes of >= %d tokens; %d here): every streamed layer on the GPU, predicted %.1f ms per "
                   "pass = %.0f tok/s (bound by %s)\n",
                   prefill_batch, pin.batch, pp.token_seconds * 1e3, double(pin.batch) / pp.token_seconds, pp.bound.c_str());
+    s += line;
+    // Passes shorter than prefill_batch (several sequences, speculative verification) take the
+    // hybrid placement while the cost model predicts it faster than streaming every layer.
+    int upto = 0;
+    while (upto + 1 < prefill_batch && hybrid_faster(*this, upto + 1)) ++upto;
+    std::snprintf(line, sizeof line, "  hybrid for passes of 1..%d tokens; longer passes stream every layer to the GPU\n",
+                  upto);
     s += line;
   }
   std::snprintf(line, sizeof line,
@@ -632,6 +649,14 @@ Status DeviceStreamer::restart_ring(const std::vector<int>* list) {
   return Status::ok();
 }
 
+bool DeviceStreamer::hybrid_for(int n_tokens) {
+  if (plan_.forced || n_tokens < 1) return true;
+  if (hybrid_wins_.size() <= size_t(n_tokens)) hybrid_wins_.resize(size_t(n_tokens) + 1, -1);
+  int8_t& wins = hybrid_wins_[size_t(n_tokens)];
+  if (wins < 0) wins = hybrid_faster(plan_, n_tokens) ? 1 : 0;
+  return wins == 1;
+}
+
 Status DeviceStreamer::begin_pass(int n_tokens) {
   if (!failed_.is_ok()) return failed_;
   // Once per pass: a file replaced or truncated under us must stop generation, not feed the
@@ -641,7 +666,7 @@ Status DeviceStreamer::begin_pass(int n_tokens) {
   decode_pass_ = n_tokens == 1;
   // Hybrid passes (decode, short prompts) leave the host layers to the CPU; long passes stream
   // every layer to the GPU, where one copy serves the whole batch.
-  hybrid_pass_ = host_be_ != nullptr && n_tokens < prefill_batch_;
+  hybrid_pass_ = host_be_ != nullptr && n_tokens < prefill_batch_ && hybrid_for(n_tokens);
   const std::vector<int>* list = hybrid_pass_ ? &list_hybrid_ : &list_all_;
   if (list != list_ && !streamed_.empty()) SLUICE_RETURN_IF_ERROR(restart_ring(list));
   ++stats_.passes;

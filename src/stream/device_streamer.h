@@ -68,7 +68,10 @@ struct DeviceStreamOptions {
   // computes the pinned-RAM (B) layers the planner gives it (allow_cpu_executor, from measured
   // bandwidths) where they lie, while the copy queue streams the other B and C layers to the GPU.
   // Longer passes (prefill: compute-bound on the CPU, and one copy serves the whole batch) stream
-  // every layer to the GPU. Off: every streamed layer is copied (pure streaming).
+  // every layer to the GPU, and so does a shorter pass (several sequences' decode tokens, a
+  // speculative verification) where the cost model predicts that faster for its token count
+  // (placement planned with force_homes/force_exec: only the prefill_batch rule). Off: every
+  // streamed layer is copied (pure streaming).
   bool hybrid = true;
   int prefill_batch = 32;
   // Tokens per decode pass the placement is planned for: 1, or K + 1 when speculative decoding
@@ -113,6 +116,9 @@ struct DevicePlan {
 // hold the reserved memory plus n_slots slots of the largest layer, or the RAM budget cannot hold
 // the staging that reading from disk needs, stating the minimum.
 Result<DevicePlan> plan_device(const gguf::File& file, const FileLayout& layout, const DeviceStreamOptions& opts);
+// True when the cost model predicts a pass of n_tokens faster with the plan's hybrid placement
+// (its CPU-executed layers on the host) than with every streamed layer on the GPU.
+bool hybrid_faster(const DevicePlan& dp, int n_tokens);
 
 // Counters since load; "decode" is passes of one token. Bytes are counted as passes consume them.
 struct DeviceStreamStats {
@@ -244,6 +250,10 @@ class DeviceStreamer final : public model::LayerSource {
   const std::vector<int>* list_ = nullptr;
   bool hybrid_pass_ = false;
   int prefill_batch_ = 32;
+  // Per pass size n < prefill_batch: 1 where the cost model predicts the hybrid placement faster
+  // than streaming every layer to the GPU for n tokens, 0 where not, -1 not yet scored.
+  std::vector<int8_t> hybrid_wins_;
+  bool hybrid_for(int n_tokens);
   std::unique_ptr<backend::Backend> host_be_;   // the host executor (hybrid), or null
   backend::WeightView host_rope_freqs_;
   std::vector<bool> host_capable_;              // per layer

@@ -122,6 +122,11 @@ case "$case_name" in
     expect_rc 0 'load' bench -m "$model" -p 16 -n 4 -r 2 --json
     python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert [r['test'] for r in d]==['pp16','tg4'] and all(r['avg_ts']>0 for r in d) and d[1]['weight_gb_s']>0" "$tmp/out" ||
       fail "bad JSON"
+    # Batched decode: a row per sequence count, each pass carrying that many tokens.
+    expect_rc 0 'load' bench -m "$model" -p 0 -n 0 -r 2 --batch-seqs 1,3 --batch-ctx 20
+    grep -qE '^\| +1 \| +[0-9.]+ \| +[0-9.]+ \| +1\.00 \|' "$tmp/out" || fail "no 1-sequence row"
+    grep -qE '^\| +3 \| +[0-9.]+ \| +[0-9.]+ \|' "$tmp/out" || fail "no 3-sequence row"
+    expect_rc 2 'batch-seqs' bench -m "$model" -p 0 -n 0 --batch-seqs 0
     ;;
   *) echo "unknown case $case_name" >&2; exit 1 ;;
 esac

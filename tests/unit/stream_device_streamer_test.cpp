@@ -578,5 +578,34 @@ TEST(StreamDevice, ModelFileChangedWhileRunningIsAnError) {
   std::filesystem::remove(path);
 }
 
+// A pass of n tokens takes the hybrid placement while the cost model predicts it faster than
+// streaming every layer to the GPU: the 70B Q4_K_M shape on the measured H100 host (16 GiB, the
+// plan for one-token decode puts 26 layers on the CPU). The CPU's time grows with the tokens
+// (n x 2 x params / cpu_flops per layer), the copies' does not, so hybrid wins for short passes
+// and loses from some n on, and stays lost; --plan prints that crossover.
+TEST(DeviceStreamer, HybridOnlyForPassesItWins) {
+  constexpr uint64_t kGiB = 1ull << 30;
+  DevicePlan dp;
+  for (int i = 0; i < 80; ++i) dp.input.units.push_back({"blk." + std::to_string(i), 544'000'000ull, 870'000'000ull});
+  dp.input.vram_budget = 16 * kGiB;
+  dp.input.vram_reserved = 2'000'000'000ull;
+  dp.input.ram_budget = 64 * kGiB;
+  dp.input.allow_cpu_executor = true;
+  dp.input.bw = {.vram = 2988e9, .h2d = 54.8e9, .disk = 2e9, .cpu = 75e9, .dram = 100e9};
+  auto p = make_plan(dp.input);
+  ASSERT_TRUE(p.is_ok()) << p.status().message();
+  dp.plan = std::move(p).value();
+  dp.prefill_batch = 32;
+  ASSERT_GT(dp.plan.cpu_exec_bytes, 0u);
+  EXPECT_TRUE(hybrid_faster(dp, 1));
+  EXPECT_FALSE(hybrid_faster(dp, 31));
+  int last = 0;
+  while (last < 31 && hybrid_faster(dp, last + 1)) ++last;
+  EXPECT_GE(last, 2);
+  for (int n = last + 1; n <= 31; ++n) EXPECT_FALSE(hybrid_faster(dp, n)) << n << " tokens";
+  EXPECT_NE(dp.describe().find("hybrid for passes of 1.." + std::to_string(last) + " tokens"), std::string::npos)
+      << dp.describe();
+}
+
 }  // namespace
 }  // namespace sluice::stream
