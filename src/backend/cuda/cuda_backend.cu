@@ -535,22 +535,9 @@ class CudaBackend final : public Backend {
     invalidate_q8();
     SLUICE_CHECK(p.pos0 + q.rows <= k_cache.rows, "attention: positions beyond the cache");
     SLUICE_CHECK(k_cache.row_map == v_cache.row_map, "attention: k and v caches differ in paging");
-    AttentionArgs a;
-    a.q = f32(q);
-    a.q_stride = q.stride;
+    AttentionArgs a = attention_args(q, k_cache, v_cache, out, p);
     a.n_tokens = int(q.rows);
-    a.k_cache = k_cache.data;
-    a.k_stride = k_cache.stride;
-    a.v_cache = v_cache.data;
-    a.v_stride = v_cache.stride;
-    a.out = f32(out);
-    a.out_stride = out.stride;
-    a.n_head = p.n_head;
-    a.n_head_kv = p.n_head_kv;
-    a.head_dim = p.head_dim;
-    a.scale = p.scale;
     a.pos0 = p.pos0;
-    a.window = p.window;
     a.row_map = k_cache.row_map;
     // Decode plans its key splits for the end of the position bucket (capped by the cache), in
     // and out of recorded steps alike, so both give the same results.
@@ -601,21 +588,8 @@ class CudaBackend final : public Backend {
     for (size_t t = 0; t < rows.size() && dense; ++t) dense = rows[t].row == int64_t(t);
     for (size_t t0 = 0; t0 < rows.size(); t0 += size_t(kMaxAttentionSeqRows)) {
       const int n = int(std::min(rows.size() - t0, size_t(kMaxAttentionSeqRows)));
-      AttentionArgs a;
-      a.q = f32(q);
-      a.q_stride = q.stride;
+      AttentionArgs a = attention_args(q, kc, vc, out, p);
       a.n_tokens = n;
-      a.k_cache = kc.data;
-      a.k_stride = kc.stride;
-      a.v_cache = vc.data;
-      a.v_stride = vc.stride;
-      a.out = f32(out);
-      a.out_stride = out.stride;
-      a.n_head = p.n_head;
-      a.n_head_kv = p.n_head_kv;
-      a.head_dim = p.head_dim;
-      a.scale = p.scale;
-      a.window = p.window;
       a.seq_rows = rows.data() + t0;
       int positions = 1;
       for (int t = 0; t < n; ++t) positions = std::max(positions, a.seq_rows[t].pos + 1);
@@ -632,6 +606,25 @@ class CudaBackend final : public Backend {
 
  private:
   static float* f32(const Tensor& t) { return static_cast<float*>(t.data); }
+  // The tensors and head shape of an attention call (rows, positions and paging: the caller's).
+  static AttentionArgs attention_args(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out,
+                                      const AttentionParams& p) {
+    AttentionArgs a;
+    a.q = f32(q);
+    a.q_stride = q.stride;
+    a.k_cache = k_cache.data;
+    a.k_stride = k_cache.stride;
+    a.v_cache = v_cache.data;
+    a.v_stride = v_cache.stride;
+    a.out = f32(out);
+    a.out_stride = out.stride;
+    a.n_head = p.n_head;
+    a.n_head_kv = p.n_head_kv;
+    a.head_dim = p.head_dim;
+    a.scale = p.scale;
+    a.window = p.window;
+    return a;
+  }
   static bool same_rope(const RopeParams& rq, const RopeParams& rk) {
     return rq.mode == rk.mode && rq.head_dim == rk.head_dim && rq.n_rot == rk.n_rot && rq.freq_base == rk.freq_base &&
            rq.freq_scale == rk.freq_scale && rq.freq_factors.data == rk.freq_factors.data;

@@ -411,27 +411,31 @@ struct RopeStoreArgs {
   const int* row_map;  // paged cache: position p is row row_map[p] (nullptr: row p)
 };
 
+// Row r of q and k rotated for position pos, then its k and v stored at cache row map[pos] (or
+// pos). cs/sn: the block's shared table (half entries each).
+__device__ __forceinline__ void rope_store_row(const RopeStoreArgs& a, int64_t r, int64_t pos, const int* map,
+                                               float* cs, float* sn) {
+  rope_table(a.q, pos, cs, sn);
+  __syncthreads();
+  rope_row(a.q, a.q.x + r * a.q.stride, a.q.n_head, cs, sn);
+  float* kr = a.k + r * a.k_stride;
+  rope_row(a.q, kr, a.n_head_k, cs, sn);
+  __syncthreads();  // k rotated (by other threads) before it is stored; the table is reused
+  const int64_t row = map != nullptr ? int64_t(map[pos]) : pos;
+  const int64_t k_cols = int64_t(a.n_head_k) * a.q.head_dim;
+  __half* kc = a.k_cache + row * a.k_cache_stride;
+  for (int64_t c = threadIdx.x; c < k_cols; c += kRopeThreads) kc[c] = __float2half_rn(kr[c]);
+  const float* vr = a.v + r * a.v_stride;
+  __half* vc = a.v_cache + row * a.v_cache_stride;
+  for (int64_t c = threadIdx.x; c < a.v_cols; c += kRopeThreads) vc[c] = __float2half_rn(vr[c]);
+}
+
 __global__ void __launch_bounds__(kRopeThreads) rope_store_kernel(RopeStoreArgs a) {
   pdl_wait();
   pdl_trigger();
   extern __shared__ float table[];
-  float* cs = table;
-  float* sn = table + a.q.half;
-  const int64_t k_cols = int64_t(a.n_head_k) * a.q.head_dim;
   for (int64_t r = blockIdx.x; r < a.q.rows; r += gridDim.x) {
-    rope_table(a.q, a.q.base() + r, cs, sn);
-    __syncthreads();
-    rope_row(a.q, a.q.x + r * a.q.stride, a.q.n_head, cs, sn);
-    float* kr = a.k + r * a.k_stride;
-    rope_row(a.q, kr, a.n_head_k, cs, sn);
-    __syncthreads();  // k rotated (by other threads) before it is stored; the table is reused
-    const int64_t pos = a.q.base() + r;
-    const int64_t row = a.row_map != nullptr ? int64_t(a.row_map[pos]) : pos;
-    __half* kc = a.k_cache + row * a.k_cache_stride;
-    for (int64_t c = threadIdx.x; c < k_cols; c += kRopeThreads) kc[c] = __float2half_rn(kr[c]);
-    const float* vr = a.v + r * a.v_stride;
-    __half* vc = a.v_cache + row * a.v_cache_stride;
-    for (int64_t c = threadIdx.x; c < a.v_cols; c += kRopeThreads) vc[c] = __float2half_rn(vr[c]);
+    rope_store_row(a, r, a.q.base() + r, a.row_map, table, table + a.q.half);
   }
 }
 
@@ -451,27 +455,11 @@ __global__ void __launch_bounds__(kRopeThreads) rope_store_seqs_kernel(RopeStore
   pdl_wait();
   pdl_trigger();
   extern __shared__ float table[];
-  float* cs = table;
-  float* sn = table + a.q.half;
-  const int64_t k_cols = int64_t(a.n_head_k) * a.q.head_dim;
   for (int i = int(blockIdx.x); i < t.cum[t.n]; i += int(gridDim.x)) {
     int s = 0;
     while (s + 1 < t.n && i >= t.cum[s + 1]) ++s;
     const int j = i - t.cum[s];
-    const int64_t r = t.row0[s] + j;
-    const int64_t pos = int64_t(t.pos0[s]) + j;
-    rope_table(a.q, pos, cs, sn);
-    __syncthreads();
-    rope_row(a.q, a.q.x + r * a.q.stride, a.q.n_head, cs, sn);
-    float* kr = a.k + r * a.k_stride;
-    rope_row(a.q, kr, a.n_head_k, cs, sn);
-    __syncthreads();  // k rotated (by other threads) before it is stored; the table is reused
-    const int64_t row = t.map[s] != nullptr ? int64_t(t.map[s][pos]) : pos;
-    __half* kc = a.k_cache + row * a.k_cache_stride;
-    for (int64_t c = threadIdx.x; c < k_cols; c += kRopeThreads) kc[c] = __float2half_rn(kr[c]);
-    const float* vr = a.v + r * a.v_stride;
-    __half* vc = a.v_cache + row * a.v_cache_stride;
-    for (int64_t c = threadIdx.x; c < a.v_cols; c += kRopeThreads) vc[c] = __float2half_rn(vr[c]);
+    rope_store_row(a, t.row0[s] + j, int64_t(t.pos0[s]) + j, t.map[s], table, table + a.q.half);
   }
 }
 
@@ -788,20 +776,19 @@ Status rope(float* x, int64_t stride, int64_t rows, const RopeArgs& args, int po
   return Status::ok();
 }
 
-Status rope_store_kv(float* q, int64_t q_stride, float* k, int64_t k_stride, int n_head_k, const float* v,
-                     int64_t v_stride, int64_t v_cols, int64_t rows, const RopeArgs& args, void* k_cache,
-                     int64_t k_cache_stride, void* v_cache, int64_t v_cache_stride, int64_t pos0,
-                     cudaStream_t stream, const int* pos_dev, const int* row_map) {
+namespace {
+// The checks and kernel arguments rope_store_kv and rope_store_kv_seqs share (q rows and positions
+// are the caller's).
+Status rope_store_args(const char* what, float* q, int64_t q_stride, float* k, int64_t k_stride, int n_head_k,
+                       const float* v, int64_t v_stride, int64_t v_cols, const RopeArgs& args, void* k_cache,
+                       int64_t k_cache_stride, void* v_cache, int64_t v_cache_stride, RopeStoreArgs& a) {
   SLUICE_RETURN_IF_ERROR(check_rope(args));
-  if (n_head_k <= 0 || v_cols <= 0) return invalid_argument("rope_store_kv: bad k heads or v columns");
-  if (rows < 0 || pos0 < 0) return invalid_argument("rope_store_kv: negative rows or pos0");
-  if (rows == 0) return Status::ok();
-  if (k_cache == nullptr || v_cache == nullptr) return invalid_argument("rope_store_kv: null cache");
-  SLUICE_RETURN_IF_ERROR(check_stride("rope_store_kv", "q", q, q_stride, int64_t(args.n_head) * args.head_dim));
-  SLUICE_RETURN_IF_ERROR(check_stride("rope_store_kv", "k", k, k_stride, int64_t(n_head_k) * args.head_dim));
-  SLUICE_RETURN_IF_ERROR(check_stride("rope_store_kv", "v", v, v_stride, v_cols));
-  RopeStoreArgs a;
-  a.q = rope_kernel_args(q, q_stride, rows, args, int(pos0), pos_dev);
+  if (n_head_k <= 0 || v_cols <= 0) return invalid_argument(std::string(what) + ": bad k heads or v columns");
+  if (k_cache == nullptr || v_cache == nullptr) return invalid_argument(std::string(what) + ": null cache");
+  SLUICE_RETURN_IF_ERROR(check_stride(what, "q", q, q_stride, int64_t(args.n_head) * args.head_dim));
+  SLUICE_RETURN_IF_ERROR(check_stride(what, "k", k, k_stride, int64_t(n_head_k) * args.head_dim));
+  SLUICE_RETURN_IF_ERROR(check_stride(what, "v", v, v_stride, v_cols));
+  a.q = rope_kernel_args(q, q_stride, 0, args, 0, nullptr);
   a.k = k;
   a.k_stride = k_stride;
   a.n_head_k = n_head_k;
@@ -812,6 +799,23 @@ Status rope_store_kv(float* q, int64_t q_stride, float* k, int64_t k_stride, int
   a.k_cache_stride = k_cache_stride;
   a.v_cache = static_cast<__half*>(v_cache);
   a.v_cache_stride = v_cache_stride;
+  a.row_map = nullptr;
+  return Status::ok();
+}
+}  // namespace
+
+Status rope_store_kv(float* q, int64_t q_stride, float* k, int64_t k_stride, int n_head_k, const float* v,
+                     int64_t v_stride, int64_t v_cols, int64_t rows, const RopeArgs& args, void* k_cache,
+                     int64_t k_cache_stride, void* v_cache, int64_t v_cache_stride, int64_t pos0,
+                     cudaStream_t stream, const int* pos_dev, const int* row_map) {
+  if (rows < 0 || pos0 < 0) return invalid_argument("rope_store_kv: negative rows or pos0");
+  RopeStoreArgs a;
+  SLUICE_RETURN_IF_ERROR(rope_store_args("rope_store_kv", q, q_stride, k, k_stride, n_head_k, v, v_stride, v_cols, args,
+                                         k_cache, k_cache_stride, v_cache, v_cache_stride, a));
+  if (rows == 0) return Status::ok();
+  a.q.rows = rows;
+  a.q.pos0 = int(pos0);
+  a.q.pos_dev = pos_dev;
   a.row_map = row_map;
   const unsigned grid = unsigned(std::min(rows, kMaxGridY));
   const size_t smem = size_t(a.q.half) * 2 * sizeof(float);
@@ -823,16 +827,13 @@ Status rope_store_kv(float* q, int64_t q_stride, float* k, int64_t k_stride, int
 Status rope_store_kv_seqs(float* q, int64_t q_stride, float* k, int64_t k_stride, int n_head_k, const float* v,
                           int64_t v_stride, int64_t v_cols, const RopeArgs& args, void* k_cache, int64_t k_cache_stride,
                           void* v_cache, int64_t v_cache_stride, std::span<const RopeSeq> seqs, cudaStream_t stream) {
-  SLUICE_RETURN_IF_ERROR(check_rope(args));
-  if (n_head_k <= 0 || v_cols <= 0) return invalid_argument("rope_store_kv_seqs: bad k heads or v columns");
   if (seqs.size() > size_t(kMaxRopeSeqs)) {
     return invalid_argument("rope_store_kv_seqs: " + std::to_string(seqs.size()) + " sequences, at most " +
                             std::to_string(kMaxRopeSeqs) + " per call");
   }
-  if (k_cache == nullptr || v_cache == nullptr) return invalid_argument("rope_store_kv_seqs: null cache");
-  SLUICE_RETURN_IF_ERROR(check_stride("rope_store_kv_seqs", "q", q, q_stride, int64_t(args.n_head) * args.head_dim));
-  SLUICE_RETURN_IF_ERROR(check_stride("rope_store_kv_seqs", "k", k, k_stride, int64_t(n_head_k) * args.head_dim));
-  SLUICE_RETURN_IF_ERROR(check_stride("rope_store_kv_seqs", "v", v, v_stride, v_cols));
+  RopeStoreArgs a;
+  SLUICE_RETURN_IF_ERROR(rope_store_args("rope_store_kv_seqs", q, q_stride, k, k_stride, n_head_k, v, v_stride, v_cols,
+                                         args, k_cache, k_cache_stride, v_cache, v_cache_stride, a));
   RopeSeqTable t;
   int64_t rows = 0;
   for (const RopeSeq& sq : seqs) {
@@ -846,19 +847,7 @@ Status rope_store_kv_seqs(float* q, int64_t q_stride, float* k, int64_t k_stride
     t.cum[++t.n] = int(rows);
   }
   if (rows == 0) return Status::ok();
-  RopeStoreArgs a;
-  a.q = rope_kernel_args(q, q_stride, rows, args, 0, nullptr);
-  a.k = k;
-  a.k_stride = k_stride;
-  a.n_head_k = n_head_k;
-  a.v = v;
-  a.v_stride = v_stride;
-  a.v_cols = v_cols;
-  a.k_cache = static_cast<__half*>(k_cache);
-  a.k_cache_stride = k_cache_stride;
-  a.v_cache = static_cast<__half*>(v_cache);
-  a.v_cache_stride = v_cache_stride;
-  a.row_map = nullptr;
+  a.q.rows = rows;
   const unsigned grid = unsigned(std::min(rows, kMaxGridY));
   const size_t smem = size_t(a.q.half) * 2 * sizeof(float);
   SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(rope_store_seqs_kernel, dim3(grid), dim3(kRopeThreads), smem, stream, a, t));
