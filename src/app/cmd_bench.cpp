@@ -88,6 +88,12 @@ std::string format_params(uint64_t n) {
   return buf;
 }
 
+// Median of pass times in seconds, as milliseconds.
+double median_ms(std::vector<double> times) {
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2] * 1e3;
+}
+
 // The verification pass per K: one K + 1 token eval (every token's logits) at position spec_ctx,
 // rolled back after each; K = 0 is the one-token decode pass it replaces.
 Status bench_spec(model::Model& m, std::vector<int> ks, int spec_ctx, int reps, std::mt19937& rng) {
@@ -111,8 +117,7 @@ Status bench_spec(model::Model& m, std::vector<int> ks, int spec_ctx, int reps, 
       m.truncate(spec_ctx);
       if (i > 0) times.push_back(s);
     }
-    std::sort(times.begin(), times.end());
-    ms.push_back(times[times.size() / 2] * 1e3);
+    ms.push_back(median_ms(std::move(times)));
   }
   std::printf("\nspeculative verification pass (median of %d; after %d positions; %s backend):\n", reps, spec_ctx,
               m.backend_name());
@@ -144,30 +149,28 @@ Status bench_batch(model::Model& m, const std::vector<int>& ns, int ctx, int rep
   std::uniform_int_distribution<int32_t> any_token(0, m.n_vocab() - 1);
   std::vector<double> ms;
   for (int n : ns) {
-    std::vector<int> seqs;
-    auto free_all = [&] {
-      for (int s : seqs) s == 0 ? m.seq_truncate(0, 0) : m.seq_free(s);
-    };
+    // The sequences of this n, freed (sequence 0 emptied) on every way out.
+    struct Seqs {
+      model::Model& m;
+      std::vector<int> ids;
+      ~Seqs() {
+        for (int s : ids) s == 0 ? m.seq_truncate(0, 0) : m.seq_free(s);
+      }
+    } seqs{m, {}};
     std::vector<int32_t> prompt(static_cast<size_t>(ctx)), step(static_cast<size_t>(n));
+    std::vector<float> last(size_t(m.n_vocab()));
+    m.seq_truncate(0, 0);
     for (int i = 0; i < n; ++i) {
       // Sequence 0 is always open; the others are made (as `sluice serve` does).
-      m.seq_truncate(0, 0);
       auto s = i == 0 ? Result<int>(0) : m.seq_new();
-      if (!s.is_ok()) {
-        free_all();
-        return s.status();
-      }
-      seqs.push_back(*s);
+      if (!s.is_ok()) return s.status();
+      seqs.ids.push_back(*s);
       for (auto& t : prompt) t = any_token(rng);
-      std::vector<float> last(size_t(m.n_vocab()));
-      // Prompts in chunks the pass limit allows.
+      // Prompts in chunks the pass limit (512 tokens) allows.
       for (int p = 0; p < ctx; p += 512) {
         const std::span<const int32_t> chunk(prompt.data() + p, size_t(std::min(512, ctx - p)));
         const model::Model::SeqTokens item{*s, chunk, false};
-        if (Status st = m.eval_batch({&item, 1}, last); !st.is_ok()) {
-          free_all();
-          return st;
-        }
+        SLUICE_RETURN_IF_ERROR(m.eval_batch({&item, 1}, last));
       }
     }
     std::vector<model::Model::SeqTokens> items(static_cast<size_t>(n));
@@ -175,20 +178,14 @@ Status bench_batch(model::Model& m, const std::vector<int>& ns, int ctx, int rep
     std::vector<double> times;
     for (int r = 0; r <= reps; ++r) {  // the first is the warm-up
       for (auto& t : step) t = any_token(rng);
-      for (int i = 0; i < n; ++i) items[size_t(i)] = {seqs[size_t(i)], std::span<const int32_t>(&step[size_t(i)], 1), false};
+      for (int i = 0; i < n; ++i) items[size_t(i)] = {seqs.ids[size_t(i)], std::span<const int32_t>(&step[size_t(i)], 1), false};
       const auto t0 = std::chrono::steady_clock::now();
-      const Status st = m.eval_batch(items, logits);
+      SLUICE_RETURN_IF_ERROR(m.eval_batch(items, logits));
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (!st.is_ok()) {
-        free_all();
-        return st;
-      }
-      for (int sq : seqs) m.seq_truncate(sq, ctx);
+      for (int sq : seqs.ids) m.seq_truncate(sq, ctx);
       if (r > 0) times.push_back(s);
     }
-    free_all();
-    std::sort(times.begin(), times.end());
-    ms.push_back(times[times.size() / 2] * 1e3);
+    ms.push_back(median_ms(std::move(times)));
   }
   std::printf("\nbatched decode (median of %d passes; every sequence at %d positions; %s backend):\n", reps, ctx,
               m.backend_name());
