@@ -257,7 +257,7 @@ int cmd_bench(int argc, char** argv) {
     const int most = *std::max_element(batch_seqs.begin(), batch_seqs.end());
     mf.n_ctx = std::max(mf.n_ctx, batch_ctx + 1);
     mf.max_sequences = most;
-    mf.kv_positions = most * (batch_ctx + 16);
+    mf.kv_positions = std::max(most * (batch_ctx + 16), mf.n_ctx);  // also one whole context (-p/-n/--spec-k)
     stf.decode_batch = std::max(stf.decode_batch, most);
   }
   mf.n_threads = n_threads;

@@ -127,6 +127,9 @@ case "$case_name" in
     grep -qE '^\| +1 \| +[0-9.]+ \| +[0-9.]+ \| +1\.00 \|' "$tmp/out" || fail "no 1-sequence row"
     grep -qE '^\| +3 \| +[0-9.]+ \| +[0-9.]+ \|' "$tmp/out" || fail "no 3-sequence row"
     expect_rc 2 'batch-seqs' bench -m "$model" -p 0 -n 0 --batch-seqs 0
+    # With the other tests: the pool also holds their whole context.
+    expect_rc 0 'load' bench -m "$model" -p 64 -n 0 -r 1 --batch-seqs 2 --batch-ctx 8
+    grep -qE '\| +pp64 +\|' "$tmp/out" && grep -qE '^\| +2 \|' "$tmp/out" || fail "pp64 with --batch-seqs"
     ;;
   *) echo "unknown case $case_name" >&2; exit 1 ;;
 esac
