@@ -20,6 +20,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -30,6 +31,7 @@
 #include "backend/cuda/attention.h"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/gemv.h"
+#include "backend/cuda/mmq.h"
 #include "backend/cuda/ops.h"
 #include "quant/quant.h"
 
@@ -109,6 +111,9 @@ class CudaBackend final : public Backend {
     if (blas_.create(&cublas_) != CUBLAS_STATUS_SUCCESS) return internal_error("cuBLAS could not be initialized");
     if (blas_.set_stream(cublas_, stream_) != CUBLAS_STATUS_SUCCESS) return internal_error("cublasSetStream failed");
     // Tensor-core math with f32 accumulation (CUBLAS_COMPUTE_32F below); default pointer mode.
+    // SLUICE_CUDA_MMQ=0: 9..32-token products take the dequantize + cuBLAS path (A/B runs).
+    const char* mmq_env = std::getenv("SLUICE_CUDA_MMQ");
+    mmq_enabled_ = !(mmq_env && std::strcmp(mmq_env, "0") == 0);
     return Status::ok();
   }
 
@@ -320,7 +325,7 @@ class CudaBackend final : public Backend {
     }
     if (x.rows <= kMaxGemvTokens) {
       gemv_all(ws, x, ys);
-    } else {
+    } else if (!mmq_all(ws, x, ys)) {
       gemm_all(ws, x, ys);
     }
     for (const Tensor& y : ys) {
@@ -334,7 +339,7 @@ class CudaBackend final : public Backend {
                  "rms_norm: shape mismatch");
     invalidate_q8();
     const float* wf = static_cast<const float*>(w.data);
-    if (x.rows <= kMaxGemvTokens && w.ne0 == x.cols && x.cols % 32 == 0 && dst.stride == dst.cols) {
+    if (x.rows <= kMaxMmqTokens && w.ne0 == x.cols && x.cols % 32 == 0 && dst.stride == dst.cols) {
       // Decode: the norm's output feeds matrix products only; make their int8 activation here.
       const Q8Activation q8 = q8_view(x.cols, int(x.rows));
       must(rms_norm_q8(f32(x), x.stride, f32(dst), dst.stride, x.rows, x.cols, wf, eps, q8, stream_), "rms_norm_q8");
@@ -349,7 +354,7 @@ class CudaBackend final : public Backend {
     SLUICE_CHECK(src.cols == x.cols && src.rows == x.rows && w.type == quant::Type::kF32 && w.ne0 == x.cols &&
                      dst.cols == x.cols && dst.rows == x.rows,
                  "add_rms_norm: shape mismatch");
-    if (!(x.rows <= kMaxGemvTokens && x.cols % 32 == 0 && dst.stride == dst.cols)) {
+    if (!(x.rows <= kMaxMmqTokens && x.cols % 32 == 0 && dst.stride == dst.cols)) {
       Backend::add_rms_norm(x, src, w, eps, dst);
       return;
     }
@@ -487,7 +492,7 @@ class CudaBackend final : public Backend {
     SLUICE_CHECK(gate.cols == up.cols && gate.cols == dst.cols && gate.rows == up.rows && gate.rows == dst.rows,
                  "swiglu: shape mismatch");
     invalidate_q8();
-    if (dst.rows <= kMaxGemvTokens && dst.cols % 32 == 0 && dst.stride == dst.cols) {
+    if (dst.rows <= kMaxMmqTokens && dst.cols % 32 == 0 && dst.stride == dst.cols) {
       // Decode: the product feeds the down projection; make its int8 activation here.
       const Q8Activation q8 = q8_view(dst.cols, int(dst.rows));
       must(swiglu_q8(f32(gate), gate.stride, f32(up), up.stride, f32(dst), dst.stride, dst.rows, dst.cols, q8,
@@ -758,6 +763,12 @@ class CudaBackend final : public Backend {
   // per launch), matrix(i) describing each; no allocation on this per-token path.
   template <class Eligible, class Matrix>
   void gemv_grouped(std::span<const WeightView> ws, int tokens, Eligible&& eligible, Matrix&& matrix) {
+    format_groups(ws, tokens, eligible, matrix, [&](const GemvGroupArgs& g) { must(gemv_group(dev_, g, stream_), "gemv"); });
+  }
+  // Calls launch(g) for the weights `eligible(i)` accepts, those of one format together
+  // (kMaxGemvMatrices per call), matrix(i) describing each.
+  template <class Eligible, class Matrix, class Launch>
+  void format_groups(std::span<const WeightView> ws, int tokens, Eligible&& eligible, Matrix&& matrix, Launch&& launch) {
     for (size_t i = 0; i < ws.size(); ++i) {
       if (!eligible(i)) continue;
       bool first = true;  // the format's first eligible weight launches all of that format
@@ -770,13 +781,49 @@ class CudaBackend final : public Backend {
       for (size_t j = i; j < ws.size(); ++j) {
         if (!eligible(j) || ws[j].type != g.type) continue;
         if (g.n == kMaxGemvMatrices) {
-          must(gemv_group(dev_, g, stream_), "gemv");
+          launch(g);
           g.n = 0;
         }
         g.m[g.n++] = matrix(j);
       }
-      must(gemv_group(dev_, g, stream_), "gemv");
+      launch(g);
     }
+  }
+
+  // x.rows in (kMaxGemvTokens, kMaxMmqTokens]: int8 tensor-core products on the quantized weights
+  // (mmq.h) where every weight's format has a kernel and the rows are dense; false (nothing
+  // done) otherwise, and the caller takes the dequantize + cuBLAS path.
+  bool mmq_all(std::span<const WeightView> ws, const Tensor& x, std::span<const Tensor> ys) {
+    if (!mmq_enabled_ || x.rows > kMaxMmqTokens || !dense_rows(x) || x.cols % 32 != 0) return false;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      if (!mmq_supported(ws[i].type, ws[i].ne0) || !dense_rows(ys[i])) return false;
+    }
+    Q8Activation xq;
+    if (q8_valid_for(x)) {
+      xq = q8_activation_view(q8_.ptr, x.cols, int(x.rows));  // made by the op that wrote x
+    } else {
+      xq = q8_view(x.cols, int(x.rows));
+      must(quantize_activation_q8(f32(x), xq, stream_), "quantize_activation_q8");
+      set_q8(x);
+    }
+    format_groups(ws, int(x.rows), [](size_t) { return true; },
+                  [&](size_t j) { return GemvMatrix{ws[j].data, ws[j].ne1, f32(x), xq, f32(ys[j])}; },
+                  [&](const GemvGroupArgs& g) {
+                    MmqScratch s = mmq_scratch_needed(dev_, g);
+                    if (s.partial_bytes > 0) s.partials = grow(mmq_partials_, s.partial_bytes);
+                    if (s.counters_n > 0) s.counters = mmq_counters(s.counters_n);
+                    must(mmq(dev_, g, s, stream_), "mmq");
+                  });
+    return true;
+  }
+  // At least n arrival counters for mmq's column splits, zero (every launch leaves them zero).
+  int* mmq_counters(int64_t n) {
+    const int64_t bytes = n * int64_t(sizeof(int));
+    if (bytes > mmq_counters_.bytes) {
+      void* p = grow(mmq_counters_, bytes);
+      SLUICE_CUDA_CHECK(cudaMemsetAsync(p, 0, size_t(mmq_counters_.bytes), stream_));
+    }
+    return static_cast<int*>(mmq_counters_.ptr);
   }
 
   void gemv_all(std::span<const WeightView> ws, const Tensor& x, std::span<const Tensor> ys) {
@@ -853,11 +900,12 @@ class CudaBackend final : public Backend {
 
   DeviceInfo dev_;
   bool graphs_ = false;
+  bool mmq_enabled_ = true;
   cudaStream_t stream_ = nullptr;
   CublasApi blas_;
   cublasHandle_t cublas_ = nullptr;
   std::vector<void*> device_allocs_;  // every cudaMalloc, freed at destruction
-  Scratch q8_, x_f16_, w_f16_, attn_ws_;
+  Scratch q8_, x_f16_, w_f16_, attn_ws_, mmq_partials_, mmq_counters_;
   std::vector<AttentionSeqRow> seq_rows_;  // attention_seqs: the decode rows of a pass
   const void* q8_of_ = nullptr;  // see q8_view
   int64_t q8_rows_ = 0, q8_cols_ = 0, q8_stride_ = 0;
