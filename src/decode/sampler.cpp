@@ -130,6 +130,22 @@ std::vector<Candidate> Sampler::distribution(std::span<const float> logits) cons
 double Sampler::uniform() { return double(rng_() >> 11) * 0x1.0p-53; }
 
 int32_t Sampler::sample(std::span<const float> logits) {
+  if (params_.temperature <= 0 && (params_.repeat_penalty == 1.0f || history_.empty())) {
+    // Greedy without a penalty to apply: the token distribution() would return (NaN treated as
+    // impossible, ties to the lower id), without building its candidate list: 150k entries per
+    // token and sequence were a large part of a 32-sequence server step.
+    SLUICE_CHECK(logits.size() == size_t(n_vocab_),
+                 "logits has " + std::to_string(logits.size()) + " entries, vocabulary " + std::to_string(n_vocab_));
+    int32_t best = 0;
+    float best_logit = std::isnan(logits[0]) ? -std::numeric_limits<float>::infinity() : logits[0];
+    for (size_t i = 1; i < logits.size(); ++i) {
+      if (logits[i] > best_logit) {  // false for NaN; strict, so a tie keeps the lower id
+        best_logit = logits[i];
+        best = int32_t(i);
+      }
+    }
+    return best;
+  }
   const std::vector<Candidate> dist = distribution(logits);
   if (dist.size() == 1) return dist.front().id;  // greedy or one survivor: no draw consumed
   const double u = uniform();

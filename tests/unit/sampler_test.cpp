@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <map>
+#include <random>
 #include <set>
 
 #include "test_util.h"
@@ -77,6 +78,26 @@ TEST(Sampler, TemperatureZeroIsArgmaxWithTiesToLowestId) {
 TEST(Sampler, NanLogitIsNeverChosen) {
   Sampler s(plain(0.0f), 3);
   EXPECT_EQ(s.sample(std::vector<float>{NAN, 1.0f, 0.5f}), 1);
+}
+
+// sample() at temperature 0 takes a shortcut (no candidate list) unless a penalty applies; it must
+// pick what distribution() picks: random logits from a small set of values (many ties), NaN,
+// -inf and +inf among them, with and without a penalty in force.
+TEST(Sampler, GreedyShortcutPicksWhatTheDistributionPicks) {
+  std::mt19937_64 rng(20261125);
+  const float values[] = {NAN, -INFINITY, INFINITY, -1.0f, 0.0f, 0.5f, 2.0f, 2.0f};
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int n = 1 + int(rng() % 40);
+    std::vector<float> l(static_cast<size_t>(n));
+    for (float& v : l) v = rng() % 3 == 0 ? values[rng() % 8] : float(int(rng() % 7)) * 0.5f;
+    SamplerParams p = plain(0.0f);
+    p.repeat_penalty = trial % 2 ? 1.3f : 1.0f;
+    p.repeat_last_n = 4;
+    Sampler s(p, n);
+    if (trial % 4 == 1) s.accept(int32_t(rng() % uint64_t(n)));  // the penalty path
+    const int32_t want = s.distribution(l)[0].id;
+    ASSERT_EQ(s.sample(l), want) << "trial " << trial;
+  }
 }
 
 TEST(Sampler, TopKKeepsTheKLargestRenormalised) {

@@ -111,9 +111,12 @@ class CudaBackend final : public Backend {
     if (blas_.create(&cublas_) != CUBLAS_STATUS_SUCCESS) return internal_error("cuBLAS could not be initialized");
     if (blas_.set_stream(cublas_, stream_) != CUBLAS_STATUS_SUCCESS) return internal_error("cublasSetStream failed");
     // Tensor-core math with f32 accumulation (CUBLAS_COMPUTE_32F below); default pointer mode.
-    // SLUICE_CUDA_MMQ=0: 9..32-token products take the dequantize + cuBLAS path (A/B runs).
-    const char* mmq_env = std::getenv("SLUICE_CUDA_MMQ");
-    mmq_enabled_ = !(mmq_env && std::strcmp(mmq_env, "0") == 0);
+    // SLUICE_CUDA_MMQ (A/B runs): 0 = products of more than kMaxGemvTokens tokens take the
+    // dequantize + cuBLAS path; N = mmq from N tokens (default kMmqFromTokens).
+    if (const char* mmq_env = std::getenv("SLUICE_CUDA_MMQ")) {
+      const int n = std::atoi(mmq_env);
+      mmq_from_ = n <= 0 ? kMaxMmqTokens + 1 : n;
+    }
     return Status::ok();
   }
 
@@ -323,9 +326,11 @@ class CudaBackend final : public Backend {
                        ys[i].dtype == DType::kF32,
                    "matmul: shape mismatch");
     }
-    if (x.rows <= kMaxGemvTokens) {
+    if (x.rows >= mmq_from_ && mmq_all(ws, x, ys)) {
+      // done
+    } else if (x.rows <= kMaxGemvTokens) {
       gemv_all(ws, x, ys);
-    } else if (!mmq_all(ws, x, ys)) {
+    } else {
       gemm_all(ws, x, ys);
     }
     for (const Tensor& y : ys) {
@@ -790,11 +795,11 @@ class CudaBackend final : public Backend {
     }
   }
 
-  // x.rows in (kMaxGemvTokens, kMaxMmqTokens]: int8 tensor-core products on the quantized weights
+  // x.rows in [mmq_from_, kMaxMmqTokens]: int8 tensor-core products on the quantized weights
   // (mmq.h) where every weight's format has a kernel and the rows are dense; false (nothing
   // done) otherwise, and the caller takes the dequantize + cuBLAS path.
   bool mmq_all(std::span<const WeightView> ws, const Tensor& x, std::span<const Tensor> ys) {
-    if (!mmq_enabled_ || x.rows > kMaxMmqTokens || !dense_rows(x) || x.cols % 32 != 0) return false;
+    if (x.rows > kMaxMmqTokens || !dense_rows(x) || x.cols % 32 != 0) return false;
     for (size_t i = 0; i < ws.size(); ++i) {
       if (!mmq_supported(ws[i].type, ws[i].ne0) || !dense_rows(ys[i])) return false;
     }
@@ -900,7 +905,7 @@ class CudaBackend final : public Backend {
 
   DeviceInfo dev_;
   bool graphs_ = false;
-  bool mmq_enabled_ = true;
+  int mmq_from_ = kMmqFromTokens;  // fewest tokens that take mmq
   cudaStream_t stream_ = nullptr;
   CublasApi blas_;
   cublasHandle_t cublas_ = nullptr;

@@ -37,8 +37,6 @@ using gemv_detail::cp_async_commit;
 using gemv_detail::cp_async_wait;
 using gemv_detail::k_scale_min;
 
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * kWarpSize;
 constexpr int kStages = 3;
 
 __device__ __forceinline__ void cp_async_4(void* smem_dst, const void* gmem_src) {
@@ -66,8 +64,11 @@ __device__ __forceinline__ uint2 lds_u64(const uint8_t* p) { return *reinterpret
 //
 // Q4_K (144 B): [d][dmin][scales 12][qs 128]; sub-block 2p: low nibbles of qs[32p..32p+31],
 // 2p+1: high nibbles. w = d sc q - dmin mn, so sum w x = d sc dx sum(q xq) - dmin mn (dx sum xq).
+// Measured on an H100 (8B batched passes, 2026-11-25): 4 warps of two m-tiles beat 8 warps of
+// one (128 registers at most) and 4 warps of one (3 blocks per SM) at 16..32 tokens.
 struct MmqQ4_K {
-  static constexpr int kMT = 2, kUnitBytes = 144, kCopyBytes = 16;
+  static constexpr int kWarps = 4, kMT = 2, kMinBlocks = 1;
+  static constexpr int kUnitBytes = 144, kCopyBytes = 16;
   static constexpr int kRowStride = 160;  // 8 g apart mod 32 banks: conflict-free 64-bit loads
   static constexpr int kActStride = 288;
   template <int NT>
@@ -127,7 +128,8 @@ struct MmqQ4_K {
 
 // Q8_0 (34 B): [d][qs 32]; a 256-column unit is 8 blocks (272 B, 16-byte multiple).
 struct MmqQ8_0 {
-  static constexpr int kMT = 1, kUnitBytes = 272, kCopyBytes = 16;
+  static constexpr int kWarps = 4, kMT = 1, kMinBlocks = 1;
+  static constexpr int kUnitBytes = 272, kCopyBytes = 16;
   static constexpr int kRowStride = 288;
   static constexpr int kActStride = 288;
   template <int NT>
@@ -173,7 +175,8 @@ struct MmqQ8_0 {
 // blocks of a row (kLead) and ending 2 bytes late for the even ones, which stays inside the row
 // because a row has an even number of blocks (mmq_supported).
 struct MmqQ6_K {
-  static constexpr int kMT = 1, kUnitBytes = 210, kCopyBytes = 4;
+  static constexpr int kWarps = 4, kMT = 1, kMinBlocks = 1;
+  static constexpr int kUnitBytes = 210, kCopyBytes = 4;
   static constexpr int kRowStride = 212;
   static constexpr int kActStride = 272;  // 4 g apart mod 32 banks: conflict-free 32-bit loads
   template <int NT>
@@ -251,7 +254,11 @@ struct Mats {
 
 template <class F>
 __host__ __device__ constexpr int tile_rows() {
-  return F::kMT * 16 * kWarps;
+  return F::kMT * 16 * F::kWarps;
+}
+template <class F>
+__host__ __device__ constexpr int threads() {
+  return F::kWarps * kWarpSize;
 }
 
 template <class F, int NT>
@@ -272,11 +279,11 @@ __device__ __forceinline__ int copy_lead(int64_t unit) {
 
 // Shapes (host-checked): cols = 256 * units, splits <= units.
 template <class F, int NT>
-__global__ void __launch_bounds__(kThreads) mmq_kernel(const __grid_constant__ Mats mats, int64_t row_bytes, int64_t cols,
+__global__ void __launch_bounds__(threads<F>(), F::kMinBlocks) mmq_kernel(const __grid_constant__ Mats mats, int64_t row_bytes, int64_t cols,
                                                        int tokens, int splits, float* partials, int* counters) {
   extern __shared__ __align__(16) uint8_t smem[];
   using S = Smem<F, NT>;
-  constexpr int kMT = F::kMT, kRows = tile_rows<F>();
+  constexpr int kMT = F::kMT, kRows = tile_rows<F>(), kThreads = threads<F>();
   // 16-byte formats: the unit's bytes; Q6_K: 212 bytes (2 before or after the 210, copy_lead).
   constexpr int kCopies = F::kCopyBytes == 16 ? F::kUnitBytes / 16 : (F::kUnitBytes + 2) / 4;
   static_assert(F::kCopyBytes == 16 ? F::kUnitBytes % 16 == 0 : kCopies * 4 <= F::kRowStride);
@@ -425,7 +432,7 @@ int blocks_per_sm() {
     auto* kernel = mmq_kernel<F, NT>;
     int n = 0;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem<F, NT>::kBytes) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, Smem<F, NT>::kBytes) != cudaSuccess) {
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads<F>(), Smem<F, NT>::kBytes) != cudaSuccess) {
       (void)cudaGetLastError();
       n = 0;
     }
@@ -440,6 +447,8 @@ struct Plan {
   int tiles = 0;
   int splits = 1;
   int accs = 0;  // accumulators per thread
+  int threads = 0;
+  int64_t partial_bytes() const { return splits > 1 ? int64_t(tiles) * splits * threads * accs * 4 : 0; }
 };
 
 template <class F, int NT>
@@ -456,11 +465,16 @@ Plan plan_nt(const DeviceInfo& dev, const GemvGroupArgs& g) {
   p.mats.n = g.n;
   p.tiles = p.mats.tile0[g.n];
   p.accs = F::kMT * NT * 4;
+  p.threads = threads<F>();
   if (p.tiles == 0) return p;
-  // Enough blocks to fill the GPU once, each split at least two pipeline steps long.
+  // Columns are split only until the launch has half as many blocks as the GPU holds at once
+  // (each split at least two pipeline steps long): measured on an H100, filling it once cost
+  // more in partial sums than it gained (8B, 32 tokens: 15.7 ms per pass vs 12.3; a quarter:
+  // 13.4 ms).
   const int resident = dev.sm_count * std::max(1, blocks_per_sm<F, NT>());
   const int units = int(g.cols / 256);
-  p.splits = std::clamp((resident + p.tiles - 1) / p.tiles, 1, std::max(1, units / 2));
+  const int want = (resident / 2 + p.tiles - 1) / p.tiles;
+  p.splits = std::clamp(want, 1, std::max(1, units / 2));
   return p;
 }
 
@@ -471,10 +485,10 @@ Status launch(const DeviceInfo& dev, const GemvGroupArgs& g, const MmqScratch* s
   if (!s || p.tiles == 0) return Status::ok();  // sizing only
   if (blocks_per_sm<F, NT>() < 1) return internal_error("mmq: kernel does not fit on this GPU");
   if (p.splits > 1 && (s->partials == nullptr || s->counters == nullptr || s->counters_n < p.tiles ||
-                       s->partial_bytes < int64_t(p.tiles) * p.splits * kThreads * p.accs * 4)) {
+                       s->partial_bytes < p.partial_bytes())) {
     return invalid_argument("mmq: scratch smaller than mmq_scratch_needed");
   }
-  SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(mmq_kernel<F, NT>, dim3(unsigned(p.tiles), unsigned(p.splits)), dim3(kThreads),
+  SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(mmq_kernel<F, NT>, dim3(unsigned(p.tiles), unsigned(p.splits)), dim3(unsigned(threads<F>())),
                                          size_t(Smem<F, NT>::kBytes), stream, p.mats,
                                          quant::row_bytes(g.type, g.cols), g.cols, g.tokens, p.splits,
                                          static_cast<float*>(s->partials), s->counters));
@@ -519,7 +533,7 @@ MmqScratch mmq_scratch_needed(const DeviceInfo& dev, const GemvGroupArgs& g) {
   }
   mmq_detail::Plan p;
   if (!mmq_detail::dispatch(dev, g, nullptr, &p, nullptr).is_ok() || p.splits <= 1) return s;
-  s.partial_bytes = int64_t(p.tiles) * p.splits * mmq_detail::kThreads * p.accs * 4;
+  s.partial_bytes = p.partial_bytes();
   s.counters_n = p.tiles;
   return s;
 }

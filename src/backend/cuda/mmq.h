@@ -31,6 +31,8 @@
 namespace sluice::backend::cuda {
 
 inline constexpr int kMaxMmqTokens = 32;
+// Below this many tokens the GEMV is faster (measured on an H100, docs/CUDA.md).
+inline constexpr int kMmqFromTokens = 3;
 
 // True where an mmq kernel exists for this format and column count (cols a multiple of 256, and
 // of 512 for Q6_K: its 210-byte blocks are copied in 4-byte pieces reaching 2 bytes into the
