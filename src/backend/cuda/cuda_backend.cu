@@ -803,14 +803,7 @@ class CudaBackend final : public Backend {
     for (size_t i = 0; i < ws.size(); ++i) {
       if (!mmq_supported(ws[i].type, ws[i].ne0) || !dense_rows(ys[i])) return false;
     }
-    Q8Activation xq;
-    if (q8_valid_for(x)) {
-      xq = q8_activation_view(q8_.ptr, x.cols, int(x.rows));  // made by the op that wrote x
-    } else {
-      xq = q8_view(x.cols, int(x.rows));
-      must(quantize_activation_q8(f32(x), xq, stream_), "quantize_activation_q8");
-      set_q8(x);
-    }
+    const Q8Activation xq = q8_activation_of(x);
     format_groups(ws, int(x.rows), [](size_t) { return true; },
                   [&](size_t j) { return GemvMatrix{ws[j].data, ws[j].ne1, f32(x), xq, f32(ys[j])}; },
                   [&](const GemvGroupArgs& g) {
@@ -820,6 +813,14 @@ class CudaBackend final : public Backend {
                     must(mmq(dev_, g, s, stream_), "mmq");
                   });
     return true;
+  }
+  // The int8 activation of dense x: the one the op that wrote x made, else quantized now.
+  Q8Activation q8_activation_of(const Tensor& x) {
+    if (q8_valid_for(x)) return q8_activation_view(q8_.ptr, x.cols, int(x.rows));
+    const Q8Activation xq = q8_view(x.cols, int(x.rows));
+    must(quantize_activation_q8(f32(x), xq, stream_), "quantize_activation_q8");
+    set_q8(x);
+    return xq;
   }
   // At least n arrival counters for mmq's column splits, zero (every launch leaves them zero).
   int* mmq_counters(int64_t n) {
@@ -839,13 +840,7 @@ class CudaBackend final : public Backend {
     Q8Activation xq;
     if (need_q8 && dense) {
       SLUICE_CHECK(x.cols % 32 == 0, "matmul: quantized weights need cols % 32 == 0");
-      if (q8_valid_for(x)) {
-        xq = q8_activation_view(q8_.ptr, x.cols, int(x.rows));  // made by the op that wrote x
-      } else {
-        xq = q8_view(x.cols, int(x.rows));
-        must(quantize_activation_q8(f32(x), xq, stream_), "quantize_activation_q8");
-        set_q8(x);
-      }
+      xq = q8_activation_of(x);
     }
     // Matrices of one format with dense outputs go out as one launch (Q/K/V, gate/up).
     for (const WeightView& w : ws) SLUICE_CHECK(gemv_supported(w.type), "matmul: no CUDA kernel for this weight format");

@@ -271,6 +271,16 @@ struct Smem {
   static_assert(kW % 16 == 0 && kA % 16 == 0 && kDs % 16 == 0);
 };
 
+template <int MT, int NT>
+__device__ __forceinline__ void zero(float (&acc)[MT][NT][4]) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
+}
+
 // Q6_K blocks are copied from 2 bytes before their start when that is not 4-byte aligned.
 template <class F>
 __device__ __forceinline__ int copy_lead(int64_t unit) {
@@ -346,12 +356,7 @@ __global__ void __launch_bounds__(threads<F>(), F::kMinBlocks) mmq_kernel(const 
   }
 
   float acc[kMT][NT][4];
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
+  zero(acc);
 
   for (int i = 0; i < nsteps; ++i) {
     if (i + kStages - 1 < nsteps) {
@@ -393,12 +398,7 @@ __global__ void __launch_bounds__(threads<F>(), F::kMinBlocks) mmq_kernel(const 
     __syncthreads();
     if (arrived != splits - 1) return;
     __threadfence();
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
+    zero(acc);
     for (int s = 0; s < splits; ++s) {
       const float* p = partials + ((int64_t(tile) * splits + s) * kThreads + threadIdx.x) * kAcc;
 #pragma unroll
