@@ -801,7 +801,10 @@ class CudaBackend final : public Backend {
   bool mmq_all(std::span<const WeightView> ws, const Tensor& x, std::span<const Tensor> ys) {
     if (x.rows > kMaxMmqTokens || !dense_rows(x) || x.cols % 32 != 0) return false;
     for (size_t i = 0; i < ws.size(); ++i) {
-      if (!mmq_supported(ws[i].type, ws[i].ne0) || !dense_rows(ys[i])) return false;
+      if (!mmq_supported(ws[i].type, ws[i].ne0) || !dense_rows(ys[i]) ||
+          reinterpret_cast<uintptr_t>(ws[i].data) % 16 != 0) {
+        return false;
+      }
     }
     const Q8Activation xq = q8_activation_of(x);
     format_groups(ws, int(x.rows), [](size_t) { return true; },
