@@ -134,6 +134,9 @@ step_test() {
       if (a[2]+0 > ex[f]+0) ex[f]=a[2]; if (r[2]*t[2] >= 64 && b[2]+0 > ee[f]+0) ee[f]=b[2]; n[f]++}
       END {for (f in n) printf "  %-5s cases=%-3d max exact=%.2e  max e2e=%.2e\n", f, n[f], ex[f], ee[f]}' \
     | sort >"$OUT_DIR/parity.txt"
+  # mmq (int8 tensor-core small-batch products): worst exact error per format.
+  grep -h "^MMQ" "$OUT_DIR"/gpu_mmq_test.log 2>/dev/null | awk '{f=$2; split($6,a,"="); if (a[2]+0 > ex[f]+0) ex[f]=a[2]; n[f]++}
+      END {for (f in n) printf "  mmq %-5s cases=%-3d max exact=%.2e\n", f, n[f], ex[f]}' | sort >>"$OUT_DIR/parity.txt"
   grep -h -B1 "^  hidden:\|^  greedy:" "$OUT_DIR"/gpu_model_parity_test.log 2>/dev/null | grep -v "^--" >"$OUT_DIR/model_parity.txt"
   if [[ $rc -eq 0 ]]; then
     record test ok "$passed passed, $skippedn skipped, $((SECONDS - t0)) s"
