@@ -198,6 +198,14 @@ class Backend {
   // validate token ids from users).
   virtual void get_rows(const WeightView& table, std::span<const int32_t> ids, const Tensor& dst) = 0;
 
+  // Row-invariant mode (Model::set_row_invariant; speculative verification): while on, every op
+  // over several rows gives each row the bits a one-row call would (the CPU backend's matrix
+  // products run the one-token kernels per row, its attention sums each query row in the
+  // one-token order instead of llama.cpp's batched order). Off by default. The CUDA backend picks
+  // its kernels by row count and has no such mode (its passes differ from one-token passes by
+  // rounding).
+  virtual void set_row_invariant(bool on) {}
+
   // y = x W^T: y[t][o] = sum_i W[o][i] * x[t][i]. W [ne0 = x.cols, ne1 = y.cols] in any format
   // with a vec_dot; the backend quantizes x to the format's vec_dot_type (as llama.cpp's CPU
   // backend does). One row of x is a gemv; many rows take the batched (prefill) path.

@@ -155,7 +155,7 @@ int choose_k(const SpecStats& s, int k_max, double draft_s_per_token) {
 Result<Generation> generate_speculative(model::Model& target, Drafter& drafter, const model::Tokenizer& tokenizer,
                                         Sampler& sampler, std::span<const int32_t> prompt, const GenerateOptions& opts,
                                         const SpeculativeOptions& spec, const TextCallback& on_text,
-                                        SpecStats* stats_out) {
+                                        SpecStats* stats_out, std::span<const int32_t> cached) {
   SLUICE_RETURN_IF_ERROR(validate(spec));
   if (prompt.empty()) return invalid_argument("empty prompt: nothing to evaluate");
   const int n_ctx = target.n_ctx();
@@ -166,15 +166,23 @@ Result<Generation> generate_speculative(model::Model& target, Drafter& drafter, 
                             " positions already used (use a larger -c or a shorter prompt)");
   }
   // The sequence as the drafter sees it: everything the target's cache holds plus the pending
-  // token. A draft model that starts empty catches up on the whole of it (prompt included).
+  // token. A draft model catches up on the whole of it (earlier turns and prompt included).
   const int n_before = target.n_past();
-  std::vector<int32_t> seq(prompt.begin(), prompt.end());
-  if (n_before > 0 && drafter.own_context()) {
-    // Earlier turns (chat) are in the target's cache but not in `prompt`: a draft model would
-    // need them too. Only a self-draft, which shares the cache, can continue from there.
-    return invalid_argument("speculative decoding with a draft model starts from an empty KV cache (" +
-                            std::to_string(n_before) + " positions in use)");
+  if (!cached.empty() && int64_t(cached.size()) != n_before) {
+    return invalid_argument("speculative decoding: " + std::to_string(cached.size()) +
+                            " cached tokens given for a cache of " + std::to_string(n_before) + " positions");
   }
+  if (n_before > 0 && cached.empty() && drafter.own_context()) {
+    // Earlier turns are in the target's cache but their tokens were not given: a draft model
+    // needs them too. Only a self-draft, which shares the cache, can continue without them.
+    return invalid_argument("speculative decoding with a draft model: the tokens of the " + std::to_string(n_before) +
+                            " positions already in the KV cache are needed");
+  }
+  std::vector<int32_t> seq(cached.begin(), cached.end());
+  seq.insert(seq.end(), prompt.begin(), prompt.end());
+  // Whatever the draft model holds past the shared history (an earlier turn's last token, which
+  // the template may have re-spelled) is dropped; it re-evaluates from there.
+  if (drafter.own_context()) drafter.rollback(n_before);
 
   Generation gen;
   SpecStats st;
@@ -247,7 +255,13 @@ Result<Generation> generate_speculative(model::Model& target, Drafter& drafter, 
     batch.insert(batch.end(), drafts.begin(), drafts.end());
     all.resize(batch.size() * nv);
     const auto t_verify = Clock::now();
-    if (Status s = target.eval(batch, all); !s.is_ok()) {
+    // Each row of the verification pass as a one-token pass would compute it: greedy output is
+    // then plain decoding's, bit for bit (Model::set_row_invariant).
+    const bool was_invariant = target.row_invariant();
+    target.set_row_invariant(true);
+    const Status verified = target.eval(batch, all);
+    target.set_row_invariant(was_invariant);
+    if (const Status& s = verified; !s.is_ok()) {
       return Status(s.code(), "verification pass at position " + std::to_string(n0) + ": " + s.message());
     }
     const double verify_s = seconds_since(t_verify);

@@ -128,11 +128,14 @@ struct SpecStats {
 };
 
 // generate() with speculation: same arguments, result, stop conditions and KV-cache invariant;
-// `stats` (optional) receives the speculation counters. Errors as generate(), plus the drafter's.
+// `stats` (optional) receives the speculation counters. `cached`: the tokens the target's cache
+// already holds (chat's earlier turns, target.n_past() of them), which a draft model with its own
+// context catches up on; a self-draft shares the target's cache and needs none. Errors as
+// generate(), plus the drafter's, plus a draft model continuing a cache whose tokens are not given.
 Result<Generation> generate_speculative(model::Model& target, Drafter& drafter, const model::Tokenizer& tokenizer,
                                         Sampler& sampler, std::span<const int32_t> prompt, const GenerateOptions& opts,
                                         const SpeculativeOptions& spec, const TextCallback& on_text,
-                                        SpecStats* stats = nullptr);
+                                        SpecStats* stats = nullptr, std::span<const int32_t> cached = {});
 
 // A draft model must share the target's vocabulary: the same n_vocab and the same token at every
 // id. Error (kInvalidArgument) naming both files and the first differing id and its two tokens.

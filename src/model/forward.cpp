@@ -113,6 +113,12 @@ class LlamaFamilyModel final : public Model {
     return gate_.set_early_exit(threshold, min_layer, cfg_.n_layer);
   }
   LayerCounts layer_counts() const override { return gate_.counts(); }
+  void set_row_invariant(bool on) override {
+    main_.backend().set_row_invariant(on);
+    if (host_) host_->backend().set_row_invariant(on);
+    row_invariant_ = on;
+  }
+  bool row_invariant() const override { return row_invariant_; }
 
   Result<int> seq_new() override { return blocks_.open(); }
   void seq_free(int seq) override { blocks_.close(seq); }
@@ -372,6 +378,7 @@ class LlamaFamilyModel final : public Model {
   std::function<void(int, std::span<const float>)> on_layer_;
   std::vector<float> hidden_;  // on_layer_'s download buffer
   LayerGate gate_;             // layers a pass runs (mask, early exit)
+  bool row_invariant_ = false;  // set_row_invariant
 };
 
 // Device bytes the whole model needs on a backend with its own memory: every weight but the

@@ -159,6 +159,14 @@ class Model {
   };
   virtual LayerCounts layer_counts() const { return {}; }
 
+  // Row-invariant passes: every row of a pass of several tokens gets the bits a one-token pass at
+  // its position would give (the CPU backend's attention then sums each row in the one-token order
+  // instead of llama.cpp's batched order; its matrix products already give each row the bits of a
+  // one-row product). Speculative verification turns it on so that greedy output equals plain
+  // decoding bit for bit. Off (the default): prefill sums as llama.cpp does. Not lossy.
+  virtual void set_row_invariant(bool on) {}
+  virtual bool row_invariant() const { return false; }
+
   // Bytes of weights read per decoded token (for GB/s reporting).
   virtual uint64_t weight_bytes_per_token() const = 0;
 

@@ -132,6 +132,42 @@ TEST(CpuOps, GemmRowsEqualGemv) {
   }
 }
 
+// Row-invariant mode (Backend::set_row_invariant, speculative verification): every row of a batch
+// is bit for bit the one-row call's, for every format, repacked (upload_weight) or as in the
+// file, several weights in one job. Off, the multi-column kernels may differ (the test above).
+TEST(CpuOps, RowInvariantBatchesEqualOneRowCalls) {
+  const int64_t k = 512, n_out = 48, n_tok = 9;
+  for (Type type : {Type::kF32, Type::kF16, Type::kBF16, Type::kQ4_0, Type::kQ4_1, Type::kQ5_0, Type::kQ5_1,
+                    Type::kQ8_0, Type::kQ2_K, Type::kQ3_K, Type::kQ4_K, Type::kQ5_K, Type::kQ6_K}) {
+    SCOPED_TRACE(quant::type_name(type));
+    std::vector<float> deq;
+    const auto wq = quantize_matrix(type, test::random_floats(size_t(k * n_out), 1, 50), k, n_out, &deq);
+    const auto wq2 = quantize_matrix(type, test::random_floats(size_t(k * n_out), 1, 51), k, n_out, &deq);
+    Fixture f(2);
+    const WeightView file[] = {{type, k, n_out, wq.data()}, {type, k, n_out, wq2.data()}};
+    auto up0 = f.be->upload_weight(file[0]), up1 = f.be->upload_weight(file[1]);
+    ASSERT_TRUE(up0.is_ok() && up1.is_ok());
+    const Tensor xt = f.f32(k, n_tok, test::random_floats(size_t(k * n_tok), 1, 52));
+    for (const bool uploaded : {false, true}) {
+      const WeightView ws[] = {uploaded ? *up0 : file[0], uploaded ? *up1 : file[1]};
+      const Tensor ys[] = {f.f32(n_out, n_tok, {}), f.f32(n_out, n_tok, {})};
+      f.be->set_row_invariant(true);
+      f.be->matmul_multi(ws, xt, ys);
+      f.be->set_row_invariant(false);
+      for (int i = 0; i < 2; ++i) {
+        const auto batch = f.get(ys[i]);
+        for (int64_t t = 0; t < n_tok; ++t) {
+          const Tensor yr = f.f32(n_out, 1, {});
+          f.be->matmul(ws[i], xt.row_range(t, 1), yr);
+          const auto one = f.get(yr);
+          EXPECT_EQ(0, std::memcmp(one.data(), batch.data() + t * n_out, size_t(n_out) * 4))
+              << "weight " << i << (uploaded ? " (uploaded)" : " (file layout)") << " row " << t;
+        }
+      }
+    }
+  }
+}
+
 // Several weights over one input in one job (Q/K/V, gate/up), with different activation
 // formats (Q8_K, Q8_0, F32): bit-identical to separate matmul calls.
 TEST(CpuOps, MatmulMultiEqualsSeparateCalls) {
@@ -391,6 +427,40 @@ TEST(CpuOps, AttentionCausalGqa) {
       }
     }
   EXPECT_LT(test::normalized_error(o.data(), ref.data(), o.size()), 3e-3);
+  }
+}
+
+// Row-invariant mode: each query row of a batched attention call has the bits of a one-row call
+// at its position (both AVX-512 orders differ otherwise; hd 256 is Gemma 3's, 80 leaves a
+// remainder after the 64-element steps), with and without a sliding window.
+TEST(CpuOps, AttentionRowInvariantEqualsOneRowCalls) {
+  for (auto [hd, window] : {std::pair{64, 0}, std::pair{80, 0}, std::pair{256, 0}, std::pair{256, 6}}) {
+    SCOPED_TRACE(testing::Message() << "hd " << hd << " window " << window);
+    Fixture f(2);
+    // More than 64 keys (the V side's lane split differs) and values spread over many binades
+    // (so the two orders round differently).
+    const int n_head = 4, n_kv = 2, rows = 7, pos0 = 90, n_ctx = pos0 + rows;
+    auto spread = [](std::vector<float> v) {
+      for (size_t i = 0; i < v.size(); ++i) v[i] *= float(1 << (i * 7 % 13));
+      return v;
+    };
+    const float scale = 1.0f / std::sqrt(float(hd));
+    auto kc = f.be->alloc(DType::kF16, n_kv * hd, n_ctx), vc = f.be->alloc(DType::kF16, n_kv * hd, n_ctx);
+    ASSERT_TRUE(kc.is_ok() && vc.is_ok());
+    f.be->store_rows(f.f32(n_kv * hd, n_ctx, spread(test::random_floats(size_t(n_ctx * n_kv * hd), 1, 60))), *kc, 0);
+    f.be->store_rows(f.f32(n_kv * hd, n_ctx, spread(test::random_floats(size_t(n_ctx * n_kv * hd), 1, 61))), *vc, 0);
+    const Tensor qt = f.f32(n_head * hd, rows, test::random_floats(size_t(rows * n_head * hd), 0.01f, 62));
+    const Tensor ot = f.f32(n_head * hd, rows, {});
+    f.be->set_row_invariant(true);
+    f.be->attention(qt, *kc, *vc, ot, {n_head, n_kv, hd, scale, pos0, window});
+    f.be->set_row_invariant(false);
+    const auto batch = f.get(ot);
+    for (int t = 0; t < rows; ++t) {
+      const Tensor o1 = f.f32(n_head * hd, 1, {});
+      f.be->attention(qt.row_range(t, 1), *kc, *vc, o1, {n_head, n_kv, hd, scale, pos0 + t, window});
+      const auto one = f.get(o1);
+      EXPECT_EQ(0, std::memcmp(one.data(), batch.data() + size_t(t) * n_head * hd, one.size() * 4)) << "row " << t;
+    }
   }
 }
 

@@ -368,16 +368,40 @@ TEST(Speculative, AdaptiveKFollowsTheMeasuredCosts) {
 namespace sluice::decode {
 namespace {
 
-TEST(Speculative, DraftModelNeedsAnEmptyCacheSelfDraftDoesNot) {
+// A draft model keeps its own cache: continuing a target cache (chat's later turns) needs that
+// cache's tokens (`cached`), else a clear error with nothing changed. Given them, two turns in a
+// row give plain decoding's tokens.
+TEST(Speculative, DraftModelContinuesACacheGivenItsTokens) {
   const FakeTokenizer tok;
-  HashModel t(1, 64, -9.0f), d(2, 64, -9.0f);
+  const std::vector<int32_t> history{1, 2};
+  HashModel t(1, 64, -9.0f), ref(1, 64, -9.0f), d(2, 64, -9.0f);
   std::vector<float> logits(kVocab);
-  ASSERT_TRUE(t.eval(std::vector<int32_t>{1, 2}, logits).is_ok());
+  ASSERT_TRUE(t.eval(history, logits).is_ok());
+  ASSERT_TRUE(ref.eval(history, logits).is_ok());
   ModelDrafter drafter(d);
-  Sampler s(greedy(), kVocab);
+  Sampler s(greedy(), kVocab), a(greedy(), kVocab);
   auto g = generate_speculative(t, drafter, tok, s, std::vector<int32_t>{3}, {4}, {2, false}, nullptr);
   ASSERT_FALSE(g.is_ok());
-  EXPECT_NE(g.status().message().find("empty KV cache"), std::string::npos);
+  EXPECT_NE(g.status().message().find("already in the KV cache"), std::string::npos) << g.status().message();
+  auto bad = generate_speculative(t, drafter, tok, s, std::vector<int32_t>{3}, {4}, {2, false}, nullptr, nullptr,
+                                  std::vector<int32_t>{1});
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_EQ(t.n_past(), 2);
+
+  std::vector<int32_t> cached = history, prompt{3};
+  for (int turn = 0; turn < 2; ++turn) {
+    SCOPED_TRACE(turn);
+    auto want = generate(ref, tok, a, prompt, {6}, nullptr);
+    auto got = generate_speculative(t, drafter, tok, s, prompt, {6}, {2, false}, nullptr, nullptr, cached);
+    ASSERT_TRUE(want.is_ok() && got.is_ok()) << got.status().message();
+    EXPECT_EQ(got->tokens, want->tokens);
+    ASSERT_TRUE(got->pending.has_value());
+    // The cache now holds the prompt and every token but the pending one.
+    cached.insert(cached.end(), prompt.begin(), prompt.end());
+    cached.insert(cached.end(), got->tokens.begin(), got->tokens.end() - 1);
+    ASSERT_EQ(int64_t(cached.size()), t.n_past());
+    prompt = {*got->pending, 4};
+  }
 }
 
 }  // namespace

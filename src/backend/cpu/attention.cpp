@@ -220,7 +220,7 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor&
 #if defined(__x86_64__)
       if (f16 && simd_f16_ && avx512 && hd % 16 == 0) {
         attend_f16_avx512(qr, reinterpret_cast<const uint16_t*>(kb), k_cache.stride,
-                          reinterpret_cast<const uint16_t*>(vb), v_cache.stride, rows, n_kv, hd, p.scale, q.rows > 1, vrow,
+                          reinterpret_cast<const uint16_t*>(vb), v_cache.stride, rows, n_kv, hd, p.scale, q.rows > 1 && !row_invariant_, vrow,
                           scores, acc, orow);
         continue;
       }

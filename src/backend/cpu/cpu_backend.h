@@ -69,6 +69,7 @@ class CpuBackend final : public Backend {
   Mark compute_mark() override { return ++marks_; }
   void host_wait(Mark) override {}
 
+  void set_row_invariant(bool on) override { row_invariant_ = on; }
   void get_rows(const WeightView& table, std::span<const int32_t> ids, const Tensor& dst) override;
   void matmul(const WeightView& w, const Tensor& x, const Tensor& y) override;
   void matmul_multi(std::span<const WeightView> ws, const Tensor& x, std::span<const Tensor> ys) override;
@@ -100,6 +101,7 @@ class CpuBackend final : public Backend {
   const bool simd_f16_;  // attention's AVX2/F16C path (else the portable one)
   const bool tile_kernels_;  // matmul's vec_dot_tile path for batches (CpuOptions::tile_kernels)
   const bool pack_weights_;  // upload_weight repacks (CpuOptions::pack_weights)
+  bool row_invariant_ = false;  // set_row_invariant: batches computed row by row as one-token calls
   std::vector<AlignedBuffer> buffers_;  // every Tensor allocated, alive until destruction
   // Quantized activations for matmul, one per activation format in a matmul_multi (grow-only).
   static constexpr size_t kMaxMulti = 4;

@@ -16,6 +16,9 @@
 // Weights repacked at upload (WeightView::packed, quant::Kernels::vec_dot_packed) go through the
 // format's packed kernel for both decode and prefill: chunks are whole groups of packed_rows rows,
 // and the kernel walks token tiles itself.
+// Row-invariant mode (Backend::set_row_invariant): a batch runs the one-token kernels (vec_dot,
+// or the packed kernel one token at a time) on each row of a chunk while the chunk's weight rows
+// are in cache, so every row has the bits of a one-token call.
 #include <algorithm>
 #include <string>
 
@@ -126,6 +129,7 @@ void CpuBackend::matmul_multi(std::span<const WeightView> ws, const Tensor& x, s
   const int64_t n_tok = x.rows;
   const int64_t k = x.cols;
   const bool gemv = n_tok == 1;
+  const bool per_row = row_invariant_ && !gemv;  // one-token kernels on every row of the batch
 
   // Quantize x once per distinct activation format.
   quant::Type done_types[kMaxMulti];
@@ -169,10 +173,10 @@ void CpuBackend::matmul_multi(std::span<const WeightView> ws, const Tensor& x, s
       ++n_done;
     }
     // A lower-ISA fallback (e.g. the reference loop) would be slower than vec_dot itself.
-    const bool cols = wk.vec_dot_cols != nullptr && wk.vec_dot_cols_isa == wk.vec_dot_isa;
+    const bool cols = !per_row && wk.vec_dot_cols != nullptr && wk.vec_dot_cols_isa == wk.vec_dot_isa;
     // Tiles only for batches: a single token (decode) gains nothing from a rows x tokens register
     // block and would pay its setup per chunk.
-    const bool tile = tile_kernels_ && x.rows > 1 && wk.vec_dot_tile != nullptr && wk.vec_dot_tile_isa == wk.vec_dot_isa;
+    const bool tile = !per_row && tile_kernels_ && x.rows > 1 && wk.vec_dot_tile != nullptr && wk.vec_dot_tile_isa == wk.vec_dot_isa;
     parts[i] = {&wk,       static_cast<const uint8_t*>(w.data), w.row_bytes(), done_act[d], done_stride[d],
                 static_cast<float*>(ys[i].data), ys[i].stride, n_chunks, w.ne1, cols, tile, w.packed,
                 w.packed ? wk.packed_bytes(k) : 0};
@@ -188,6 +192,12 @@ void CpuBackend::matmul_multi(std::span<const WeightView> ws, const Tensor& x, s
       const int64_t b = (c - p.first_chunk) * grain, e = std::min(p.n_out, b + grain);
       if (p.packed) {  // b and e are multiples of the group size (grain is, and so is n_out)
         const int64_t g0 = b / kRowBlock;
+        if (per_row) {
+          for (int64_t t = 0; t < n_tok; ++t)
+            p.wk->vec_dot_packed(k, p.w + g0 * p.group_bytes, int((e - b) / kRowBlock), p.act + t * p.a_stride,
+                                 p.a_stride, 1, p.y + t * p.y_stride + b, p.y_stride);
+          continue;
+        }
         p.wk->vec_dot_packed(k, p.w + g0 * p.group_bytes, int((e - b) / kRowBlock), p.act, p.a_stride, int(n_tok),
                              p.y + b, p.y_stride);
         continue;
