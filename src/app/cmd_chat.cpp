@@ -1,7 +1,9 @@
 // sluice chat -m MODEL: interactive chat over stdin (one line = one user turn; /exit or EOF
 // ends). The KV cache is kept across turns: each turn evaluates only its own tokens, i.e. the
 // template's end-of-turn text for the previous reply plus the new user turn (see
-// ChatTemplate::continuation and the KV-cache invariant in decode/generate.h).
+// ChatTemplate::continuation and the KV-cache invariant in decode/generate.h). With --self-draft
+// or --draft-model every reply is decoded speculatively (docs/SPECULATIVE.md): a draft model is
+// handed the tokens of the whole conversation so far, which it catches up on.
 #include <unistd.h>
 
 #include <cstdio>
@@ -10,6 +12,7 @@
 
 #include "app/commands.h"
 #include "app/common.h"
+#include "app/speculation.h"
 
 namespace sluice::app {
 namespace {
@@ -33,7 +36,14 @@ int cmd_chat(int argc, char** argv) {
   add_sampling_flags(app, sf);
   StreamFlags stf;
   add_stream_flags(app, stf);
+  SpecFlags spf;
+  add_spec_flags(app, spf);
   if (auto rc = parse_flags(app, argc, argv)) return *rc;
+  // As in run: a verification pass carries K + 1 tokens, a draft model is charged to the budgets.
+  if (spf.speculative()) stf.decode_batch = spf.draft_k + 1;
+  if (!spf.draft_model.empty()) {
+    if (Status st = charge_draft_to_budgets(spf.draft_model, mf, stf); !st.is_ok()) return report_error("chat", st);
+  }
   if (auto st = resolve_stream_flags(stf); !st.is_ok()) return report_error("chat", st.status());
 
   auto sampling = resolve_sampling(sf);
@@ -51,6 +61,9 @@ int cmd_chat(int argc, char** argv) {
   auto loaded = load_model(mf, stf);
   if (!loaded.is_ok()) return report_error("chat", loaded.status());
   model::Model& m = *loaded->model;
+  if (Status st = apply_layer_flags(m, spf, mf.model_path); !st.is_ok()) return report_error("chat", st);
+  auto spec = make_speculation(spf, mf, m, tok);
+  if (!spec.is_ok()) return report_error("chat", spec.status());
   if (!sf.seed_given && sampling->temperature > 0) {
     std::fprintf(stderr, "seed: %llu\n", static_cast<unsigned long long>(sampling->seed));
   }
@@ -62,7 +75,9 @@ int cmd_chat(int argc, char** argv) {
   std::vector<model::ChatMessage> history;
   if (!system.empty()) history.push_back({"system", system});
   std::optional<decode::Generation> last;  // the previous turn's result
+  std::vector<int32_t> cached;  // the tokens the KV cache holds (a draft model catches up on them)
   decode::Timings total;
+  decode::SpecStats spec_stats;
   int rc = kExitOk;
 
   std::string line;
@@ -100,10 +115,19 @@ int cmd_chat(int argc, char** argv) {
       break;
     }
 
-    auto gen = decode::generate(m, tok, sampler, tokens, opts, print_to_stdout);
+    // A draft model needs the conversation's tokens; a self-draft shares the target's cache.
+    const bool own = spec->drafter && spec->drafter->own_context();
+    auto gen = spec->drafter ? decode::generate_speculative(m, *spec->drafter, tok, sampler, tokens, opts,
+                                                            spec->options, print_to_stdout, &spec_stats,
+                                                            own ? std::span<const int32_t>(cached) : std::span<const int32_t>())
+                             : decode::generate(m, tok, sampler, tokens, opts, print_to_stdout);
     std::fputc('\n', stdout);
     std::fflush(stdout);
     if (!gen.is_ok()) return report_error("chat", gen.status());
+    if (own) {  // the KV-cache invariant (decode/generate.h): the turn and the reply but its pending token
+      cached.insert(cached.end(), tokens.begin(), tokens.end());
+      cached.insert(cached.end(), gen->tokens.begin(), gen->tokens.end() - (gen->pending ? 1 : 0));
+    }
     accumulate(total, gen->timings);
     history.push_back(turn[0]);
     history.push_back({"assistant", gen->text});
@@ -118,6 +142,8 @@ int cmd_chat(int argc, char** argv) {
   std::fprintf(stderr, "turns:   %zu, %d of %d context positions used\n", (history.size() - !system.empty()) / 2,
                m.n_past(), m.n_ctx());
   print_stats(stderr, loaded->load_s, total, m.weight_bytes_per_token(), m.backend_name());
+  if (spec->drafter) std::fputs(spec_stats.describe(total).c_str(), stderr);
+  print_layer_counts(stderr, m, spf);
   if (Status st = finish_stream(stderr, *loaded, total); !st.is_ok()) return report_error("chat", st);
   return rc;
 }

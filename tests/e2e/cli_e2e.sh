@@ -97,6 +97,22 @@ case "$case_name" in
     [ -n "$used" ] && [ -n "$pre" ] && [ -n "$dec" ] || fail "stats lines missing"
     [ $((pre + dec)) -eq "$used" ] || fail "prefill $pre + decode $dec != positions used $used"
     ;;
+  chat_speculative_same_replies)
+    # Speculative chat (self-draft, and a draft model that catches up on every turn) gives plain
+    # greedy chat's replies, over two turns (docs/SPECULATIVE.md: row-invariant verification).
+    need_model
+    turns='What is the capital of France?\nAnd what is two plus two?\n'
+    printf "$turns" | "$sluice" chat -m "$model" --temp 0 -n 24 -c 512 >"$tmp/plain" 2>"$tmp/err" ||
+      fail "chat exited $?"
+    for flags in "--self-draft --draft-k 3" "--draft-model $model --draft-k 3"; do
+      # shellcheck disable=SC2086
+      printf "$turns" | "$sluice" chat -m "$model" --temp 0 -n 24 -c 512 $flags >"$tmp/spec" 2>"$tmp/err" ||
+        { cat "$tmp/err" >&2; fail "chat $flags exited $?"; }
+      grep -qE '^spec: ' "$tmp/err" || fail "chat $flags: no spec stats line"
+      grep -qE '^turns: +2, ' "$tmp/err" || fail "chat $flags: expected 2 turns"
+      cmp -s "$tmp/plain" "$tmp/spec" || { diff "$tmp/plain" "$tmp/spec" >&2; fail "chat $flags: replies differ from plain chat"; }
+    done
+    ;;
   chat_exit_command)
     need_model
     printf 'Hi\n/exit\nThis line must not be answered\n' |
