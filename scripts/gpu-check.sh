@@ -179,7 +179,10 @@ step_bench() {
   echo "== GEMV benchmark"
   "$BENCH_BIN" $QUICK "${BENCH_ARGS[@]}" --csv "$OUT_DIR/gemv_bench.csv" >"$OUT_DIR/gemv_bench.txt" 2>&1
   local rc=$?
-  if [[ $rc -eq 0 ]]; then record bench ok "$OUT_DIR/gemv_bench.txt"; else record bench FAIL "exit $rc"; fi
+  # Every launch shape of the formats with a direct kernel (variant 2, off by default until
+  # measured against the staged shapes 0 and 1 here).
+  "$BENCH_BIN" --variants --formats q4_k,q5_k >"$OUT_DIR/gemv_bench_variants.txt" 2>&1 || rc=$?
+  if [[ $rc -eq 0 ]]; then record bench ok "$OUT_DIR/gemv_bench.txt, $OUT_DIR/gemv_bench_variants.txt"; else record bench FAIL "exit $rc"; fi
 }
 
 # Waits for the background llama.cpp CUDA build (once); sets LLAMA_CUDA when it succeeded.
@@ -227,6 +230,10 @@ step_model() {
     if [[ $name == 8b-q4_k_m || $name == smollm2-shape || $name == 1b-q4_k_m ]]; then
       echo "graphs off (A/B; graph replay is the default):" >>"$OUT_DIR/model_compare.txt"
       "$SLUICE_BIN" bench -m "$dir/$name.gguf" -p 0 -n 128 -r 3 --backend cuda --no-graphs >>"$OUT_DIR/model_compare.txt" 2>&1
+    fi
+    if [[ $name == 8b-q4_k_m || $name == 1b-q4_k_m ]]; then
+      echo "direct Q4_K GEMV (A/B; SLUICE_CUDA_GEMV_DIRECT=1, off by default until measured):" >>"$OUT_DIR/model_compare.txt"
+      SLUICE_CUDA_GEMV_DIRECT=1 "$SLUICE_BIN" bench -m "$dir/$name.gguf" -p 0 -n 128 -r 3 --backend cuda >>"$OUT_DIR/model_compare.txt" 2>&1
     fi
     rm -f "$dir/$name.gguf"
   done <<'MODELS'

@@ -60,6 +60,16 @@ bool pdl_enabled() {
   return enabled;
 }
 
+namespace gemv_detail {
+bool gemv_direct_enabled() {
+  static const bool enabled = [] {  // immutable after its first initialization
+    const char* env = std::getenv("SLUICE_CUDA_GEMV_DIRECT");
+    return env != nullptr && std::string(env) == "1";
+  }();
+  return enabled;
+}
+}  // namespace gemv_detail
+
 int64_t q8_activation_bytes(int64_t cols, int tokens) {
   const int64_t q_bytes = (cols * tokens + 15) / 16 * 16;
   return q_bytes + (cols / 32) * tokens * int64_t(sizeof(float2));

@@ -285,16 +285,34 @@ struct FmtQ45_K {
   static constexpr int kBlockElems = 256, kBlockBytes = kFive ? 176 : 144, kPieceElems = 64;
   static constexpr int kQsOff = kFive ? 48 : 16;
   static constexpr bool kQ8 = true;
+  // The 16-byte words one piece reads: the header (d, dmin, scales), Q5_K's two qh words, the
+  // piece's two qs words. Blocks are 16-byte aligned, so the direct GEMV (gemv_direct.cuh) loads
+  // them straight from global memory into registers.
+  static constexpr int kPieceWords = kFive ? 5 : 3;
+  __device__ static int piece_word_offset(int pp, int i) {
+    if (i == 0) return 0;
+    if (kFive && i < 3) return 16 * i;
+    return kQsOff + 32 * pp + 16 * (i - (kFive ? 3 : 1));
+  }
   template <int NT>
   __device__ static void dot(const uint8_t* chunk, int p, int64_t e_chunk, const ActRef& a, float (&acc)[NT]) {
     const int blk = p >> 2, pp = p & 3;
     const uint8_t* b = chunk + blk * kBlockBytes;
-    const uint4 hd = lds_u128(b);  // d, dmin, scales[12]
+    uint4 w[kPieceWords];
+#pragma unroll
+    for (int i = 0; i < kPieceWords; ++i) w[i] = lds_u128(b + piece_word_offset(pp, i));
+    dot_words<NT>(w, pp, e_chunk + int64_t(blk) * 256 + 64 * pp, a, acc);
+  }
+  // Piece pp of a block from its words (above); e0: the piece's first element in the row.
+  template <int NT>
+  __device__ static void dot_words(const uint4 (&w)[kPieceWords], int pp, int64_t e0, const ActRef& a,
+                                   float (&acc)[NT]) {
+    const uint4 hd = w[0];  // d, dmin, scales[12]
     const float d = half_bits_to_float(hd.x & 0xFFFFu), dmin = half_bits_to_float(hd.x >> 16);
     int sc0, mn0, sc1, mn1;
     k_scale_min(hd.y, hd.z, hd.w, 2 * pp, &sc0, &mn0);
     k_scale_min(hd.y, hd.z, hd.w, 2 * pp + 1, &sc1, &mn1);
-    const uint4 q0 = lds_u128(b + kQsOff + 32 * pp), q1 = lds_u128(b + kQsOff + 32 * pp + 16);
+    const uint4 q0 = w[kPieceWords - 2], q1 = w[kPieceWords - 1];
     const uint32_t qw[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
     int lo[8], hi[8];
 #pragma unroll
@@ -303,7 +321,7 @@ struct FmtQ45_K {
       hi[j] = int((qw[j] >> 4) & 0x0F0F0F0Fu);
     }
     if constexpr (kFive) {
-      const uint4 h0 = lds_u128(b + 16), h1 = lds_u128(b + 32);
+      const uint4 h0 = w[1], h1 = w[2];
       const uint32_t qh[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
@@ -311,7 +329,6 @@ struct FmtQ45_K {
         hi[j] |= int(((qh[j] >> (2 * pp + 1)) & 0x01010101u) << 4);
       }
     }
-    const int64_t e0 = e_chunk + int64_t(blk) * 256 + 64 * pp;
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
       int x0[8], x1[8];

@@ -9,6 +9,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/gemv.h"
+#include "backend/cuda/gemv_direct.cuh"
 #include "backend/cuda/gemv_kernel.cuh"
 
 namespace sluice::backend::cuda {
@@ -40,24 +41,27 @@ inline ChunkPlan plan_chunks(int64_t nb, int block_bytes, int multiple, int stag
 // The grid is persistent: exactly as many blocks as fit at once (the occupancy depends on each
 // instantiation's registers: more tokens, more registers), so that the even row split is also an
 // even split of bytes per SM and no second wave trails.
+// Blocks of `kernel` resident per SM. It depends only on the instantiation (registers, shared
+// memory) and the GPU architecture, so callers ask once per instantiation (a function-local
+// static): the query costs microseconds of host time, and decode of a mixture of experts launches
+// thousands of GEMVs per token.
+template <class K>
+int blocks_per_sm(K* kernel, int threads) {
+  int v = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, kernel, threads, 0) != cudaSuccess) {
+    (void)cudaGetLastError();
+    v = 1;
+  }
+  return std::max(v, 1);
+}
+
 template <class F, int NT, bool kAligned, class Cfg>
 Status launch_one(const DeviceInfo& dev, cudaStream_t stream, const Segs& segs, int64_t row_bytes, int nb,
                   const ChunkPlan& plan) {
   auto* kernel = gemv_kernel<F, NT, kAligned, Cfg>;
   constexpr int kThreads = Cfg::kWarps * kWarpSize;
-  // Blocks per SM depend only on the instantiation (registers, shared memory) and the GPU
-  // architecture: asked once, not on every launch (the query costs microseconds of host time,
-  // and decode of a mixture of experts launches thousands of GEMVs per token). Immutable after
-  // its first initialization.
-  static const int per_sm = [&] {
-    int v = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, kernel, kThreads, 0) != cudaSuccess) {
-      (void)cudaGetLastError();
-      v = 1;
-    }
-    return v;
-  }();
-  const int grid = int(std::min<int64_t>(int64_t(dev.sm_count) * std::max(per_sm, 1), segs.row0[segs.n]));
+  static const int per_sm = blocks_per_sm(kernel, kThreads);  // immutable after initialization
+  const int grid = int(std::min<int64_t>(int64_t(dev.sm_count) * per_sm, segs.row0[segs.n]));
   SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(kernel, dim3(unsigned(grid)), dim3(kThreads), 0, stream, segs, row_bytes, nb,
                                          plan.cb, plan.nchunks));
   SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("gemv_kernel");
@@ -81,10 +85,30 @@ Status launch_tokens(int tokens, const DeviceInfo& dev, cudaStream_t stream, con
   }
 }
 
+// The direct kernel (gemv_direct.cuh): a persistent grid of kDirectWarps-warp blocks, one warp per
+// row at a time.
+template <class F, int NT>
+Status launch_direct(const DeviceInfo& dev, cudaStream_t stream, const Segs& segs, int64_t row_bytes, int nb) {
+  auto* kernel = gemv_direct_kernel<F, NT>;
+  constexpr int kThreads = kDirectWarps * kWarpSize;
+  static const int per_sm = blocks_per_sm(kernel, kThreads);  // immutable after initialization
+  const int64_t rows = segs.row0[segs.n];
+  const int grid = int(std::min<int64_t>(int64_t(dev.sm_count) * per_sm, (rows + kDirectWarps - 1) / kDirectWarps));
+  const int npieces = nb * (F::kBlockElems / F::kPieceElems);
+  SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(kernel, dim3(unsigned(grid)), dim3(kThreads), 0, stream, segs, row_bytes, npieces));
+  SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("gemv_direct_kernel");
+  return Status::ok();
+}
+
+// SLUICE_CUDA_GEMV_DIRECT=1 makes the direct kernel the default for the formats that have one.
+// Off by default until it has been measured on a GPU (docs/CUDA.md, "Gaps"); variant kGemvDirect
+// selects it explicitly (tests, bench_gpu_gemv --variants). Read once per process.
+bool gemv_direct_enabled();
+
 // Measured on an H100 (docs/CUDA.md): the deep shape wins where every warp gets many rows
 // (14336 and 128256 rows), the wide one on 4096-row matrices with long rows.
 inline int pick_variant(int variant, int64_t rows) {
-  if (variant >= 0) return variant;
+  if (variant == 0 || variant == 1) return variant;
   return rows >= 12288 ? 1 : 0;
 }
 
@@ -148,6 +172,13 @@ Status launch_gemv(const DeviceInfo& dev, const GemvGroupArgs& g, cudaStream_t s
   int multiple = std::lcm(align_blocks, piece_blocks);
   if (std::lcm(multiple, lane_blocks) * F::kBlockBytes <= stage_bytes) multiple = std::lcm(multiple, lane_blocks);
   const ChunkPlan plan = plan_chunks(nb, F::kBlockBytes, multiple, stage_bytes);
+  if constexpr (HasDirectGemv<F>::value) {
+    const bool direct = g.variant == kGemvDirect || (g.variant == -1 && gemv_direct_enabled());
+    if (aligned && direct && g.tokens <= 2) {
+      return g.tokens == 1 ? launch_direct<F, 1>(dev, stream, segs, row_bytes, nb)
+                           : launch_direct<F, 2>(dev, stream, segs, row_bytes, nb);
+    }
+  }
   if (aligned) {
     return deep ? launch_tokens<F, CfgDeep>(g.tokens, dev, stream, segs, row_bytes, nb, plan)
                 : launch_tokens<F, CfgWide>(g.tokens, dev, stream, segs, row_bytes, nb, plan);
