@@ -18,11 +18,13 @@ bash scripts/build.sh release
 
 echo "== sanitizer build (ASan + UBSan) =="
 bash scripts/build.sh asan
-# Tests labelled slow (real-model perplexity, speculative runs, the load test) and the golden
+# Tests labelled slow (real-model perplexity, speculative runs, the load test), the golden
 # Gemma 3 perplexity run (a whole-text evaluation, minutes under ASan; its code paths are the
-# other golden tests') run in the release build only.
+# other golden tests') and the five requantized-SmolLM2 golden runs (each requantizes the model
+# with the llama-quantize port, ~30 s in release; the same K-quant model paths run under ASan in
+# the synthetic golden tests, GoldenSynth) run in the release build only.
 (cd build-asan && ASAN_OPTIONS=halt_on_error=1:detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-  ctest --output-on-failure -j "$jobs" -LE slow -E 'Gemma3PerplexityWithinOnePercent')
+  ctest --output-on-failure -j "$jobs" -LE slow -E 'Gemma3PerplexityWithinOnePercent|GoldenRequantized')
 
 if [ -f tests/fuzz/CMakeLists.txt ]; then
   echo "== fuzzing the GGUF reader (${SLUICE_FUZZ_SECONDS:-60} s) =="

@@ -203,8 +203,8 @@ class Backend {
   // products run the one-token kernels per row, its attention sums each query row in the
   // one-token order instead of llama.cpp's batched order). Off by default. The CUDA backend picks
   // its kernels by row count and has no such mode (its passes differ from one-token passes by
-  // rounding).
-  virtual void set_row_invariant(bool on) {}
+  // rounding). Returns whether the backend has the mode.
+  virtual bool set_row_invariant(bool on) { return false; }
 
   // y = x W^T: y[t][o] = sum_i W[o][i] * x[t][i]. W [ne0 = x.cols, ne1 = y.cols] in any format
   // with a vec_dot; the backend quantizes x to the format's vec_dot_type (as llama.cpp's CPU

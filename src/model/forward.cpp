@@ -114,9 +114,11 @@ class LlamaFamilyModel final : public Model {
   }
   LayerCounts layer_counts() const override { return gate_.counts(); }
   void set_row_invariant(bool on) override {
-    main_.backend().set_row_invariant(on);
-    if (host_) host_->backend().set_row_invariant(on);
-    row_invariant_ = on;
+    // Only where the main backend has the mode: a GPU's batched passes differ from its one-token
+    // passes anyway, and the host executor of a hybrid plan would pay the mode's cost for nothing.
+    const bool main_has = main_.backend().set_row_invariant(on);
+    if (host_) host_->backend().set_row_invariant(on && main_has);
+    row_invariant_ = on && main_has;
   }
   bool row_invariant() const override { return row_invariant_; }
 

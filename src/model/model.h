@@ -163,7 +163,8 @@ class Model {
   // its position would give (the CPU backend's attention then sums each row in the one-token order
   // instead of llama.cpp's batched order; its matrix products already give each row the bits of a
   // one-row product). Speculative verification turns it on so that greedy output equals plain
-  // decoding bit for bit. Off (the default): prefill sums as llama.cpp does. Not lossy.
+  // decoding bit for bit. Off (the default): prefill sums as llama.cpp does. Not lossy. A model on
+  // a backend without the mode (CUDA) stays off (row_invariant() says which).
   virtual void set_row_invariant(bool on) {}
   virtual bool row_invariant() const { return false; }
 

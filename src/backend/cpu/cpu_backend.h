@@ -69,7 +69,10 @@ class CpuBackend final : public Backend {
   Mark compute_mark() override { return ++marks_; }
   void host_wait(Mark) override {}
 
-  void set_row_invariant(bool on) override { row_invariant_ = on; }
+  bool set_row_invariant(bool on) override {
+    row_invariant_ = on;
+    return true;
+  }
   void get_rows(const WeightView& table, std::span<const int32_t> ids, const Tensor& dst) override;
   void matmul(const WeightView& w, const Tensor& x, const Tensor& y) override;
   void matmul_multi(std::span<const WeightView> ws, const Tensor& x, std::span<const Tensor> ys) override;
