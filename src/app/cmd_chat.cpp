@@ -45,6 +45,7 @@ int cmd_chat(int argc, char** argv) {
     if (Status st = charge_draft_to_budgets(spf.draft_model, mf, stf); !st.is_ok()) return report_error("chat", st);
   }
   if (auto st = resolve_stream_flags(stf); !st.is_ok()) return report_error("chat", st.status());
+  if (Status st = plan_layer_skip(spf, mf.model_path, stf); !st.is_ok()) return report_error("chat", st);
 
   auto sampling = resolve_sampling(sf);
   if (!sampling.is_ok()) return report_error("chat", sampling.status());

@@ -40,6 +40,7 @@ int cmd_run(int argc, char** argv) {
     if (Status st = charge_draft_to_budgets(spf.draft_model, mf, stf); !st.is_ok()) return report_error("run", st);
   }
   if (auto st = resolve_stream_flags(stf); !st.is_ok()) return report_error("run", st.status());
+  if (Status st = plan_layer_skip(spf, mf.model_path, stf); !st.is_ok()) return report_error("run", st);
 
   auto sampling = resolve_sampling(sf);
   if (!sampling.is_ok()) return report_error("run", sampling.status());

@@ -91,6 +91,7 @@ Result<stream::CpuStreamOptions> stream_options(const ModelFlags& mf, const Stre
                                                 std::optional<stream::DiskProbe>& probe) {
   stream::CpuStreamOptions o;
   o.n_slots = sf.n_slots;
+  o.skip = sf.skip_layers;
   if (!sf.no_probe) {
     SLUICE_ASSIGN_OR_RETURN(stream::DiskProbe p, stream::probe_disk(mf.model_path, o.io));
     if (p.measured) o.bw.disk = p.bytes_per_s;
@@ -296,6 +297,7 @@ Status print_plan(const ModelFlags& mf, const StreamFlags& sf, const gguf::File&
   }
   SLUICE_ASSIGN_OR_RETURN(stream::CpuStreamOptions o, stream_options(mf, sf, probe));
   SLUICE_ASSIGN_OR_RETURN(layout, stream::layout_of(file, cpu.get()));
+  SLUICE_RETURN_IF_ERROR(stream::leave_out_layers(layout, o.skip));
   uint64_t all = layout.globals.ram_bytes();
   for (const auto& u : layout.layers) all += u.ram_bytes();
   o.ram_budget = budget.value_or(all);

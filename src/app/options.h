@@ -49,6 +49,9 @@ struct StreamFlags {
   // Tokens per decode pass: 1, or K + 1 with speculative decoding (set by the command from
   // --draft-k): the planner places units for that batch, and --plan shows both plans.
   int decode_batch = 1;
+  // Layers left out of every pass (--skip-layers, resolved before load by plan_layer_skip): the
+  // CPU streamer neither holds nor reads them. Empty: none.
+  std::vector<bool> skip_layers;
 };
 
 struct SamplingFlags {

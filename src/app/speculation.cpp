@@ -152,20 +152,38 @@ std::string list_of(const std::vector<bool>& run, bool value) {
 
 }  // namespace
 
+Result<std::vector<bool>> skip_layers_run(const SpecFlags& f, const std::string& model_path, int n_layer) {
+  if (f.skip_layers.empty()) return std::vector<bool>{};
+  std::vector<double> cal;
+  // N and auto choose by calibration; a list (a single id needs a trailing comma: "5,") does not.
+  const bool needs_cal =
+      f.skip_layers == "auto" || std::all_of(f.skip_layers.begin(), f.skip_layers.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (needs_cal) {
+    SLUICE_ASSIGN_OR_RETURN(cal, read_calibration(calibration_path(f, model_path), n_layer));
+  }
+  int auto_count = 0;
+  for (int l = 1; l + 1 < n_layer && !cal.empty(); ++l) auto_count += cal[size_t(l)] >= kAutoSkipCosine;
+  return layers_to_run("--skip-layers", f.skip_layers, n_layer, cal.empty() ? nullptr : &cal, auto_count);
+}
+
+Status plan_layer_skip(const SpecFlags& f, const std::string& model_path, StreamFlags& sf) {
+  sf.skip_layers.clear();
+  if (f.skip_layers.empty()) return Status::ok();
+  SLUICE_ASSIGN_OR_RETURN(gguf::File file, gguf::File::open(model_path));
+  SLUICE_ASSIGN_OR_RETURN(std::string arch_name, file.get_string("general.architecture"));
+  const model::ArchSpec* arch = model::find_arch(arch_name);
+  if (!arch) return unsupported(model_path + ": architecture \"" + arch_name + "\" is not supported");
+  SLUICE_ASSIGN_OR_RETURN(model::Config cfg, model::read_config(file, *arch));
+  SLUICE_ASSIGN_OR_RETURN(std::vector<bool> run, skip_layers_run(f, model_path, cfg.n_layer));
+  sf.skip_layers.resize(run.size());
+  for (size_t l = 0; l < run.size(); ++l) sf.skip_layers[l] = !run[l];
+  return Status::ok();
+}
+
 Status apply_layer_flags(model::Model& m, const SpecFlags& f, const std::string& model_path) {
   const int n_layer = m.config().n_layer;
   if (!f.skip_layers.empty()) {
-    std::vector<double> cal;
-    // N and auto choose by calibration; a list (a single id needs a trailing comma: "5,") does not.
-    const bool needs_cal =
-        f.skip_layers == "auto" || std::all_of(f.skip_layers.begin(), f.skip_layers.end(), [](char c) { return c >= '0' && c <= '9'; });
-    if (needs_cal) {
-      SLUICE_ASSIGN_OR_RETURN(cal, read_calibration(calibration_path(f, model_path), n_layer));
-    }
-    int auto_count = 0;
-    for (int l = 1; l + 1 < n_layer && !cal.empty(); ++l) auto_count += cal[size_t(l)] >= kAutoSkipCosine;
-    SLUICE_ASSIGN_OR_RETURN(std::vector<bool> run,
-                            layers_to_run("--skip-layers", f.skip_layers, n_layer, cal.empty() ? nullptr : &cal, auto_count));
+    SLUICE_ASSIGN_OR_RETURN(std::vector<bool> run, skip_layers_run(f, model_path, n_layer));
     SLUICE_RETURN_IF_ERROR(m.set_layer_mask(run));
     std::fprintf(stderr, "skip:    LOSSY: layers %s left out of every pass (see sluice calibrate for the perplexity cost)\n",
                  list_of(run, false).c_str());

@@ -52,6 +52,12 @@ std::string calibration_path(const SpecFlags& f, const std::string& model_path);
 Result<std::vector<bool>> layers_to_run(const std::string& flag, const std::string& spec, int n_layer,
                                         const std::vector<double>* calibration, int auto_count);
 
+// The layers --skip-layers leaves running (empty when the flag is absent). Errors name the flag.
+Result<std::vector<bool>> skip_layers_run(const SpecFlags& f, const std::string& model_path, int n_layer);
+// Before the model loads: the layers --skip-layers leaves out go to the streamers
+// (StreamFlags::skip_layers), so that under --ram-budget they are neither held nor read.
+Status plan_layer_skip(const SpecFlags& f, const std::string& model_path, StreamFlags& sf);
+
 // Applies --skip-layers and --early-exit to `m` (prints what it skipped to stderr). No-op when
 // neither is given.
 Status apply_layer_flags(model::Model& m, const SpecFlags& f, const std::string& model_path);

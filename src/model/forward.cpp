@@ -98,7 +98,15 @@ class LlamaFamilyModel final : public Model {
   int n_ctx() const override { return blocks_.n_ctx(); }
   int n_past() const override { return blocks_.n_past(0); }
   void truncate(int n) override { blocks_.truncate(0, n); }
-  uint64_t weight_bytes_per_token() const override { return w_.bytes_per_token(); }
+  uint64_t weight_bytes_per_token() const override {
+    // Layers left out of every pass (the layer mask: --skip-layers) are not read.
+    uint64_t b = w_.bytes_per_token();
+    const std::vector<bool> run = gate_.mask();
+    for (size_t l = 0; l < run.size() && l < w_.layers.size(); ++l) {
+      if (!run[l]) b -= w_.layer_bytes_per_token(l);
+    }
+    return b;
+  }
   Timings timings() const override { return timings_; }
   void reset_timings() override { timings_ = {}; }
   // Layer skip and early exit (model.h; the gate keeps the loop's part to two questions).

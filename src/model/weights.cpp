@@ -117,13 +117,18 @@ int64_t repacked_bytes(const backend::Backend& be, const TensorRef& t) {
   return std::max<int64_t>(be.repacked_bytes(t.view()), 0);
 }
 
+uint64_t Weights::layer_bytes_per_token(size_t layer) const {
+  const LayerWeights& l = layers[layer];
+  uint64_t b = 0;
+  for (const TensorRef* t : l.tensors()) b += t->nbytes;
+  if (n_expert > 0) b -= l.expert_bytes() - l.expert_bytes() / uint64_t(n_expert) * uint64_t(n_expert_used);
+  return b;
+}
+
 uint64_t Weights::bytes_per_token() const {
   uint64_t b = output_norm.nbytes + output.nbytes + rope_freqs.nbytes;
   if (token_embd.ne1 > 0) b += token_embd.nbytes / uint64_t(token_embd.ne1);
-  for (const auto& l : layers) {
-    for (const TensorRef* t : l.tensors()) b += t->nbytes;
-    if (n_expert > 0) b -= l.expert_bytes() - l.expert_bytes() / uint64_t(n_expert) * uint64_t(n_expert_used);
-  }
+  for (size_t l = 0; l < layers.size(); ++l) b += layer_bytes_per_token(l);
   return b;
 }
 

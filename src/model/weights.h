@@ -122,6 +122,8 @@ struct Weights {
   // experts, the n_expert_used of n_expert a token picks), the output matrix and one row of
   // token_embd.
   uint64_t bytes_per_token() const;
+  // One layer's share of bytes_per_token (its routed experts: the n_expert_used of a token).
+  uint64_t layer_bytes_per_token(size_t layer) const;
   // Bytes of every weight (the file's tensors; token_embd whole).
   uint64_t bytes_total() const;
 };

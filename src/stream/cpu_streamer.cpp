@@ -256,6 +256,21 @@ uint64_t min_ram_budget(const FileLayout& layout, int n_slots) {
   return smallest(layout, largest_first(layout), n_slots).need;
 }
 
+Status leave_out_layers(FileLayout& layout, const std::vector<bool>& skip) {
+  if (skip.empty()) return Status::ok();
+  if (skip.size() != layout.layers.size()) {
+    return invalid_argument("layers to leave out: " + std::to_string(skip.size()) + " flags for " +
+                            std::to_string(layout.layers.size()) + " layers");
+  }
+  for (size_t l = 0; l < skip.size(); ++l) {
+    if (!skip[l]) continue;
+    UnitLayout none;
+    none.name = layout.layers[l].name;
+    layout.layers[l] = std::move(none);
+  }
+  return Status::ok();
+}
+
 Result<CpuPlan> plan_cpu(const FileLayout& layout, const CpuStreamOptions& opts) {
   if (opts.n_slots < 1) return invalid_argument("--slots must be >= 1, got " + std::to_string(opts.n_slots));
   const std::vector<size_t> order = largest_first(layout);
@@ -290,7 +305,15 @@ Result<CpuPlan> plan_cpu(const FileLayout& layout, const CpuStreamOptions& opts)
   Plan& p = cp.plan;
   p.units.assign(layout.layers.size(), UnitPlan{Home::kDisk, Executor::kCpu});
   for (size_t k = 0; k < pick.r; ++k) p.units[order[k]].home = Home::kRam;
-  const bool streams = pick.r < order.size();
+  // A layer with nothing to read (left out of every pass: leave_out_layers) is held, at no bytes.
+  size_t empty_streamed = 0;
+  for (size_t l = 0; l < layout.layers.size(); ++l) {
+    if (layout.layers[l].bytes == 0 && p.units[l].home != Home::kRam) {
+      p.units[l].home = Home::kRam;
+      ++empty_streamed;
+    }
+  }
+  const bool streams = pick.r + empty_streamed < order.size();
   p.n_slots = streams ? pick.slots : 0;
   p.slot_bytes = streams ? pick.slot : 0;
   score_plan(cp.input, p);
@@ -343,6 +366,9 @@ Result<std::unique_ptr<CpuLayerStreamer>> CpuLayerStreamer::create(const std::st
     return invalid_argument(path + ": file has " + std::to_string(s->layout_.layers.size()) +
                             " blk.* layers, the model expects " + std::to_string(n_layer));
   }
+  // Layers no pass runs weigh nothing: the planner keeps them "resident" at zero bytes.
+  SLUICE_RETURN_IF_ERROR(leave_out_layers(s->layout_, opts.skip));
+  s->skip_ = opts.skip;
   SLUICE_ASSIGN_OR_RETURN(s->plan_, plan_cpu(s->layout_, opts));
   SLUICE_ASSIGN_OR_RETURN(s->reader_, open_reader(file, opts.io));
   FileReader& rd = *s->reader_;
@@ -468,7 +494,7 @@ Result<std::unique_ptr<CpuLayerStreamer>> CpuLayerStreamer::create(const std::st
 
   s->resident_views_.resize(n_layer);
   for (size_t l = 0; l < n_layer; ++l) {
-    if (plan.units[l].home != Home::kRam) continue;
+    if (plan.units[l].home != Home::kRam || s->skipped(int(l))) continue;
     const UnitLayout& u = s->layout_.layers[l];
     const At& a = unit_at[layer_unit[l]];
     s->resident_views_[l] = w.layers[l];
@@ -564,6 +590,10 @@ Status CpuLayerStreamer::begin_pass(int n_tokens) {
 Result<const model::LayerWeights*> CpuLayerStreamer::acquire(int layer) {
   if (!failed_.is_ok()) return failed_;
   SLUICE_CHECK(layer >= 0 && size_t(layer) < stream_index_.size(), "stream: layer out of range");
+  if (skipped(layer)) {
+    return invalid_argument("stream: layer " + std::to_string(layer) +
+                            " is left out of every pass (--skip-layers): its weights were never loaded");
+  }
   const int idx = stream_index_[size_t(layer)];
   const uint64_t bytes = layout_.layers[size_t(layer)].bytes;
   if (idx < 0) {

@@ -43,6 +43,10 @@ namespace sluice::stream {
 struct CpuStreamOptions {
   uint64_t ram_budget = 0;  // bytes for all weights held in RAM: non-layer + resident + slots
   int n_slots = 2;          // ring slots for streamed layers (>= 1; 2+ overlaps disk and compute)
+  // Layers no pass runs (--skip-layers, lossy; empty: none): neither held in RAM nor read, so
+  // they cost no budget and no disk bytes. The model must leave them out of every pass
+  // (Model::set_layer_mask); acquiring one is an error.
+  std::vector<bool> skip;
   IoOptions io;
   Bandwidths bw;            // for the predicted token time only
   // Optional access trace (not owned; must outlive the streamer): start-up reads ("load"), each
@@ -94,6 +98,9 @@ struct FileLayout {
   UnitLayout globals;              // every tensor outside blk.*
 };
 Result<FileLayout> layout_of(const gguf::File& file, const backend::Backend* be = nullptr);
+// Empties the units of the layers with skip[l] (CpuStreamOptions::skip): zero bytes, no reads.
+// Error when skip names another layer count.
+Status leave_out_layers(FileLayout& layout, const std::vector<bool>& skip);
 // Where bytes [off, off + n) of file `file` land in a buffer laid out by `runs`; false when no
 // run holds them all.
 bool locate(const std::vector<ReadRun>& runs, uint32_t file, uint64_t off, uint64_t n, uint64_t* at);
@@ -174,6 +181,7 @@ class CpuLayerStreamer final : public model::LayerSource {
 
   CpuLayerStreamer() = default;
   Status submit_next();  // starts the read of sequence submitted_ into its slot
+  bool skipped(int layer) const { return !skip_.empty() && skip_[size_t(layer)]; }
   // Reads matrix `p` from the file into `staging` a few row groups at a time and repacks it into
   // dst (p.bytes). Load time only.
   Status pack_from_file(const PackedTensor& p, uint8_t* dst, uint8_t* staging, uint64_t staging_bytes);
@@ -195,6 +203,7 @@ class CpuLayerStreamer final : public model::LayerSource {
   std::vector<model::LayerWeights> resident_views_;  // per layer (used when resident)
   std::vector<int> stream_index_;             // per layer: index among streamed layers, or -1
   std::vector<int> streamed_;                 // streamed layer ids, in order
+  std::vector<bool> skip_;                    // CpuStreamOptions::skip (per layer, or empty)
   std::vector<model::LayerWeights> slot_views_;  // [streamed index * n_slots + slot]
   std::vector<Slot> slots_;
   uint64_t next_seq_ = 0;   // next sequence number to acquire

@@ -66,6 +66,24 @@ case $case_name in
     [[ $rc == 2 ]] || fail "exit $rc, expected 2: $(cat "$tmp/e")"
     grep -q "too small: at least" "$tmp/e" || fail "message lacks the minimum: $(cat "$tmp/e")"
     echo ok;;
+  skip_layers_read_less)
+    # --skip-layers under --ram-budget: the left-out layers are not read (disk bytes per token and
+    # the plan's disk total shrink by about their share: 3 of 16 equal layers), the output equals
+    # the resident run with the same --skip-layers.
+    skip=(--skip-layers 3,7,11)
+    run_rss "$tmp/ref" run "${common[@]}" "${skip[@]}" >/dev/null
+    run_rss "$tmp/all" run "${common[@]}" --ram-budget "$quarter" --no-probe >/dev/null
+    run_rss "$tmp/s" run "${common[@]}" --ram-budget "$quarter" --no-probe "${skip[@]}" >/dev/null
+    cmp -s "$tmp/ref" "$tmp/s" || fail "output differs from the resident run with the same --skip-layers"
+    mb() { sed -nE 's/^stream: +([0-9.]+) MB from disk per decoded token.*/\1/p' "$1"; }
+    all=$(mb "$tmp/all.err"); got=$(mb "$tmp/s.err")
+    [[ -n $all && -n $got ]] || fail "no stream stats line: $(cat "$tmp/s.err")"
+    echo "disk per token: $all MB without, $got MB with ${skip[*]}"
+    # 16 layers of ~15 MiB, some resident: leaving out 3 must save at least 2 layers' reads.
+    awk -v a="$all" -v g="$got" 'BEGIN { exit !(a - g > 25) }' || fail "disk bytes per token $all -> $got"
+    "$bin" run "${common[@]}" --ram-budget "$quarter" --no-probe "${skip[@]}" --plan >"$tmp/p" 2>&1 || fail "--plan: $(cat "$tmp/p")"
+    grep -q "predicted token time" "$tmp/p" || fail "no prediction with --skip-layers"
+    echo ok;;
   plan_prints)
     "$bin" run "${common[@]}" --ram-budget "$quarter" --plan >"$tmp/o" 2>"$tmp/e" || fail "--plan failed: $(cat "$tmp/e")"
     grep -q "predicted token time" "$tmp/o" || fail "no prediction: $(cat "$tmp/o")"

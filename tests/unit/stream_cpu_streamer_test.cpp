@@ -122,6 +122,61 @@ TEST(StreamCpu, GreedyMatchesResidentWithQuarterBudget) {
   }
 }
 
+// --skip-layers under a RAM budget (CpuStreamOptions::skip): the left-out layers are neither held
+// nor read (zero bytes in the plan, none read per pass), the output equals the resident model
+// under the same layer mask, and acquiring a left-out layer is an error.
+TEST(StreamCpu, SkippedLayersAreNeitherHeldNorRead) {
+  const std::string path = test::model_path(test::kSmolLM2);
+  SLUICE_REQUIRE_MODEL(path);
+  const FileLayout full = cpu_layout(path, true);
+  const size_t n_layer = full.layers.size();
+  std::vector<bool> skip(n_layer, false), run(n_layer, true);
+  for (size_t l : {size_t(5), size_t(12), n_layer - 4}) skip[l] = true, run[l] = false;
+
+  model::LoadOptions ro;
+  ro.n_ctx = 256;
+  auto ref = model::Model::load(path, ro);
+  ASSERT_TRUE(ref.is_ok()) << ref.status().message();
+  ASSERT_TRUE((*ref)->set_layer_mask(run).is_ok());
+  const GreedyRun want = greedy(**ref, 10);
+
+  const uint64_t budget = test_budget(path, 2);
+  model::LoadOptions o;
+  o.n_ctx = 256;
+  CpuStreamOptions so;
+  so.ram_budget = budget;
+  so.n_slots = 2;
+  so.skip = skip;
+  CpuLayerStreamer* s = nullptr;
+  o.layer_source = cpu_streaming_source(path, so, &s);
+  auto m = model::Model::load(path, o);
+  ASSERT_TRUE(m.is_ok()) << m.status().message();
+  ASSERT_TRUE((*m)->set_layer_mask(run).is_ok());
+  uint64_t streamed = 0, skipped_bytes = 0;
+  for (size_t l = 0; l < n_layer; ++l) {
+    if (skip[l]) {
+      EXPECT_EQ(s->plan().input.units[l].bytes, 0u) << "layer " << l;
+      skipped_bytes += full.layers[l].bytes;
+    } else if (!s->resident(int(l))) {
+      streamed += s->plan().input.units[l].bytes;
+    }
+  }
+  EXPECT_GT(streamed, 0u) << "the budget must force streaming";
+  EXPECT_EQ(s->plan().plan.disk_bytes, streamed);
+  const GreedyRun got = greedy(**m, 10);
+  EXPECT_EQ(got.tokens, want.tokens);
+  EXPECT_EQ(got.first_logits, want.first_logits);
+  EXPECT_EQ(s->stats().decode_bytes_read, 9 * streamed) << "no left-out layer is read";
+  EXPECT_GT(skipped_bytes, 0u);
+  auto bad = s->acquire(5);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("left out"), std::string::npos) << bad.status().message();
+  // A skip list of another length is an error naming both counts.
+  FileLayout other = full;
+  const Status wrong = leave_out_layers(other, std::vector<bool>(n_layer + 1, false));
+  EXPECT_FALSE(wrong.is_ok());
+}
+
 // A mixture of experts streamed from disk with a quarter of its weights in RAM: whole layers (every
 // expert) are read per token, stacked experts repacked as the resident load repacks them, so the
 // tokens and logits are the resident run's bit for bit (the isa_ref.* variant exercises packing on
