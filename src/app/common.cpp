@@ -110,6 +110,7 @@ Result<stream::DeviceStreamOptions> device_options(const ModelFlags& mf, const S
                                                    std::optional<stream::DiskProbe>& probe) {
   stream::DeviceStreamOptions o;
   o.n_slots = sf.n_slots;
+  o.skip = sf.skip_layers;
   o.hybrid = !sf.no_hybrid;
   o.host_cpu.n_threads = mf.n_threads;
   o.n_ctx = kv_pool_positions(mf);
@@ -250,6 +251,7 @@ Status print_plan(const ModelFlags& mf, const StreamFlags& sf, const gguf::File&
   }
   if (device) {
     SLUICE_ASSIGN_OR_RETURN(stream::DeviceStreamOptions o, device_options(mf, sf, probe));
+    SLUICE_RETURN_IF_ERROR(stream::leave_out_layers(layout, o.skip));
     // The GPU terms measured where there is a GPU (the pipeline measures them again at load).
     std::string gpu_source = "default (no GPU)";
     if (backend::cuda_device_count() > 0) {

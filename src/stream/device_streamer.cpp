@@ -118,8 +118,15 @@ Result<DevicePlan> plan_device(const gguf::File& file, const FileLayout& layout,
     if (t.name.rfind("blk.", 0) != 0 || t.shape.size() < 2) continue;
     params[t.name.substr(0, t.name.find('.', 4))] += t.n_elements();
   }
-  for (const UnitLayout& u : layout.layers) in.units.push_back({u.name, u.bytes, params[u.name]});
+  // A layer left out of every pass (leave_out_layers: no bytes) computes nothing either.
+  for (const UnitLayout& u : layout.layers) in.units.push_back({u.name, u.bytes, u.bytes ? params[u.name] : 0});
   const size_t n = in.units.size();
+  // Such a layer is "resident" at no cost: nothing to upload, pin, read or copy.
+  auto hold_empty_layers = [&](Plan& p) {
+    for (size_t i = 0; i < n; ++i) {
+      if (in.units[i].bytes == 0) p.units[i] = {Home::kVram, Executor::kGpu};
+    }
+  };
 
   if (!opts.force_homes.empty()) {
     if (opts.force_homes.size() != n) {
@@ -141,7 +148,8 @@ Result<DevicePlan> plan_device(const gguf::File& file, const FileLayout& layout,
                                 " is not in pinned RAM (home B); the CPU computes only B layers");
       }
       p.units[i] = {opts.force_homes[i], e};
-      if (opts.force_homes[i] == Home::kVram) continue;
+      if (in.units[i].bytes == 0) p.units[i] = {Home::kVram, Executor::kGpu};
+      if (p.units[i].home == Home::kVram) continue;
       ++streamed;
       largest = std::max(largest, in.units[i].bytes);
       if (opts.force_homes[i] == Home::kDisk) largest_disk = std::max(largest_disk, in.units[i].bytes);
@@ -191,6 +199,8 @@ Result<DevicePlan> plan_device(const gguf::File& file, const FileLayout& layout,
                             " (" + std::to_string(2 * sizes.front()) + " bytes)");
   }
   dp.plan = std::move(p).value();
+  hold_empty_layers(dp.plan);
+  score_plan(in, dp.plan);
   dp.n_staging = dp.plan.disk_bytes > 0 ? 2 : 0;
   return dp;
 }
@@ -277,6 +287,8 @@ Result<std::unique_ptr<DeviceStreamer>> DeviceStreamer::create(const std::string
     return invalid_argument(path + ": file has " + std::to_string(s->layout_.layers.size()) +
                             " blk.* layers, the model expects " + std::to_string(n_layer));
   }
+  SLUICE_RETURN_IF_ERROR(leave_out_layers(s->layout_, opts.skip));
+  s->skip_ = opts.skip;
   SLUICE_ASSIGN_OR_RETURN(s->plan_, plan_device(file, s->layout_, opts));
   SLUICE_ASSIGN_OR_RETURN(s->reader_, open_reader(file, opts.io));
   FileReader& rd = *s->reader_;
@@ -303,6 +315,7 @@ Result<std::unique_ptr<DeviceStreamer>> DeviceStreamer::create(const std::string
   s->stream_index_.assign(n_layer, -1);
   for (size_t l = 0; l < n_layer; ++l) {
     if (plan.units[l].home == Home::kVram) {
+      if (s->skipped(int(l))) continue;  // left out of every pass: never uploaded
       s->resident_views_[l] = w.layers[l];
       for (Field fld : kLayerFields) SLUICE_RETURN_IF_ERROR(upload(s->resident_views_[l].*fld));
       continue;
@@ -685,6 +698,10 @@ Status DeviceStreamer::begin_pass(int n_tokens) {
 Result<const model::LayerWeights*> DeviceStreamer::acquire(int layer) {
   if (!failed_.is_ok()) return failed_;
   SLUICE_CHECK(layer >= 0 && size_t(layer) < stream_index_.size(), "stream: layer out of range");
+  if (skipped(layer)) {
+    return invalid_argument("stream: layer " + std::to_string(layer) +
+                            " is left out of every pass (--skip-layers): its weights were never loaded");
+  }
   const int idx = stream_index_[size_t(layer)];
   const uint64_t bytes = layout_.layers[size_t(layer)].bytes;
   if (on_host(layer)) {

@@ -50,6 +50,10 @@ struct DeviceStreamOptions {
   // Pinned host memory for B copies plus C staging. 0: three quarters of physical RAM.
   uint64_t ram_budget = 0;
   int n_slots = 2;          // backend slots for streamed layers (>= 2: one computes, one fills)
+  // Layers no pass runs (--skip-layers, lossy; empty: none): neither uploaded, pinned, read nor
+  // copied (zero bytes in the plan, placed in VRAM at no cost). The model must leave them out of
+  // every pass (Model::set_layer_mask); acquiring one is an error.
+  std::vector<bool> skip;
   int n_ctx = 0;            // the model's KV cache positions (LoadOptions::n_ctx; 0: model default)
   uint64_t workspace_bytes = 512ull << 20;  // backend scratch (GEMM tiles, attention, cuBLAS)
   IoOptions io;
@@ -243,6 +247,8 @@ class DeviceStreamer final : public model::LayerSource {
   std::vector<model::LayerWeights> resident_views_;  // per layer (A)
   std::vector<int> stream_index_;      // per layer: index among streamed layers, or -1
   std::vector<int> streamed_;          // streamed layer ids, in order (index j)
+  std::vector<bool> skip_;             // DeviceStreamOptions::skip (per layer, or empty)
+  bool skipped(int layer) const { return !skip_.empty() && skip_[size_t(layer)]; }
   // The streamed sequence of a pass: indices j in order. all_: every streamed layer (prefill and
   // pure streaming); hybrid_: those the GPU computes in hybrid passes (the others run on the
   // host). list_ points at the one the ring is running.

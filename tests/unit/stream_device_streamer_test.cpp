@@ -214,6 +214,90 @@ TEST(StreamDevice, PlannedPlacementMatchesResident) {
   std::filesystem::remove(path);
 }
 
+// --skip-layers (DeviceStreamOptions::skip): the left-out layers take no VRAM, pinned RAM, disk or
+// copies (zero bytes in the plan), the same budget then keeps more of the others resident, the
+// output equals the resident model under the same layer mask, and acquiring one is an error. A
+// forced placement holds them in VRAM at no cost too.
+TEST(StreamDevice, SkippedLayersAreNeitherUploadedNorCopied) {
+  const std::string path = write_synthetic("skip");
+  const std::vector<int32_t> prompt = {4, 8, 15, 16, 23, 42};
+  const std::vector<bool> skip = {false, true, false, false, true, false};
+  std::vector<bool> run(skip.size());
+  for (size_t l = 0; l < skip.size(); ++l) run[l] = !skip[l];
+  GreedyRun ref;
+  {
+    model::LoadOptions o;
+    o.backend = model::BackendKind::kCpu;
+    o.cpu_pack_weights = false;
+    o.n_ctx = 128;
+    auto m = model::Model::load(path, o);
+    ASSERT_TRUE(m.is_ok()) << m.status().message();
+    ASSERT_TRUE((*m)->set_layer_mask(run).is_ok());
+    ref = greedy(**m, prompt, 6);
+  }
+  auto f = gguf::File::open(path);
+  auto layout = layout_of(*f);
+  ASSERT_TRUE(layout.is_ok());
+  uint64_t layer = 0;
+  for (const UnitLayout& u : layout->layers) layer = std::max(layer, u.bytes);
+  DeviceStreamOptions o = host_options({}, 2);
+  o.workspace_bytes = 1 << 20;
+  auto probe = plan_device(*f, *layout, [&] { DeviceStreamOptions q = o; q.vram_budget = 1ull << 40; return q; }());
+  ASSERT_TRUE(probe.is_ok()) << probe.status().message();
+  o.skip = skip;
+  // 3 layers of room: 1 resident + 2 slots for the 3 others that run. 4 layers of room (2 resident
+  // and 2 slots for 6 layers without the list): the 4 that run all fit.
+  for (int room : {3, 4}) {
+    SCOPED_TRACE(room);
+    o.vram_budget = probe->reserved_bytes() + uint64_t(room) * layer;
+    DeviceStreamer* s = nullptr;
+    auto m = load_streamed(path, o, &s);
+    ASSERT_TRUE(m.is_ok()) << m.status().message();
+    ASSERT_TRUE((*m)->set_layer_mask(run).is_ok());
+    const Plan& p = s->plan().plan;
+    int n_a = 0, n_streamed = 0;
+    uint64_t run_streamed = 0;
+    for (size_t l = 0; l < p.units.size(); ++l) {
+      if (skip[l]) {
+        EXPECT_EQ(p.units[l].home, A) << "layer " << l;
+        EXPECT_EQ(s->plan().input.units[l].bytes, 0u) << "layer " << l;
+        continue;
+      }
+      if (p.units[l].home == A) {
+        ++n_a;
+      } else {
+        ++n_streamed;
+        run_streamed += layout->layers[l].bytes;
+      }
+    }
+    EXPECT_EQ(n_a, room == 3 ? 1 : 4) << s->plan().describe();
+    EXPECT_EQ(n_streamed, room == 3 ? 3 : 0) << s->plan().describe();
+    EXPECT_EQ(p.ram_bytes + p.disk_bytes, run_streamed) << "only streamed layers that run are copied";
+    const GreedyRun got = greedy(**m, prompt, 6);
+    EXPECT_EQ(got.tokens, ref.tokens);
+    EXPECT_EQ(got.first_logits, ref.first_logits);
+    const DeviceStreamStats& st = s->stats();
+    EXPECT_EQ(st.decode_ram_bytes + st.decode_disk_bytes, st.decode_passes * run_streamed);
+    auto bad = s->acquire(1);
+    ASSERT_FALSE(bad.is_ok());
+    EXPECT_NE(bad.status().message().find("left out"), std::string::npos) << bad.status().message();
+  }
+
+  // Forced homes: a left-out layer forced to B is held in VRAM at no bytes instead.
+  DeviceStreamOptions fo = host_options({B, B, B, C, C, C}, 2);
+  fo.skip = skip;
+  DeviceStreamer* fs = nullptr;
+  auto fm = load_streamed(path, fo, &fs);
+  ASSERT_TRUE(fm.is_ok()) << fm.status().message();
+  ASSERT_TRUE((*fm)->set_layer_mask(run).is_ok());
+  EXPECT_EQ(fs->plan().plan.units[1].home, A);
+  EXPECT_EQ(fs->plan().plan.units[4].home, A);
+  const GreedyRun forced = greedy(**fm, prompt, 6);
+  EXPECT_EQ(forced.tokens, ref.tokens);
+  EXPECT_EQ(forced.first_logits, ref.first_logits);
+  std::filesystem::remove(path);
+}
+
 // ---- hybrid execution: the host CPU computes some B layers where they lie ----------------------
 
 constexpr Executor G = Executor::kGpu, H = Executor::kCpu;
