@@ -249,11 +249,11 @@ int cmd_bench(int argc, char** argv) {
   add_layer_skip_flags(app, spf);
   if (auto rc = parse_flags(app, argc, argv)) return *rc;
   if (auto st = resolve_stream_flags(stf); !st.is_ok()) return report_error("bench", st.status());
-  if (Status st = plan_layer_skip(spf, model_path, stf); !st.is_ok()) return report_error("bench", st);
   if (n_prompt == 0 && n_gen == 0 && spec_k.empty() && batch_seqs.empty()) return report_error("bench", invalid_argument("-p and -n are both 0: nothing to run"));
 
   auto meta = open_model_meta(model_path);
   if (!meta.is_ok()) return report_error("bench", meta.status());
+  if (Status st = plan_layer_skip(spf, *meta->file, model_path, stf); !st.is_ok()) return report_error("bench", st);
   const ModelSummary summary = summarize(*meta->file);
   mf.model_path = model_path;
   mf.n_ctx = std::max(n_prompt, n_gen);

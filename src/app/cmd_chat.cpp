@@ -45,12 +45,12 @@ int cmd_chat(int argc, char** argv) {
     if (Status st = charge_draft_to_budgets(spf.draft_model, mf, stf); !st.is_ok()) return report_error("chat", st);
   }
   if (auto st = resolve_stream_flags(stf); !st.is_ok()) return report_error("chat", st.status());
-  if (Status st = plan_layer_skip(spf, mf.model_path, stf); !st.is_ok()) return report_error("chat", st);
 
   auto sampling = resolve_sampling(sf);
   if (!sampling.is_ok()) return report_error("chat", sampling.status());
   auto meta = open_model_meta(mf.model_path);
   if (!meta.is_ok()) return report_error("chat", meta.status());
+  if (Status st = plan_layer_skip(spf, *meta->file, mf.model_path, stf); !st.is_ok()) return report_error("chat", st);
   const model::Tokenizer& tok = *meta->tokenizer;
   auto tmpl = chat_template_for(*meta->file, template_name);
   if (!tmpl.is_ok()) return report_error("chat", tmpl.status());

@@ -49,7 +49,6 @@ int cmd_perplexity(int argc, char** argv) {
   add_layer_skip_flags(app, spf);
   if (auto rc = parse_flags(app, argc, argv)) return *rc;
   if (auto st = resolve_stream_flags(stf); !st.is_ok()) return report_error("perplexity", st.status());
-  if (Status st = plan_layer_skip(spf, mf.model_path, stf); !st.is_ok()) return report_error("perplexity", st);
   if (mf.n_ctx < 4) {
     return report_error("perplexity", invalid_argument("-c must be at least 4 for perplexity, got " +
                                                        std::to_string(mf.n_ctx)));
@@ -64,6 +63,7 @@ int cmd_perplexity(int argc, char** argv) {
 
   auto meta = open_model_meta(mf.model_path);
   if (!meta.is_ok()) return report_error("perplexity", meta.status());
+  if (Status st = plan_layer_skip(spf, *meta->file, mf.model_path, stf); !st.is_ok()) return report_error("perplexity", st);
   if (stf.show_plan) {
     if (Status st = print_plan(mf, stf, *meta->file); !st.is_ok()) return report_error("perplexity", st);
     return kExitOk;

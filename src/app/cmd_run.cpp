@@ -40,12 +40,12 @@ int cmd_run(int argc, char** argv) {
     if (Status st = charge_draft_to_budgets(spf.draft_model, mf, stf); !st.is_ok()) return report_error("run", st);
   }
   if (auto st = resolve_stream_flags(stf); !st.is_ok()) return report_error("run", st.status());
-  if (Status st = plan_layer_skip(spf, mf.model_path, stf); !st.is_ok()) return report_error("run", st);
 
   auto sampling = resolve_sampling(sf);
   if (!sampling.is_ok()) return report_error("run", sampling.status());
   auto meta = open_model_meta(mf.model_path);
   if (!meta.is_ok()) return report_error("run", meta.status());
+  if (Status st = plan_layer_skip(spf, *meta->file, mf.model_path, stf); !st.is_ok()) return report_error("run", st);
   const model::Tokenizer& tok = *meta->tokenizer;
   if (stf.show_plan) {
     if (Status st = print_plan(mf, stf, *meta->file); !st.is_ok()) return report_error("run", st);

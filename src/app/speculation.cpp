@@ -166,10 +166,9 @@ Result<std::vector<bool>> skip_layers_run(const SpecFlags& f, const std::string&
   return layers_to_run("--skip-layers", f.skip_layers, n_layer, cal.empty() ? nullptr : &cal, auto_count);
 }
 
-Status plan_layer_skip(const SpecFlags& f, const std::string& model_path, StreamFlags& sf) {
+Status plan_layer_skip(const SpecFlags& f, const gguf::File& file, const std::string& model_path, StreamFlags& sf) {
   sf.skip_layers.clear();
   if (f.skip_layers.empty()) return Status::ok();
-  SLUICE_ASSIGN_OR_RETURN(gguf::File file, gguf::File::open(model_path));
   SLUICE_ASSIGN_OR_RETURN(std::string arch_name, file.get_string("general.architecture"));
   const model::ArchSpec* arch = model::find_arch(arch_name);
   if (!arch) return unsupported(model_path + ": architecture \"" + arch_name + "\" is not supported");

@@ -13,6 +13,7 @@
 #include "app/options.h"
 #include "core/status.h"
 #include "decode/speculative.h"
+#include "gguf/gguf.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
 
@@ -54,9 +55,9 @@ Result<std::vector<bool>> layers_to_run(const std::string& flag, const std::stri
 
 // The layers --skip-layers leaves running (empty when the flag is absent). Errors name the flag.
 Result<std::vector<bool>> skip_layers_run(const SpecFlags& f, const std::string& model_path, int n_layer);
-// Before the model loads: the layers --skip-layers leaves out go to the streamers
-// (StreamFlags::skip_layers), so that under --ram-budget they are neither held nor read.
-Status plan_layer_skip(const SpecFlags& f, const std::string& model_path, StreamFlags& sf);
+// Before the model loads (`file`: its opened GGUF): the layers --skip-layers leaves out go to the
+// streamers (StreamFlags::skip_layers), so that under a budget they are neither held nor read.
+Status plan_layer_skip(const SpecFlags& f, const gguf::File& file, const std::string& model_path, StreamFlags& sf);
 
 // Applies --skip-layers and --early-exit to `m` (prints what it skipped to stderr). No-op when
 // neither is given.

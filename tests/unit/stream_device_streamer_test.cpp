@@ -67,7 +67,9 @@ Result<std::unique_ptr<model::Model>> load_streamed(const std::string& path, con
   return model::Model::load(path, o);
 }
 
-GreedyRun resident_run(const std::string& path, const std::vector<int32_t>& prompt, int n, bool pack = false) {
+// run: the layer mask (Model::set_layer_mask; empty: every layer).
+GreedyRun resident_run(const std::string& path, const std::vector<int32_t>& prompt, int n, bool pack = false,
+                       const std::vector<bool>& run = {}) {
   model::LoadOptions o;
   o.backend = model::BackendKind::kCpu;
   o.cpu_pack_weights = pack;
@@ -75,6 +77,8 @@ GreedyRun resident_run(const std::string& path, const std::vector<int32_t>& prom
   auto m = model::Model::load(path, o);
   EXPECT_TRUE(m.is_ok()) << m.status().message();
   if (!m.is_ok()) return {};
+  const Status masked = (*m)->set_layer_mask(run);
+  EXPECT_TRUE(masked.is_ok()) << masked.message();
   return greedy(**m, prompt, n);
 }
 
@@ -224,17 +228,7 @@ TEST(StreamDevice, SkippedLayersAreNeitherUploadedNorCopied) {
   const std::vector<bool> skip = {false, true, false, false, true, false};
   std::vector<bool> run(skip.size());
   for (size_t l = 0; l < skip.size(); ++l) run[l] = !skip[l];
-  GreedyRun ref;
-  {
-    model::LoadOptions o;
-    o.backend = model::BackendKind::kCpu;
-    o.cpu_pack_weights = false;
-    o.n_ctx = 128;
-    auto m = model::Model::load(path, o);
-    ASSERT_TRUE(m.is_ok()) << m.status().message();
-    ASSERT_TRUE((*m)->set_layer_mask(run).is_ok());
-    ref = greedy(**m, prompt, 6);
-  }
+  const GreedyRun ref = resident_run(path, prompt, 6, false, run);
   auto f = gguf::File::open(path);
   auto layout = layout_of(*f);
   ASSERT_TRUE(layout.is_ok());

@@ -5,7 +5,7 @@
 // Why a second kernel: the staged kernel (gemv_kernel.cuh) keeps 2 chunks per warp in flight and
 // each warp decodes a chunk before it issues the next copy, so on the 4096-column shapes, where a
 // warp gets only a few rows, the decode latency is not hidden (Q4_K 50-60% of the copy bound).
-// Here a lane issues every load of kDepth row steps before it decodes any of them, and nothing but
+// Here a lane issues every load of kDirectDepth row steps before it decodes any of them, and nothing but
 // occupancy bounds what is in flight.
 //
 // Work split: a persistent grid; warp g of G takes rows g, g + G, ... of all the launch's matrices
@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(kDirectWarps * kWarpSize) gemv_direct_kernel(c
 #pragma unroll
     for (int k = 0; k < kDirectDepth; ++k) {
       const int p = (s0 + k) * kWarpSize + lane;
-      if (s0 + k < steps && p < npieces) {
+      if (p < npieces) {  // (implies s0 + k < steps)
         const uint8_t* b = base + int64_t(p / kPiecesPerBlock) * F::kBlockBytes;
 #pragma unroll
         for (int i = 0; i < kW; ++i) w[k][i] = ldg_stream_u128(b + F::piece_word_offset(p % kPiecesPerBlock, i));
@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(kDirectWarps * kWarpSize) gemv_direct_kernel(c
 #pragma unroll
       for (int k = 0; k < kDirectDepth; ++k) {
         const int p = (s0 + k) * kWarpSize + lane;
-        if (s0 + k < steps && p < npieces) {
+        if (p < npieces) {
           const int pp = p % kPiecesPerBlock;
           F::template dot_words<NT>(w[k], pp, int64_t(p) * F::kPieceElems, a, acc);
         }
