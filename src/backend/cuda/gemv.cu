@@ -64,7 +64,7 @@ namespace gemv_detail {
 bool gemv_direct_enabled() {
   static const bool enabled = [] {  // immutable after its first initialization
     const char* env = std::getenv("SLUICE_CUDA_GEMV_DIRECT");
-    return env != nullptr && std::string(env) == "1";
+    return !(env != nullptr && std::string(env) == "0");
   }();
   return enabled;
 }

@@ -54,7 +54,8 @@ bool gemv_needs_q8(quant::Type type);
 // True where a gemv kernel exists for this weight format.
 bool gemv_supported(quant::Type type);
 
-// Launch shape of a gemv: -1 = chosen by format and rows (default); 0 = 8 warps x 2 KB stages,
+// Launch shape of a gemv: -1 = chosen by format and rows (default: the direct kernel for Q4_K and
+// Q5_K at 1..2 tokens unless SLUICE_CUDA_GEMV_DIRECT=0, else 0 or 1 by rows); 0 = 8 warps x 2 KB stages,
 // 1 = 4 warps x 4 KB stages (see gemv_kernel.cuh); 2 = the direct kernel (gemv_direct.cuh: Q4_K
 // and Q5_K, 1 or 2 tokens; other calls: the shape -1 would pick). 0..2 are for benchmarks and tests.
 // Results are identical up to f32 summation order.

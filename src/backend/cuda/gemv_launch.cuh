@@ -100,9 +100,13 @@ Status launch_direct(const DeviceInfo& dev, cudaStream_t stream, const Segs& seg
   return Status::ok();
 }
 
-// SLUICE_CUDA_GEMV_DIRECT=1 makes the direct kernel the default for the formats that have one.
-// Off by default until it has been measured on a GPU (docs/CUDA.md, "Gaps"); variant kGemvDirect
-// selects it explicitly (tests, bench_gpu_gemv --variants). Read once per process.
+// The direct kernel is the default for the formats that have one, at 1..2 tokens: measured on an
+// H200 (docs/CUDA.md), decode of Llama-3 8B and 70B Q4_K_M shapes is 8-11% faster with it on every
+// matrix than with the staged shapes. (Alone in a loop, bench_gpu_gemv times it 5-10% behind the
+// staged shapes on ffn_down; in the model, with its neighbours, it is ahead on every shape: with it
+// only on the tall matrices the 70B decodes 10% slower than with it everywhere.) Variant
+// kGemvDirect selects it explicitly (tests, bench_gpu_gemv --variants); SLUICE_CUDA_GEMV_DIRECT=0
+// turns the default off (A/B runs). Read once per process.
 bool gemv_direct_enabled();
 
 // Measured on an H100 (docs/CUDA.md): the deep shape wins where every warp gets many rows

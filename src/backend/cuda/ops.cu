@@ -290,23 +290,54 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_block_kernel(NormArgs a
   }
 }
 
+// The norm weight of a whole-row norm, loaded by each thread before pdl_wait (weights are not
+// written by kernels, so the loads overlap the previous kernel's tail): element threadIdx.x +
+// k * kNormThreads in w[k], for rows up to kNormPre * kNormThreads wide; wider rows read the rest
+// in the loop.
+constexpr int kNormPre = 8;
+struct NormWeights {
+  float w[kNormPre];
+  __device__ void load(const float* src, int group) {
+#pragma unroll
+    for (int k = 0; k < kNormPre; ++k) {
+      const int i = int(threadIdx.x) + k * kNormThreads;
+      w[k] = i < group ? src[i] : 0.0f;
+    }
+  }
+};
+
+// y = (x * scale) * w over a whole row, stored to yr and as the dense activation's int8 blocks.
+// Warps cover 32 consecutive elements per step: one q8 block each (group % 32 == 0, so a warp is
+// wholly inside or outside the row).
+__device__ __forceinline__ void norm_row_q8(const NormArgs& a, const NormWeights& nw, int64_t item, const float* xr,
+                                            float scale, int8_t* q, float2* ds) {
+  float* yr = a.dst_of(item);
+  auto one = [&](int i, float w) {
+    const float y = __fmul_rn(__fmul_rn(xr[i], scale), w);
+    yr[i] = y;
+    const int64_t e = item * a.group + i;  // element index in the dense activation
+    q8_block(y, q + (e - threadIdx.x % kWarpSize), ds + e / 32);
+  };
+#pragma unroll
+  for (int k = 0; k < kNormPre; ++k) {
+    const int i = int(threadIdx.x) + k * kNormThreads;
+    if (i < a.group) one(i, nw.w[k]);
+  }
+  for (int i = int(threadIdx.x) + kNormPre * kNormThreads; i < a.group; i += kNormThreads) one(i, a.w[i]);
+}
+
 // rms_norm of whole rows that also writes the rows' int8 activation (decode: the norm's output
 // only feeds matrix products). group == cols, cols % 32 == 0, rows dense in the activation.
 __global__ void __launch_bounds__(kNormThreads) rms_norm_q8_kernel(NormArgs a, int8_t* q, float2* ds) {
+  NormWeights nw;
+  nw.load(a.w, a.group);
   pdl_wait();
   pdl_trigger();  // the GEMVs reading this activation may start streaming their weights
   __shared__ double partial[kNormThreads / kWarpSize];
   for (int64_t item = blockIdx.x; item < a.items; item += gridDim.x) {
     const float* xr = a.src_of(item);
-    float* yr = a.dst_of(item);
     const float scale = rms_scale(block_sum_squares(xr, a.group, partial), a.group, a.eps);
-    // Warps cover 32 consecutive elements per step: one q8 block each.
-    for (int i = threadIdx.x; i < a.group; i += kNormThreads) {
-      const float y = __fmul_rn(__fmul_rn(xr[i], scale), a.w[i]);
-      yr[i] = y;
-      const int64_t e = item * a.group + i;  // element index in the dense activation
-      q8_block(y, q + (e - threadIdx.x % kWarpSize), ds + e / 32);
-    }
+    norm_row_q8(a, nw, item, xr, scale, q, ds);
   }
 }
 
@@ -316,6 +347,8 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_q8_kernel(NormArgs a, i
 // read before the block's first barrier, dst written after it).
 __global__ void __launch_bounds__(kNormThreads) add_rms_norm_q8_kernel(NormArgs a, const float* src,
                                                                        int64_t src_stride, int8_t* q, float2* ds) {
+  NormWeights nw;
+  nw.load(a.w, a.group);
   pdl_wait();
   pdl_trigger();  // the GEMVs reading this activation may start streaming their weights
   __shared__ double partial[kNormThreads / kWarpSize];
@@ -325,13 +358,7 @@ __global__ void __launch_bounds__(kNormThreads) add_rms_norm_q8_kernel(NormArgs 
 #pragma unroll 4
     for (int i = threadIdx.x; i < a.group; i += kNormThreads) xr[i] = __fadd_rn(xr[i], sr[i]);
     const float scale = rms_scale(block_sum_squares(xr, a.group, partial), a.group, a.eps);
-    float* yr = a.dst_of(item);
-    for (int i = threadIdx.x; i < a.group; i += kNormThreads) {
-      const float y = __fmul_rn(__fmul_rn(xr[i], scale), a.w[i]);
-      yr[i] = y;
-      const int64_t e = item * a.group + i;
-      q8_block(y, q + (e - threadIdx.x % kWarpSize), ds + e / 32);
-    }
+    norm_row_q8(a, nw, item, xr, scale, q, ds);
   }
 }
 
@@ -411,12 +438,11 @@ struct RopeStoreArgs {
   const int* row_map;  // paged cache: position p is row row_map[p] (nullptr: row p)
 };
 
-// Row r of q and k rotated for position pos, then its k and v stored at cache row map[pos] (or
-// pos). cs/sn: the block's shared table (half entries each).
-__device__ __forceinline__ void rope_store_row(const RopeStoreArgs& a, int64_t r, int64_t pos, const int* map,
-                                               float* cs, float* sn) {
-  rope_table(a.q, pos, cs, sn);
-  __syncthreads();
+// Row r of q and k rotated with the block's cos/sin table (cs/sn: half entries each, filled by
+// rope_table for the row's position), then its k and v stored at cache row map[pos] (or pos).
+__device__ __forceinline__ void rope_store_rest(const RopeStoreArgs& a, int64_t r, int64_t pos, const int* map,
+                                                float* cs, float* sn) {
+  __syncthreads();  // the table is complete
   rope_row(a.q, a.q.x + r * a.q.stride, a.q.n_head, cs, sn);
   float* kr = a.k + r * a.k_stride;
   rope_row(a.q, kr, a.n_head_k, cs, sn);
@@ -430,12 +456,28 @@ __device__ __forceinline__ void rope_store_row(const RopeStoreArgs& a, int64_t r
   for (int64_t c = threadIdx.x; c < a.v_cols; c += kRopeThreads) vc[c] = __float2half_rn(vr[c]);
 }
 
+__device__ __forceinline__ void rope_store_row(const RopeStoreArgs& a, int64_t r, int64_t pos, const int* map,
+                                               float* cs, float* sn) {
+  rope_table(a.q, pos, cs, sn);
+  rope_store_rest(a, r, pos, map, cs, sn);
+}
+
+// The block's first table is filled before pdl_wait: it depends only on the position (a kernel
+// argument, or *pos_dev, which a host copy sets before the step's first kernel, so it is final
+// before any kernel of the step starts) and the rope weights; its serial angle products and
+// sincos overlap the QKV product's tail.
 __global__ void __launch_bounds__(kRopeThreads) rope_store_kernel(RopeStoreArgs a) {
+  extern __shared__ float table[];
+  float* cs = table;
+  float* sn = table + a.q.half;
+  const int64_t first = blockIdx.x;
+  if (first < a.q.rows) rope_table(a.q, a.q.base() + first, cs, sn);
   pdl_wait();
   pdl_trigger();
-  extern __shared__ float table[];
-  for (int64_t r = blockIdx.x; r < a.q.rows; r += gridDim.x) {
-    rope_store_row(a, r, a.q.base() + r, a.row_map, table, table + a.q.half);
+  for (int64_t r = first; r < a.q.rows; r += gridDim.x) {
+    const int64_t pos = a.q.base() + r;
+    if (r != first) rope_table(a.q, pos, cs, sn);
+    rope_store_rest(a, r, pos, a.row_map, cs, sn);
   }
 }
 
