@@ -47,6 +47,26 @@ TEST(StreamPlan, EverythingResidentWhenItFits) {
   EXPECT_NEAR(p->token_seconds, 1000.0 * kMiB / 2000e9, 1e-9);
 }
 
+TEST(StreamPlan, TiesKeepEverythingResident) {
+  // Slow compute (10 x 100 MiB at 100 GB/s = 10.5 ms) hides the copy of up to 5 streamed layers
+  // (2.1 ms each at 50 GB/s): those plans tie with the all-resident one, which must win.
+  PlanInput in = dense(10, 100 * kMiB);
+  in.bw.vram = 100e9;
+  in.vram_budget = 1000 * kMiB;
+  in.ram_budget = 4 * kGiB;
+  auto p = make_plan(in);
+  ASSERT_TRUE(p.is_ok()) << p.status().message();
+  EXPECT_EQ(count(*p, Home::kVram), 10);
+  EXPECT_EQ(p->n_slots, 0);
+  EXPECT_EQ(p->bound, "compute");
+  // Less VRAM: the most resident layers that fit with the slots (7 + 2 slots of 100 MiB; 8 + 2
+  // slots is 1000 MiB).
+  in.vram_budget = 999 * kMiB;
+  p = make_plan(in);
+  ASSERT_TRUE(p.is_ok()) << p.status().message();
+  EXPECT_EQ(count(*p, Home::kVram), 7);
+}
+
 TEST(StreamPlan, StreamsTheRestThroughTwoSlots) {
   // 80 layers of 500 MiB in a 16 GiB budget with 1 GiB reserved: 15 GiB - 2 slots (1000 MiB)
   // leaves room for 28 resident layers (14000 MiB); 52 layers stream from pinned RAM.
