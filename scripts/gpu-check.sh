@@ -204,7 +204,8 @@ wait_llama() {
 }
 
 # Whole models resident on the GPU, sluice vs llama.cpp CUDA (all layers offloaded), on synthetic
-# Llama-3-8B shapes and the 1B, SmolLM2 and Gemma 3 270M shapes in /dev/shm: tg128 and pp512 tok/s, weight GB/s and the ratio to this GPU's
+# Llama-3-8B shapes, the 1B, SmolLM2 and Gemma 3 270M shapes, and on GPUs of >= 100 GB (H200) the
+# Llama-3-70B shape, in /dev/shm: tg128 and pp512 tok/s, weight GB/s and the ratio to this GPU's
 # copy bandwidth (issue: decode >= llama.cpp and >= 75% of the HBM roofline, prefill >= 0.7x).
 step_model() {
   [[ -x "$SLUICE_BIN" ]] || { record model skipped "no sluice binary"; return; }
@@ -244,6 +245,17 @@ step_model() {
 smollm2-shape custom --layers 30 --dim 576 --ffn 1536 --heads 9 --kv-heads 3 --vocab 49152 --tied-output --rope-theta 100000 --type q4_1
 gemma3-270m-shape custom --arch gemma3 --layers 18 --dim 640 --ffn 2048 --heads 4 --kv-heads 1 --head-dim 256 --vocab 262144 --type q4_k_m --tied-output --sliding-window 512 --rope-theta 1000000
 MODELS
+  # The 70B shape resident (issue: >= 1.2x llama.cpp on an H200): only where the GPU holds it.
+  local total_mib; total_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+  if [[ ${total_mib:-0} -ge 100000 && -n "$LLAMA_CUDA" && -x "$LLAMA_CUDA" ]]; then
+    "$SLUICE_BIN" synth llama-3-70b --type q4_k_m --seed 1 -o "$dir/70b-q4_k_m.gguf" >>"$OUT_DIR/model_synth.log" 2>&1 &&
+      { echo "### 70b-q4_k_m (llama-3-70b --type q4_k_m), CUDA, pp512 tg32" | tee -a "$OUT_DIR/model_compare.txt"
+        SLUICE="$SLUICE_BIN" LLAMA_BENCH="$LLAMA_CUDA" BACKEND=cuda PP=512 TG=32 REPS=3 \
+          bash bench/e2e/compare.sh "$dir/70b-q4_k_m.gguf" 1 >>"$OUT_DIR/model_compare.txt" 2>>"$OUT_DIR/model_compare.err"
+        echo "staged Q4_K GEMV (A/B; SLUICE_CUDA_GEMV_DIRECT=0):" >>"$OUT_DIR/model_compare.txt"
+        SLUICE_CUDA_GEMV_DIRECT=0 "$SLUICE_BIN" bench -m "$dir/70b-q4_k_m.gguf" -p 0 -n 32 -r 3 --backend cuda >>"$OUT_DIR/model_compare.txt" 2>&1; }
+    rm -f "$dir/70b-q4_k_m.gguf"
+  fi
   record model ok "$OUT_DIR/model_compare.txt${LLAMA_CUDA:+ (with llama.cpp CUDA)}"
 }
 
