@@ -101,7 +101,7 @@ Status launch_direct(const DeviceInfo& dev, cudaStream_t stream, const Segs& seg
 }
 
 // The direct kernel is the default for the formats that have one, at 1..2 tokens: measured on an
-// H200 (docs/CUDA.md), decode of Llama-3 8B and 70B Q4_K_M shapes is 8-11% faster with it on every
+// H200 (docs/CUDA.md), decode of Llama-3 8B and 70B Q4_K_M shapes is 7-12% faster with it on every
 // matrix than with the staged shapes. (Alone in a loop, bench_gpu_gemv times it 5-10% behind the
 // staged shapes on ffn_down; in the model, with its neighbours, it is ahead on every shape: with it
 // only on the tall matrices the 70B decodes 10% slower than with it everywhere.) Variant
