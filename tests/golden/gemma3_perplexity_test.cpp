@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -29,6 +30,10 @@ TEST(GoldenLlamaCpp, Gemma3PerplexityWithinOnePercent) {
   std::vector<std::string> args{"perplexity", "-m", path, "-f", test::source_dir() + "/" + j.at("text").get<std::string>(),
                                 "-c", std::to_string(j.at("n_ctx").get<int>()), "--chunks",
                                 std::to_string(j.at("chunks").get<int>())};
+  // SLUICE_GOLDEN_BACKEND=cuda: the same comparison on the CUDA backend (the GPU machine).
+  if (const char* b = std::getenv("SLUICE_GOLDEN_BACKEND"); b != nullptr && *b) {
+    args.insert(args.end(), {"-b", b});
+  }
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   testing::internal::CaptureStdout();
