@@ -110,7 +110,9 @@ int argmax(const float* v, int n) { return int(std::max_element(v, v + n) - v); 
 
 // Hidden states per layer (prefill 37 tokens, then one decode token), then greedy continuation.
 // router_flips: disagreements allowed beyond the near-tie bound (mixtures of experts, below).
-void check_parity(const std::string& path, double tol, int n_gen, double near_tie = 0.03, int router_flips = 0) {
+// logits_tol: the bound on the final logits (0: tol).
+void check_parity(const std::string& path, double tol, int n_gen, double near_tie = 0.03, int router_flips = 0,
+                  double logits_tol = 0) {
   int n_vocab = 0, n_layer = 0;
   int64_t n_embd = 0;
   {
@@ -145,7 +147,7 @@ void check_parity(const std::string& path, double tol, int n_gen, double near_ti
     EXPECT_LE(e2, tol) << "decode, layer " << l;
   }
   const double le = normalized_error(gpu.logits.data(), cpu.logits.data(), cpu.logits.size());
-  EXPECT_LE(le, tol) << "logits";
+  EXPECT_LE(le, logits_tol > 0 ? logits_tol : tol) << "logits";
   const bool top1 = argmax(gpu.logits.data(), n_vocab) == argmax(cpu.logits.data(), n_vocab);
   std::printf("  hidden: worst prefill %.2e, decode %.2e; logits %.2e, top-1 %s\n", worst_prefill, worst_decode, le,
               top1 ? "agrees" : "differs");
@@ -455,14 +457,19 @@ TEST(ModelParityReal, SmolLM2) {
   check_parity(path, 5e-2, 48);
 }
 
-// Gemma 3 270M Q4_K_M (scripts/fetch-models.sh) when models/ holds it: 18 layers, window 512 (the
-// 37-token prompt stays inside it; the synthetic cases above pass their windows). Bound as the
-// real SmolLM2's.
+// Gemma 3 270M Q4_K_M (scripts/fetch-models.sh; on the GPU machine scripts/gpu-real-models.sh
+// carries it) when models/ holds it: 18 layers, window 512 (the 37-token prompt stays inside it;
+// the synthetic cases above pass their windows). Gemma 3 amplifies last-bit differences about ten
+// times more than SmolLM2 (llama.cpp's own flash-attention on/off noise on its logits is 0.5-1.8,
+// SmolLM2's at most 0.18; tests/golden). First run (H200, 2026-11-27): worst hidden state 8.1e-2,
+// logits 0.20, greedy 48/48. Against llama.cpp's fixture the CUDA backend is the closer of the two
+// (first-position logit RMS 0.47, the AVX2 CPU backend 0.97), so the difference measured here is
+// mostly the CPU's own, equally correct, summation order. Bounds: twice the first run's.
 TEST(ModelParityReal, Gemma3_270M) {
   SLUICE_SKIP_WITHOUT_GPU();
   const std::string path = model_path(kGemma3);
   SLUICE_REQUIRE_MODEL(path);
-  check_parity(path, 5e-2, 48);
+  check_parity(path, 0.16, 48, 0.03, 0, 0.4);
 }
 
 TEST(CudaBackend, ErrorsAreClear) {

@@ -153,7 +153,7 @@ TEST(ModelStreaming, PlannedPlacementUnderVramBudgetMatchesResident) {
 // activations) while the GPU computes the others. Different kernels than the resident CUDA run,
 // so not bit-identical: the first position's logits within the CPU-vs-CUDA tolerance of the model
 // parity test (normalized error 2e-2), and greedy tokens equal wherever the resident run's top-2
-// gap is not a near-tie (3% of the logit spread); at least 80% of the 16 steps agree.
+// gap is not a near-tie (3% of the logit spread), teacher-forced; at least 80% of the 16 steps agree.
 TEST(ModelStreaming, HybridExecutorMixesMatchResidentCuda) {
   SLUICE_SKIP_WITHOUT_GPU();
   const std::string path = real_model_path();
@@ -179,7 +179,10 @@ TEST(ModelStreaming, HybridExecutorMixesMatchResidentCuda) {
       o.layer_source = device_streaming_source(path, so, &s);
       auto m = model::Model::load(path, o);
       ASSERT_TRUE(m.is_ok()) << m.status().message();
-      const GreedyRun got = greedy(**m);
+      // Teacher-forced on the resident run's tokens: a near-tie flip early in a free-running
+      // continuation would make every later token differ (the real 30-layer SmolLM2 flips at step
+      // 5 of 16 this way, measured on an H200 2026-11-27).
+      const test::ForcedRun got = test::teacher_forced_run(**m, kPrompt, ref.tokens);
       ASSERT_EQ(got.first_logits.size(), ref.first_logits.size());
       double num = 0, den = 0;
       for (size_t i = 0; i < ref.first_logits.size(); ++i) {
@@ -188,7 +191,14 @@ TEST(ModelStreaming, HybridExecutorMixesMatchResidentCuda) {
       }
       EXPECT_LE(std::sqrt(num / den), 2e-2);
       int agree = 0;
-      for (int i = 0; i < kSteps; ++i) agree += got.tokens[size_t(i)] == ref.tokens[size_t(i)];
+      for (int i = 0; i < kSteps; ++i) {
+        if (got.tokens[size_t(i)] == ref.tokens[size_t(i)]) {
+          ++agree;
+        } else {  // the resident run's pick must score within 3% of the spread of the hybrid's best
+          EXPECT_LT(got.gaps[size_t(i)], 0.03) << "step " << i << ": hybrid chose " << got.tokens[size_t(i)]
+                                               << ", resident " << ref.tokens[size_t(i)] << ": not a near-tie";
+        }
+      }
       EXPECT_GE(agree, kSteps * 8 / 10) << "tokens agree at " << agree << " of " << kSteps << " steps";
       const DeviceStreamStats& st = s->stats();
       EXPECT_GT(st.decode_cpu_bytes, 0u);
