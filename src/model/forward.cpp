@@ -292,9 +292,10 @@ class LlamaFamilyModel final : public Model {
     // A decode pass of one sequence over resident weights repeats the same ops every token: one
     // replayable step. Not for mixtures of experts: routing downloads the router's logits in
     // every layer. Not for a sequence with a row map (it changes as the sequence grows). Not
-    // with a layer mask or early exit (a pass that leaves layers out).
+    // with early exit (a pass may stop after any layer); a layer mask's passes are a step of
+    // their own (LayerGate::step_key).
     const bool step = n == 1 && segs.size() == 1 && segs[0].map < 0 && out != nullptr && src.weights_fixed() &&
-                      !on_layer_ && !host_ && !cfg_.moe() && gate_.full();
+                      !on_layer_ && !host_ && !cfg_.moe() && gate_.replayable();
     const bool skip_fetch = !gate_.full() && src.can_skip(gate_.mask());
     const int pos0 = segs[0].pos0;
     // The embedding lookup is host work (the table stays in host memory): outside the step.
@@ -302,12 +303,13 @@ class LlamaFamilyModel final : public Model {
     if (cfg_.embd_scale != 1.0f) be.scale(main_.x(n), cfg_.embd_scale);  // gemma3: sqrt(n_embd)
     if (step) {
       // Every decode step of a resident model issues the same ops; only the position changes.
-      constexpr uint64_t kDecodeStepKey = 1;
-      if (be.replay_step(kDecodeStepKey, pos0)) {
+      const uint64_t key = gate_.step_key();  // a layer mask (--skip-layers, self-draft) is other ops
+      if (be.replay_step(key, pos0)) {
+        gate_.count_replayed(cfg_.n_layer);
         be.download(logits_.first_rows(1), out);
         return Status::ok();
       }
-      be.begin_step(kDecodeStepKey, pos0);
+      be.begin_step(key, pos0);
     }
     Executor* cur = &main_;
     gate_.count_pass();

@@ -3,6 +3,7 @@
 // "run layer l?" and "stop after layer l?" (Model::set_layer_mask / set_early_exit, model.h).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <span>
@@ -25,6 +26,10 @@ class LayerGate {
     all_ = true;
     for (bool r : run_) all_ = all_ && r;
     if (all_) run_.clear();
+    if (!all_ && run_ != keyed_) {  // a mask not seen last: its steps are other ops
+      keyed_ = run_;
+      ++mask_key_;
+    }
     return Status::ok();
   }
   Status set_early_exit(float threshold, int min_layer, int n_layer) {
@@ -43,6 +48,11 @@ class LayerGate {
   const std::vector<bool>& mask() const { return run_; }  // empty: every layer
   // Every layer runs and no pass can exit early: the pass is the model's full, replayable one.
   bool full() const { return all_ && threshold_ <= 0; }
+  // Whether a one-token pass issues the same ops every token (no early exit), and the key that
+  // names those ops (Backend::replay_step): 1 with every layer, another per mask. A mask set again
+  // after passes without one (a self-draft's draft passes between verifications) keeps its key.
+  bool replayable() const { return threshold_ <= 0; }
+  uint64_t step_key() const { return all_ ? 1 : 1 + mask_key_; }
   bool runs(int layer) const { return run_.empty() || run_[size_t(layer)]; }
   // Early exit applies to passes of one token (decode, draft): it needs the hidden state per layer.
   bool watches(int64_t n_tokens) const { return threshold_ > 0 && n_tokens == 1; }
@@ -71,11 +81,18 @@ class LayerGate {
     prev_.clear();
   }
   void count_layer() { ++counts_.layers_run; }
+  // A replayed step (Backend::replay_step): a pass of the mask's layers, counted without the loop.
+  void count_replayed(int n_layer) {
+    ++counts_.passes;
+    counts_.layers_run += run_.empty() ? n_layer : int64_t(std::count(run_.begin(), run_.end(), true));
+  }
   Model::LayerCounts counts() const { return counts_; }
 
  private:
   std::vector<bool> run_;  // empty: every layer
   bool all_ = true;
+  std::vector<bool> keyed_;  // the last mask given a step key, and its number
+  uint64_t mask_key_ = 0;
   float threshold_ = 0;
   int min_layer_ = 0;
   std::vector<float> prev_;  // the watched layer's input (last token)
