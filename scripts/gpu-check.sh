@@ -20,7 +20,7 @@
 #   --bench-arg A   pass A to bench_gpu_gemv (e.g. --variants; repeatable).
 #   --out DIR       logs, CSV and the summary (default: $OUT if set, else out/gpu-check).
 #   --skip STEP     skip a step: build, test, memcheck, bench, model, profile, cpu, hybrid, moe, serve, spec,
-#                   stream (repeatable).
+#                   stream, real (repeatable).
 #
 # On the lent GPU machine (no package registry) the measured runs used scripts/gpu-kit.sh: `pack`
 # here (Debian build deps as .deb, fio, llama.cpp's source), `build` there (static sluice, GPU
@@ -374,6 +374,21 @@ step_spec() {
   record spec ok "$OUT_DIR/spec.txt"
 }
 
+# The real models (SmolLM2 135M, Gemma 3 270M) on CUDA: against llama.cpp's fixtures, decode
+# speed against llama.cpp's CUDA build, speculative decoding, layer skip and early exit
+# (scripts/gpu-real-models.sh; on the lent machine the models travel in parts, see there).
+step_real() {
+  local b; b=$(dirname "$(dirname "$SLUICE_BIN")")
+  if [[ ! -f models/gemma-3-270m-q4_k_m.gguf || ! -f models/smollm2-135m-instruct-q4_1.gguf ]]; then
+    record real skipped "models/ lacks the real models"; return
+  fi
+  [[ -f "$b/CMakeCache.txt" ]] && ninja -C "$b" golden_golden_llama_cpp_test golden_gemma3_perplexity_test >"$OUT_DIR/real.log" 2>&1
+  [[ -x "$b/tests/golden_golden_llama_cpp_test" ]] || { record real skipped "no golden tests in $b"; return; }
+  wait_llama
+  BUILD="$b" LLAMA_BENCH="${LLAMA_CUDA:-}" bash scripts/gpu-real-models.sh run "$OUT_DIR/real" >>"$OUT_DIR/real.log" 2>&1
+  if grep -q "FAILED" "$OUT_DIR/real.log"; then record real FAIL "$OUT_DIR/real.log"; else record real ok "$OUT_DIR/real.log"; fi
+}
+
 # Mixtures of experts (docs/STREAMING.md, "Mixture of experts"): Mixtral-8x7B shape with 12 GiB
 # free and Qwen3-30B-A3B shape with 8 GiB free, sluice's miss policies against llama.cpp's
 # --n-cpu-moe; the Qwen3 shape CPU only; a Zipf 1.0 router with the expert cache capped.
@@ -485,7 +500,7 @@ if [[ -n "$CARRIED" ]]; then
   mkdir -p "$PREBUILT" && tar -C "$PREBUILT" -xJf "$CARRIED/bins.tar.xz" && cp "$CARRIED"/*.gguf "$CARRIED"/*.tar.xz "$PREBUILT"/ 2>/dev/null
 fi
 
-STEPS=(build test memcheck bench model profile cpu hybrid moe serve spec stream)
+STEPS=(build test memcheck bench model profile cpu hybrid moe serve spec stream real)
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader 2>&1 |
   tee "$OUT_DIR/gpu.txt"
 # cuBLAS (prefill GEMMs) is a shared library: the toolkit's, else the one the Python stack ships.

@@ -16,7 +16,10 @@
 #   last call:                        scripts/gpu-real-models.sh run "$OUT"
 # `run` assembles the models (sha256 checked), waits for the build and runs every step; where
 # models/ already holds both files (a machine with a normal checkout) it needs no parts.
-# Env for `run`: THREADS (default nproc), STEPS (default "parity golden ppl chat speed spec skip").
+# Env for `run`: THREADS (default nproc), STEPS (default "parity golden ppl chat speed spec skip"),
+# BUILD (the CUDA build directory, default /tmp/src/build-gpu: sluice, gpu_* and golden_* tests),
+# LLAMA_BENCH (llama.cpp's CUDA llama-bench, default /tmp/llama-cuda/llama-bench-cuda).
+# scripts/gpu-check.sh step `real` calls `run` on a machine whose models/ holds both files.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 cmd=${1:-}
@@ -80,17 +83,24 @@ case "$cmd" in
     while [[ ! -f /tmp/src-build.rc ]] && [[ -f /tmp/src-build.log ]] && (( $(date +%s) - t0 < 420 )); do sleep 5; done
     if [[ -f /tmp/src-build.rc && $(cat /tmp/src-build.rc) != 0 ]]; then tail -40 /tmp/src-build.log; exit 1; fi
     while pgrep -f "llama-cuda.sh build" >/dev/null && (( $(date +%s) - t0 < 480 )); do sleep 5; done
-    B=$src/build-gpu; S=$B/bin/sluice; L=/tmp/llama-cuda/llama-bench-cuda
+    B=${BUILD:-$src/build-gpu}; S=$B/bin/sluice; L=${LLAMA_BENCH:-/tmp/llama-cuda/llama-bench-cuda}
     M1=$src/models/$smol; M2=$src/models/$gemma
     threads=${THREADS:-$(nproc)}
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/machine.txt"
     lscpu | grep -E "Model name|^CPU\(s\)" | tee -a "$out/machine.txt"
     export CUDA_MODULE_LOADING=EAGER
+    calibrate() {  # per-layer skip scores (MODEL.calib) for --skip-layers N and the self-draft
+      for m in "$M1" "$M2"; do
+        [[ -f $m.calib ]] || "$S" calibrate -m "$m" -b cuda -f "$src/tests/fixtures/perplexity/sluice_docs.txt" -n 256 \
+          >"$out/calib-$(basename "$m").log" 2>&1
+      done
+    }
     for step in ${STEPS:-parity golden ppl chat speed spec skip}; do
       echo "=== $step"
       case $step in
         parity)  # CUDA vs the CPU backend, layer by layer, on both real models
-          "$B/tests/gpu_model_parity_test" --gtest_filter='ModelParityReal.*' 2>&1 | tee "$out/parity.log" | grep -E "^\[ |worst|error" ;;
+          "$B/tests/gpu/gpu_model_parity_test" --gtest_filter='ModelParityReal.*:CudaGraphs.*' 2>&1 | tee "$out/parity.log" | grep -E "^\[ |hidden|greedy|Failure"
+          "$B/tests/gpu/gpu_model_streaming_test" 2>&1 | tee "$out/streaming.log" | grep -E "^\[ |Failure" ;;
         golden)  # greedy tokens and logits against llama.cpp's fixtures, on CUDA
           SLUICE_REQUIRE_MODELS=1 SLUICE_GOLDEN_BACKEND=cuda "$B/tests/golden_golden_llama_cpp_test" \
             --gtest_filter='GoldenLlamaCpp.Gemma3_270M:GoldenLlamaCpp.SmolLM2Q4_1' 2>&1 | tee "$out/golden.log" | grep -E "^\[|Failure|differ" ;;
@@ -106,12 +116,11 @@ case "$cmd" in
         spec)  # speculative decoding on CUDA: self-draft and a pruned draft model, 8 prompts
           python3 tools/draft/prune_layers.py "$M1" /tmp/smol-draft.gguf --keep 0,1,2,3,4,5,6,7,8,9,10,11,18,19,20,21,22,23,24,27,28,29 >/dev/null &&
           python3 tools/draft/prune_layers.py "$M2" /tmp/gemma-draft.gguf --keep 0,1,2,3,4,5,6,7,9,10,11,12,13,15,16,17 >/dev/null
-          for m in "$M1" "$M2"; do
-            [[ -f $m.calib ]] || "$S" calibrate -m "$m" -b cuda -f "$src/tests/fixtures/perplexity/sluice_docs.txt" -n 256 >"$out/calib-$(basename "$m").log" 2>&1
-          done
+          calibrate
           SLUICE=$S THREADS=$threads DRAFT=/tmp/smol-draft.gguf bash bench/e2e/spec_cpu.sh "$M1" 48 -b cuda 2>&1 | tee "$out/spec-smollm2.log" | grep summary
           SLUICE=$S THREADS=$threads DRAFT=/tmp/gemma-draft.gguf SKIP=2 bash bench/e2e/spec_cpu.sh "$M2" 48 -b cuda 2>&1 | tee "$out/spec-gemma3.log" | grep summary ;;
         skip)  # layer skip and early exit on CUDA: perplexity (calibrate's table) and decode tok/s
+          calibrate
           for m in "$M1" "$M2"; do
             name=$(basename "$m")
             cat "$out/calib-$name.log" 2>/dev/null | tail -20
