@@ -14,6 +14,13 @@
 #include <random>
 #include <sstream>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <filesystem>
+
 #include "serve/web_index.h"  // generated: kWebIndexHtml (serve/web/index.html)
 
 namespace sluice::serve {
@@ -210,6 +217,57 @@ std::optional<ApiError> parse_body(const std::string& text, json& out) {
     return ApiError{400, std::string("malformed JSON in the request body: ") + e.what(), ""};
   }
   return std::nullopt;
+}
+
+// The connection a handler answers: cpp-httplib 0.11 (Debian's) tells a handler neither its socket
+// nor whether the client is still there, and only a write notices a closed connection, which a
+// non-streaming response makes once, at the end. So the handler finds its own socket: the open
+// descriptor whose peer is the request's remote address and port and whose local port is the
+// server's. httplib closes it only after the handler returns. -1 where none matches.
+int connection_socket(const httplib::Request& req, int local_port) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    int fd = -1;
+    try {
+      fd = std::stoi(e.path().filename().string());
+    } catch (const std::exception&) {
+      continue;
+    }
+    sockaddr_storage peer{}, local{};
+    socklen_t pl = sizeof peer, ll = sizeof local;
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 || peer.ss_family != local.ss_family) {
+      continue;
+    }
+    char ip[INET6_ADDRSTRLEN] = {};
+    int peer_port = 0, own_port = 0;
+    if (peer.ss_family == AF_INET) {
+      const auto& p4 = reinterpret_cast<const sockaddr_in&>(peer);
+      inet_ntop(AF_INET, &p4.sin_addr, ip, sizeof ip);
+      peer_port = ntohs(p4.sin_port);
+      own_port = ntohs(reinterpret_cast<const sockaddr_in&>(local).sin_port);
+    } else if (peer.ss_family == AF_INET6) {
+      const auto& p6 = reinterpret_cast<const sockaddr_in6&>(peer);
+      inet_ntop(AF_INET6, &p6.sin6_addr, ip, sizeof ip);
+      peer_port = ntohs(p6.sin6_port);
+      own_port = ntohs(reinterpret_cast<const sockaddr_in6&>(local).sin6_port);
+    } else {
+      continue;
+    }
+    if (peer_port == req.remote_port && own_port == local_port && req.remote_addr == ip) return fd;
+  }
+  return -1;
+}
+
+// Whether the client closed (or reset) the connection: a peek at the socket that reads nothing
+// and does not wait. A client that half-closes after its request (shutdown(SHUT_WR)) reads as
+// gone too; HTTP clients keep the connection open while they wait for the answer.
+bool peer_gone(int fd) {
+  if (fd < 0) return false;
+  char c = 0;
+  const ssize_t r = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (r == 0) return true;
+  return r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
 }
 
 std::string random_id(const char* prefix) {
@@ -417,6 +475,10 @@ void HttpServer::Impl::handle_completion(const httplib::Request& req, httplib::R
   };
 
   if (!c.stream) {
+    // Nothing is written until the whole answer is there: watch the connection meanwhile, so a
+    // client that goes away cancels its request (and frees its KV blocks) as a stream's does.
+    const int sock = connection_socket(req, bound_port);
+    bool cancelled = false;
     std::string out;
     json lp_chat = json::array();
     json lp_cmpl = {{"tokens", json::array()}, {"token_logprobs", json::array()}, {"top_logprobs", json::array()},
@@ -424,7 +486,11 @@ void HttpServer::Impl::handle_completion(const httplib::Request& req, httplib::R
     size_t offset = 0;
     Event done;
     for (;;) {
-      auto e = request->next(std::chrono::milliseconds(1000));
+      auto e = request->next(std::chrono::milliseconds(200));
+      if (!cancelled && peer_gone(sock)) {
+        request->cancel();
+        cancelled = true;
+      }
       if (!e) continue;
       out += e->text;
       if (want_logprobs || request->params.top_logprobs >= 0) {

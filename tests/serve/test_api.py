@@ -1,8 +1,8 @@
 """`sluice serve` functional tests with the official openai client on SmolLM2-135M: chat and
 completions, streaming and not, greedy output identical to `sluice run`; logprobs, stop strings,
 seeds; /v1/models, /health, /metrics; the API key; malformed input (400 naming the field), prompt
-longer than the context, queue full (503 + Retry-After); client disconnect mid-stream (request
-cancelled, KV blocks freed); SIGTERM (in-flight request finishes, or is cancelled at the deadline;
+longer than the context, queue full (503 + Retry-After); client disconnect mid-stream and while
+waiting for a non-streaming answer (request cancelled, KV blocks freed); SIGTERM (in-flight request finishes, or is cancelled at the deadline;
 exit 0). Short enough for the sanitizer build.
 
     python3 test_api.py SLUICE_BINARY SOURCE_DIR
@@ -182,6 +182,24 @@ class Api(unittest.TestCase):
             self.assertTrue(more, got)
             got += more
         sock.close()
+        self.expect_cancelled(before, 900)
+
+    def test_disconnect_while_waiting_for_a_whole_answer_cancels_and_frees_kv(self):
+        # Non-streaming: nothing is written before the answer is complete, so the server must
+        # notice the closed connection itself.
+        before = self.server.metrics()
+        sock = socket.create_connection(("127.0.0.1", self.server.port), timeout=60)
+        body = json.dumps({"prompt": "Once upon a time", "max_tokens": 900, "temperature": 0})
+        sock.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+        deadline = time.time() + 60
+        while self.server.metrics()["sluice_generated_tokens_total"] < before["sluice_generated_tokens_total"] + 3:
+            self.assertLess(time.time(), deadline, "generation did not start")
+            time.sleep(0.05)
+        sock.close()
+        self.expect_cancelled(before, 900)
+
+    def expect_cancelled(self, before, max_tokens):
         key = 'sluice_requests_total{outcome="cancelled"}'
         deadline = time.time() + 30
         while time.time() < deadline:
@@ -193,7 +211,7 @@ class Api(unittest.TestCase):
         self.assertEqual(m["sluice_requests_active"], 0)
         self.assertEqual(m["sluice_kv_blocks_reserved"], 0)
         self.assertEqual(m["sluice_kv_blocks_used"], 0)
-        self.assertLess(m["sluice_generated_tokens_total"] - before["sluice_generated_tokens_total"], 900)
+        self.assertLess(m["sluice_generated_tokens_total"] - before["sluice_generated_tokens_total"], max_tokens)
         self.assertEqual(self.server.request("GET", "/health")[0], 200)
 
 
