@@ -237,6 +237,25 @@ class Backend {
     add(x, src);
     rms_norm(x, w, eps, dst);
   }
+  // rms_norm(a, wa, eps, a); rms_norm(b, wb, eps, b): the Q and K head norms (QK-norm).
+  virtual void rms_norm_pair(const Tensor& a, const WeightView& wa, const Tensor& b, const WeightView& wb, float eps) {
+    rms_norm(a, wa, eps, a);
+    rms_norm(b, wb, eps, b);
+  }
+  // rms_norm(src, w_src, eps, src); add_rms_norm(x, src, w, eps, dst): a block output's own norm,
+  // the residual add and the next block's norm (Gemma 3's post-attention norm). src is scratch
+  // (its content afterwards is unspecified); dst may alias src.
+  virtual void norm_add_rms_norm(const Tensor& x, const Tensor& src, const WeightView& w_src, const WeightView& w,
+                                 float eps, const Tensor& dst) {
+    rms_norm(src, w_src, eps, src);
+    add_rms_norm(x, src, w, eps, dst);
+  }
+  // rms_norm(src, w_src, eps, src); add(x, src) (Gemma 3's post-FFN norm and residual add). src is
+  // scratch.
+  virtual void norm_add(const Tensor& x, const Tensor& src, const WeightView& w_src, float eps) {
+    rms_norm(src, w_src, eps, src);
+    add(x, src);
+  }
   // rope(q, rq, pos0); rope(k, rk, pos0); store_rows(k, k_cache, pos0); store_rows(v, v_cache, pos0).
   virtual void rope_store_kv(const Tensor& q, const RopeParams& rq, const Tensor& k, const RopeParams& rk,
                              const Tensor& v, const Tensor& k_cache, const Tensor& v_cache, int pos0) {

@@ -71,8 +71,12 @@ Status Executor::layer(const LayerWeights& L, int l, int64_t n, std::span<const 
   if (L.bq.present()) be.add_bias(q, L.bq.view());
   if (L.bk.present()) be.add_bias(k, L.bk.view());
   if (L.bv.present()) be.add_bias(v, L.bv.view());
-  if (L.q_norm.present()) be.rms_norm(q, L.q_norm.view(), eps, q);  // per head: group = head_dim
-  if (L.k_norm.present()) be.rms_norm(k, L.k_norm.view(), eps, k);
+  if (L.q_norm.present() && L.k_norm.present()) {  // per head: group = head_dim
+    be.rms_norm_pair(q, L.q_norm.view(), k, L.k_norm.view(), eps);
+  } else {
+    if (L.q_norm.present()) be.rms_norm(q, L.q_norm.view(), eps, q);
+    if (L.k_norm.present()) be.rms_norm(k, L.k_norm.view(), eps, k);
+  }
   // Per sequence: its rows rotate at its positions, its K/V go to its blocks, its queries attend
   // over its own keys (one segment: the whole pass, as with one sequence).
   seq_rows_.clear();
@@ -84,8 +88,11 @@ Status Executor::layer(const LayerWeights& L, int l, int64_t n, std::span<const 
   be.rope_store_kv_seqs(q, rq, k, rk, v, seq_rows_);
   be.attention_seqs(q, attn, ap, seq_rows_);
   be.matmul(L.wo.view(), attn, xn);
-  if (L.post_attn_norm.present()) be.rms_norm(xn, L.post_attn_norm.view(), eps, xn);  // gemma3
-  be.add_rms_norm(x, xn, L.ffn_norm.view(), eps, xn);
+  if (L.post_attn_norm.present()) {  // gemma3
+    be.norm_add_rms_norm(x, xn, L.post_attn_norm.view(), L.ffn_norm.view(), eps, xn);
+  } else {
+    be.add_rms_norm(x, xn, L.ffn_norm.view(), eps, xn);
+  }
   return ffn(L, l, n);
 }
 
@@ -104,8 +111,11 @@ Status Executor::ffn(const LayerWeights& L, int l, int64_t n) {
     be.swiglu(gate, up, gate);
   }
   be.matmul(L.w_down.view(), gate, xn);
-  if (L.post_ffn_norm.present()) be.rms_norm(xn, L.post_ffn_norm.view(), cfg_->rms_eps, xn);
-  be.add(x, xn);
+  if (L.post_ffn_norm.present()) {  // gemma3
+    be.norm_add(x, xn, L.post_ffn_norm.view(), cfg_->rms_eps);
+  } else {
+    be.add(x, xn);
+  }
   return Status::ok();
 }
 

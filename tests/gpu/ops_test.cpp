@@ -34,6 +34,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/backend.h"
@@ -721,6 +722,103 @@ TEST(FusedDecodeOps, NormAndSwigluWithQ8EqualSeparateOps) {
       GPU_CHECK(cudaDeviceSynchronize());
       EXPECT_EQ(download_f32(y1, x.size()), download_f32(y2, x.size())) << "swiglu rows " << rows << " cols " << cols;
       expect_same_q8(q1, q2, cols, rows);
+      // geglu (Gemma)
+      ASSERT_TRUE(cu::geglu_q8(dx.get<float>(), cols, du.get<float>(), cols, y1.get<float>(), cols, rows, cols, q1,
+                               nullptr).is_ok());
+      ASSERT_TRUE(cu::geglu(dx.get<float>(), cols, du.get<float>(), cols, y2.get<float>(), cols, rows, cols, nullptr)
+                      .is_ok());
+      ASSERT_TRUE(cu::quantize_activation_q8(y2.get<float>(), q2, nullptr).is_ok());
+      GPU_CHECK(cudaDeviceSynchronize());
+      EXPECT_EQ(download_f32(y1, x.size()), download_f32(y2, x.size())) << "geglu rows " << rows << " cols " << cols;
+      expect_same_q8(q1, q2, cols, rows);
+    }
+  }
+}
+
+// Gemma 3's fused decode ops equal the calls they replace, bit for bit:
+// - add_rms_norm_q8 with w_src (post-attention norm, residual add, FFN norm) = rms_norm_q8 of src,
+//   then add_rms_norm_q8; dst aliasing src (the executor's xn) included;
+// - norm_add (post-FFN norm and residual add) = rms_norm_q8 of src, then add;
+// - rms_norm_pair (Q and K head norms) = rms_norm of each.
+TEST(FusedDecodeOps, GemmaNormsEqualSeparateOps) {
+  SLUICE_SKIP_WITHOUT_GPU();
+  for (const int rows : {1, 3, 8}) {
+    for (const int64_t cols : {int64_t(640), int64_t(2560), int64_t(8192)}) {
+      for (const bool alias : {false, true}) {
+        const auto x = random_floats(size_t(rows * cols), 2.0f, 181 + uint64_t(rows));
+        const auto r = random_floats(size_t(rows * cols), 30.0f, 182 + uint64_t(cols));
+        const auto ws = random_floats(size_t(cols), 0.5f, 183), w = random_floats(size_t(cols), 0.5f, 184);
+        DeviceBuffer x1(x.size() * 4), x2(x.size() * 4), r1(r.size() * 4), r2(r.size() * 4), dws(ws.size() * 4),
+            dw(w.size() * 4), y1(x.size() * 4), y2(x.size() * 4);
+        x1.upload(x.data(), x.size() * 4);
+        x2.upload(x.data(), x.size() * 4);
+        r1.upload(r.data(), r.size() * 4);
+        r2.upload(r.data(), r.size() * 4);
+        dws.upload(ws.data(), ws.size() * 4);
+        dw.upload(w.data(), w.size() * 4);
+        y1.poison();
+        const int64_t qb = cu::q8_activation_bytes(cols, rows);
+        DeviceBuffer b1(static_cast<size_t>(qb)), b2(static_cast<size_t>(qb));
+        const auto q1 = cu::q8_activation_view(b1.get(), cols, rows), q2 = cu::q8_activation_view(b2.get(), cols, rows);
+        float* out1 = alias ? r1.get<float>() : y1.get<float>();
+        ASSERT_TRUE(cu::add_rms_norm_q8(x1.get<float>(), cols, r1.get<float>(), cols, out1, cols, rows, cols,
+                                        dw.get<float>(), 1e-6f, q1, nullptr, dws.get<float>())
+                        .is_ok());
+        ASSERT_TRUE(cu::rms_norm_q8(r2.get<float>(), cols, r2.get<float>(), cols, rows, cols, dws.get<float>(), 1e-6f,
+                                    q2, nullptr)
+                        .is_ok());
+        ASSERT_TRUE(cu::add_rms_norm_q8(x2.get<float>(), cols, r2.get<float>(), cols, y2.get<float>(), cols, rows, cols,
+                                        dw.get<float>(), 1e-6f, q2, nullptr)
+                        .is_ok());
+        GPU_CHECK(cudaDeviceSynchronize());
+        const std::string at = "rows " + std::to_string(rows) + " cols " + std::to_string(cols);
+        EXPECT_EQ(download_f32(x1, x.size()), download_f32(x2, x.size())) << "residual, " << at;
+        EXPECT_EQ(download_f32(alias ? r1 : y1, x.size()), download_f32(y2, x.size())) << "norm, " << at;
+        expect_same_q8(q1, q2, cols, rows);
+        if (alias) continue;
+        // norm_add, from the same inputs
+        x1.upload(x.data(), x.size() * 4);
+        x2.upload(x.data(), x.size() * 4);
+        r1.upload(r.data(), r.size() * 4);
+        r2.upload(r.data(), r.size() * 4);
+        ASSERT_TRUE(cu::norm_add(x1.get<float>(), cols, r1.get<float>(), cols, rows, cols, dws.get<float>(), 1e-6f,
+                                 nullptr)
+                        .is_ok());
+        ASSERT_TRUE(cu::rms_norm_q8(r2.get<float>(), cols, r2.get<float>(), cols, rows, cols, dws.get<float>(), 1e-6f,
+                                    q2, nullptr)
+                        .is_ok());
+        ASSERT_TRUE(cu::add(x2.get<float>(), cols, r2.get<float>(), cols, rows, cols, nullptr).is_ok());
+        GPU_CHECK(cudaDeviceSynchronize());
+        EXPECT_EQ(download_f32(x1, x.size()), download_f32(x2, x.size())) << "norm_add, " << at;
+        EXPECT_EQ(download_f32(r1, x.size()), r) << "norm_add leaves src as it was, " << at;
+      }
+    }
+  }
+  // Q/K head norms: Gemma 3 270M (4 heads and 1 KV head of 256), Qwen3 (32 and 8 heads of 128).
+  for (const auto [nq, nk, hd] : {std::tuple{4, 1, 256}, std::tuple{32, 8, 128}}) {
+    for (const int rows : {1, 5}) {
+      const int64_t qc = int64_t(nq) * hd, kc = int64_t(nk) * hd;
+      const auto q = random_floats(size_t(rows * qc), 3.0f, 191), k = random_floats(size_t(rows * kc), 3.0f, 192);
+      const auto wq = random_floats(size_t(hd), 0.5f, 193), wk = random_floats(size_t(hd), 0.5f, 194);
+      DeviceBuffer q1(q.size() * 4), q2(q.size() * 4), k1(k.size() * 4), k2(k.size() * 4), dwq(wq.size() * 4),
+          dwk(wk.size() * 4);
+      q1.upload(q.data(), q.size() * 4);
+      q2.upload(q.data(), q.size() * 4);
+      k1.upload(k.data(), k.size() * 4);
+      k2.upload(k.data(), k.size() * 4);
+      dwq.upload(wq.data(), wq.size() * 4);
+      dwk.upload(wk.data(), wk.size() * 4);
+      ASSERT_TRUE(cu::rms_norm_pair(q1.get<float>(), qc, qc, dwq.get<float>(), hd, k1.get<float>(), kc, kc,
+                                    dwk.get<float>(), hd, rows, 1e-6f, nullptr)
+                      .is_ok());
+      ASSERT_TRUE(cu::rms_norm(q2.get<float>(), qc, q2.get<float>(), qc, rows, qc, dwq.get<float>(), hd, 1e-6f, nullptr)
+                      .is_ok());
+      ASSERT_TRUE(cu::rms_norm(k2.get<float>(), kc, k2.get<float>(), kc, rows, kc, dwk.get<float>(), hd, 1e-6f, nullptr)
+                      .is_ok());
+      GPU_CHECK(cudaDeviceSynchronize());
+      EXPECT_EQ(download_f32(q1, q.size()), download_f32(q2, q.size())) << "q heads " << nq << " rows " << rows;
+      EXPECT_EQ(download_f32(k1, k.size()), download_f32(k2, k.size())) << "k heads " << nk << " rows " << rows;
+      EXPECT_NE(download_f32(q1, q.size()), q) << "normed in place";
     }
   }
 }

@@ -371,6 +371,54 @@ class CudaBackend final : public Backend {
     set_q8(dst);
   }
 
+  // Gemma 3's post-attention norm, residual add and FFN norm in one launch on the decode path
+  // (where rms_norm and add_rms_norm take their int8 kernels); elsewhere the two calls.
+  void norm_add_rms_norm(const Tensor& x, const Tensor& src, const WeightView& w_src, const WeightView& w, float eps,
+                         const Tensor& dst) override {
+    SLUICE_CHECK(src.cols == x.cols && src.rows == x.rows && w.type == quant::Type::kF32 && w.ne0 == x.cols &&
+                     w_src.type == quant::Type::kF32 && dst.cols == x.cols && dst.rows == x.rows,
+                 "norm_add_rms_norm: shape mismatch");
+    if (!(w_src.ne0 == x.cols && x.rows <= kMaxMmqTokens && x.cols % 32 == 0 && dst.stride == dst.cols &&
+          src.stride == src.cols)) {
+      Backend::norm_add_rms_norm(x, src, w_src, w, eps, dst);
+      return;
+    }
+    invalidate_q8();
+    const Q8Activation q8 = q8_view(x.cols, int(x.rows));
+    must(add_rms_norm_q8(f32(x), x.stride, f32(src), src.stride, f32(dst), dst.stride, x.rows, x.cols,
+                         static_cast<const float*>(w.data), eps, q8, stream_, static_cast<const float*>(w_src.data)),
+         "add_rms_norm_q8 (normed src)");
+    set_q8(dst);
+  }
+
+  // Gemma 3's post-FFN norm and residual add in one launch, where rms_norm takes its int8 kernel.
+  void norm_add(const Tensor& x, const Tensor& src, const WeightView& w_src, float eps) override {
+    SLUICE_CHECK(src.cols == x.cols && src.rows == x.rows && w_src.type == quant::Type::kF32, "norm_add: shape mismatch");
+    if (!(w_src.ne0 == x.cols && x.rows <= kMaxMmqTokens && x.cols % 32 == 0 && src.stride == src.cols)) {
+      Backend::norm_add(x, src, w_src, eps);
+      return;
+    }
+    invalidate_q8();
+    must(cuda::norm_add(f32(x), x.stride, f32(src), src.stride, x.rows, x.cols, static_cast<const float*>(w_src.data),
+                        eps, stream_),
+         "norm_add");
+  }
+
+  // The Q and K head norms in one launch.
+  void rms_norm_pair(const Tensor& a, const WeightView& wa, const Tensor& b, const WeightView& wb, float eps) override {
+    SLUICE_CHECK(wa.type == quant::Type::kF32 && wb.type == quant::Type::kF32 && a.rows == b.rows,
+                 "rms_norm_pair: shape mismatch");
+    if (!(wa.ne0 > 0 && wb.ne0 > 0 && wa.ne0 <= 1024 && wb.ne0 <= 1024 && a.cols % wa.ne0 == 0 &&
+          b.cols % wb.ne0 == 0)) {
+      Backend::rms_norm_pair(a, wa, b, wb, eps);
+      return;
+    }
+    invalidate_q8();
+    must(cuda::rms_norm_pair(f32(a), a.stride, a.cols, static_cast<const float*>(wa.data), wa.ne0, f32(b), b.stride,
+                             b.cols, static_cast<const float*>(wb.data), wb.ne0, a.rows, eps, stream_),
+         "rms_norm_pair");
+  }
+
   void rope_store_kv(const Tensor& q, const RopeParams& rq, const Tensor& k, const RopeParams& rk, const Tensor& v,
                      const Tensor& k_cache, const Tensor& v_cache, int pos0) override {
     if (!same_rope(rq, rk)) {
@@ -510,11 +558,19 @@ class CudaBackend final : public Backend {
          "swiglu");
   }
 
-  // GeGLU (Gemma): no fused int8 output (the down projection quantizes its input itself).
   void geglu(const Tensor& gate, const Tensor& up, const Tensor& dst) override {
     SLUICE_CHECK(gate.cols == up.cols && gate.cols == dst.cols && gate.rows == up.rows && gate.rows == dst.rows,
                  "geglu: shape mismatch");
     invalidate_q8();
+    if (dst.rows <= kMaxMmqTokens && dst.cols % 32 == 0 && dst.stride == dst.cols) {
+      // Decode: the product feeds the down projection; make its int8 activation here.
+      const Q8Activation q8 = q8_view(dst.cols, int(dst.rows));
+      must(geglu_q8(f32(gate), gate.stride, f32(up), up.stride, f32(dst), dst.stride, dst.rows, dst.cols, q8,
+                    stream_),
+           "geglu_q8");
+      set_q8(dst);
+      return;
+    }
     must(cuda::geglu(f32(gate), gate.stride, f32(up), up.stride, f32(dst), dst.stride, dst.rows, dst.cols, stream_),
          "geglu");
   }

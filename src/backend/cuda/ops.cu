@@ -105,7 +105,25 @@ struct AddOp {  // dst[r][c] += src[r][c]
   }
 };
 
-struct SwigluOp {  // dst = g / (1 + exp(-g)) * u, the CPU's expression and order
+// The gated activations' expressions, shared by the elementwise ops and the kernels that also
+// write the int8 activation (so fused and unfused give the same bits).
+// silu(g) * u = g / (1 + exp(-g)) * u, the CPU's expression and order.
+__device__ __forceinline__ float silu_mul(float g, float u) { return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u); }
+// gelu_tanh(g) * u: backend::gelu_tanh's expression and order (0.5 g (1 + tanh(k g (1 + a g^2)))
+// left to right), without FMA contraction; tanhf is CUDA's (within 2 ulp of glibc's).
+__device__ __forceinline__ float gelu_tanh_mul(float x, float u) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f, kCoef = 0.044715f;
+  const float inner = __fmul_rn(__fmul_rn(kSqrt2OverPi, x), __fadd_rn(1.0f, __fmul_rn(__fmul_rn(kCoef, x), x)));
+  return __fmul_rn(__fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, tanhf(inner))), u);
+}
+struct Silu {
+  __device__ float operator()(float g, float u) const { return silu_mul(g, u); }
+};
+struct GeluTanh {
+  __device__ float operator()(float g, float u) const { return gelu_tanh_mul(g, u); }
+};
+
+struct SwigluOp {  // dst = silu(g) * u
   const float* gate;
   int64_t gate_stride;
   const float* up;
@@ -118,7 +136,7 @@ struct SwigluOp {  // dst = g / (1 + exp(-g)) * u, the CPU's expression and orde
     load_v<V>(gate + r * gate_stride + c, g);
     load_v<V>(up + r * up_stride + c, u);
 #pragma unroll
-    for (int k = 0; k < V; ++k) g[k] = __fmul_rn(__fdiv_rn(g[k], __fadd_rn(1.0f, expf(-g[k]))), u[k]);
+    for (int k = 0; k < V; ++k) g[k] = silu_mul(g[k], u[k]);
     store_v<V>(dst + r * dst_stride + c, g);
   }
 };
@@ -134,16 +152,11 @@ struct GegluOp {
   int64_t dst_stride;
   template <int V>
   __device__ void apply(int64_t r, int64_t c) const {
-    constexpr float kSqrt2OverPi = 0.7978845608028654f, kCoef = 0.044715f;
     float g[V], u[V];
     load_v<V>(gate + r * gate_stride + c, g);
     load_v<V>(up + r * up_stride + c, u);
 #pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const float x = g[k];
-      const float inner = __fmul_rn(__fmul_rn(kSqrt2OverPi, x), __fadd_rn(1.0f, __fmul_rn(__fmul_rn(kCoef, x), x)));
-      g[k] = __fmul_rn(__fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, tanhf(inner))), u[k]);
-    }
+    for (int k = 0; k < V; ++k) g[k] = gelu_tanh_mul(g[k], u[k]);
     store_v<V>(dst + r * dst_stride + c, g);
   }
 };
@@ -239,22 +252,42 @@ struct NormArgs {
   }
 };
 
+// One group normed by one warp.
+__device__ __forceinline__ void norm_group_warp(const NormArgs& a, int64_t item, int lane) {
+  const float* xr = a.src_of(item);
+  float* yr = a.dst_of(item);
+  double sum = 0;
+  for (int i = lane; i < a.group; i += kWarpSize) sum += double(__fmul_rn(xr[i], xr[i]));
+  const float scale = rms_scale(warp_sum_double(sum), a.group, a.eps);
+  // Every lane has read all its elements before any lane writes (the shuffle above joins the
+  // warp), and each lane rewrites only elements it read: in-place (dst == x) is safe.
+  for (int i = lane; i < a.group; i += kWarpSize) yr[i] = __fmul_rn(__fmul_rn(xr[i], scale), a.w[i]);
+}
+
 // Small groups (Q/K head norms, head_dim 64..256): one warp per group, 8 groups per block.
 __global__ void __launch_bounds__(kThreads) rms_norm_warp_kernel(NormArgs a) {
   pdl_wait();
   pdl_trigger();
   constexpr int kWarps = kThreads / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize;
   const int64_t step = int64_t(gridDim.x) * kWarps;
   for (int64_t item = int64_t(blockIdx.x) * kWarps + threadIdx.x / kWarpSize; item < a.items; item += step) {
-    const float* xr = a.src_of(item);
-    float* yr = a.dst_of(item);
-    double sum = 0;
-    for (int i = lane; i < a.group; i += kWarpSize) sum += double(__fmul_rn(xr[i], xr[i]));
-    const float scale = rms_scale(warp_sum_double(sum), a.group, a.eps);
-    // Every lane has read all its elements before any lane writes (the shuffle above joins the
-    // warp), and each lane rewrites only elements it read: in-place (dst == x) is safe.
-    for (int i = lane; i < a.group; i += kWarpSize) yr[i] = __fmul_rn(__fmul_rn(xr[i], scale), a.w[i]);
+    norm_group_warp(a, item, threadIdx.x % kWarpSize);
+  }
+}
+
+// Two such norms in one launch (the Q and K head norms): a's groups, then b's.
+__global__ void __launch_bounds__(kThreads) rms_norm_warp_pair_kernel(NormArgs a, NormArgs b) {
+  pdl_wait();
+  pdl_trigger();
+  constexpr int kWarps = kThreads / kWarpSize;
+  const int64_t step = int64_t(gridDim.x) * kWarps;
+  for (int64_t item = int64_t(blockIdx.x) * kWarps + threadIdx.x / kWarpSize; item < a.items + b.items;
+       item += step) {
+    if (item < a.items) {
+      norm_group_warp(a, item, threadIdx.x % kWarpSize);
+    } else {
+      norm_group_warp(b, item - a.items, threadIdx.x % kWarpSize);
+    }
   }
 }
 
@@ -345,8 +378,12 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_q8_kernel(NormArgs a, i
 // Each thread adds, squares and normalizes the same elements (i = threadIdx.x + k * kNormThreads,
 // as block_sum_squares reads them), so it reads only its own writes; dst may alias src (src is
 // read before the block's first barrier, dst written after it).
+// With w_src (Gemma 3's post-attention norm): x += rms_norm(src) * w_src instead, the norm of src
+// as rms_norm_q8_kernel computes it (same sums, same products), then the same.
+template <bool kNormSrc>
 __global__ void __launch_bounds__(kNormThreads) add_rms_norm_q8_kernel(NormArgs a, const float* src,
-                                                                       int64_t src_stride, int8_t* q, float2* ds) {
+                                                                       int64_t src_stride, const float* w_src,
+                                                                       int8_t* q, float2* ds) {
   NormWeights nw;
   nw.load(a.w, a.group);
   pdl_wait();
@@ -355,17 +392,50 @@ __global__ void __launch_bounds__(kNormThreads) add_rms_norm_q8_kernel(NormArgs 
   for (int64_t item = blockIdx.x; item < a.items; item += gridDim.x) {
     float* xr = const_cast<float*>(a.src_of(item));
     const float* sr = src + item * src_stride;
+    if constexpr (kNormSrc) {
+      const float ss = rms_scale(block_sum_squares(sr, a.group, partial), a.group, a.eps);
 #pragma unroll 4
-    for (int i = threadIdx.x; i < a.group; i += kNormThreads) xr[i] = __fadd_rn(xr[i], sr[i]);
+      for (int i = threadIdx.x; i < a.group; i += kNormThreads) {
+        xr[i] = __fadd_rn(xr[i], __fmul_rn(__fmul_rn(sr[i], ss), w_src[i]));
+      }
+    } else {
+#pragma unroll 4
+      for (int i = threadIdx.x; i < a.group; i += kNormThreads) xr[i] = __fadd_rn(xr[i], sr[i]);
+    }
     const float scale = rms_scale(block_sum_squares(xr, a.group, partial), a.group, a.eps);
     norm_row_q8(a, nw, item, xr, scale, q, ds);
   }
 }
 
-// dst = silu(gate) * up (as SwigluOp) and its int8 activation; rows dense, cols % 32 == 0.
-__global__ void __launch_bounds__(kThreads) swiglu_q8_kernel(const float* gate, int64_t gate_stride, const float* up,
-                                                             int64_t up_stride, float* dst, int64_t dst_stride,
-                                                             int64_t rows, int64_t cols, int8_t* q, float2* ds);
+// x += rms_norm(src) * w over whole rows (Gemma 3's post-FFN norm and residual add): a.x is src,
+// a.dst is x, a.w the norm's weight; the norm as rms_norm_q8_kernel computes it.
+__global__ void __launch_bounds__(kNormThreads) norm_add_kernel(NormArgs a) {
+  NormWeights nw;
+  nw.load(a.w, a.group);
+  pdl_wait();
+  pdl_trigger();
+  __shared__ double partial[kNormThreads / kWarpSize];
+  for (int64_t item = blockIdx.x; item < a.items; item += gridDim.x) {
+    const float* sr = a.src_of(item);
+    float* xr = a.dst_of(item);
+    const float ss = rms_scale(block_sum_squares(sr, a.group, partial), a.group, a.eps);
+#pragma unroll
+    for (int k = 0; k < kNormPre; ++k) {
+      const int i = int(threadIdx.x) + k * kNormThreads;
+      if (i < a.group) xr[i] = __fadd_rn(xr[i], __fmul_rn(__fmul_rn(sr[i], ss), nw.w[k]));
+    }
+    for (int i = int(threadIdx.x) + kNormPre * kNormThreads; i < a.group; i += kNormThreads) {
+      xr[i] = __fadd_rn(xr[i], __fmul_rn(__fmul_rn(sr[i], ss), a.w[i]));
+    }
+  }
+}
+
+// dst = act(gate) * up (Silu as SwigluOp, GeluTanh as GegluOp) and its int8 activation; rows
+// dense, cols % 32 == 0.
+template <class Act>
+__global__ void __launch_bounds__(kThreads) glu_q8_kernel(const float* gate, int64_t gate_stride, const float* up,
+                                                          int64_t up_stride, float* dst, int64_t dst_stride,
+                                                          int64_t rows, int64_t cols, int8_t* q, float2* ds);
 
 // ---- rope -----------------------------------------------------------------------------------------------
 // Angles exactly as the CPU computes them: theta_i = pos * ts^i built by i successive f32
@@ -517,9 +587,10 @@ __global__ void __launch_bounds__(kRopeThreads) rope_kernel(RopeKernelArgs a) {
   }
 }
 
-__global__ void __launch_bounds__(kThreads) swiglu_q8_kernel(const float* gate, int64_t gate_stride, const float* up,
-                                                             int64_t up_stride, float* dst, int64_t dst_stride,
-                                                             int64_t rows, int64_t cols, int8_t* q, float2* ds) {
+template <class Act>
+__global__ void __launch_bounds__(kThreads) glu_q8_kernel(const float* gate, int64_t gate_stride, const float* up,
+                                                          int64_t up_stride, float* dst, int64_t dst_stride,
+                                                          int64_t rows, int64_t cols, int8_t* q, float2* ds) {
   pdl_wait();
   pdl_trigger();  // the down projection may start streaming its weights
   const int64_t n = rows * cols;
@@ -527,8 +598,7 @@ __global__ void __launch_bounds__(kThreads) swiglu_q8_kernel(const float* gate, 
   // n % 32 == 0 and the stride is a multiple of 32, so whole warps stay in one q8 block.
   for (int64_t e = int64_t(blockIdx.x) * kThreads + threadIdx.x; e < n; e += step) {
     const int64_t r = e / cols, c = e % cols;
-    const float g = gate[r * gate_stride + c];
-    const float y = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), up[r * up_stride + c]);
+    const float y = Act{}(gate[r * gate_stride + c], up[r * up_stride + c]);
     dst[r * dst_stride + c] = y;
     q8_block(y, q + (e - threadIdx.x % kWarpSize), ds + e / 32);
   }
@@ -553,21 +623,73 @@ Status rms_norm_q8(const float* x, int64_t x_stride, float* dst, int64_t dst_str
   return Status::ok();
 }
 
-Status swiglu_q8(const float* gate, int64_t gate_stride, const float* up, int64_t up_stride, float* dst,
-                 int64_t dst_stride, int64_t rows, int64_t cols, const Q8Activation& out, cudaStream_t stream) {
-  SLUICE_RETURN_IF_ERROR(check_rows("swiglu_q8", rows, cols));
+namespace {
+template <class Act>
+Status glu_q8(const char* op, const float* gate, int64_t gate_stride, const float* up, int64_t up_stride, float* dst,
+              int64_t dst_stride, int64_t rows, int64_t cols, const Q8Activation& out, cudaStream_t stream) {
+  SLUICE_RETURN_IF_ERROR(check_rows(op, rows, cols));
   if (cols % 32 != 0 || out.cols != cols || out.tokens != rows || !out.q || !out.ds) {
-    return invalid_argument("swiglu_q8: the activation must be [rows][cols] with cols % 32 == 0");
+    return invalid_argument(std::string(op) + ": the activation must be [rows][cols] with cols % 32 == 0");
   }
   if (rows == 0) return Status::ok();
-  SLUICE_RETURN_IF_ERROR(check_stride("swiglu_q8", "gate", gate, gate_stride, cols));
-  SLUICE_RETURN_IF_ERROR(check_stride("swiglu_q8", "up", up, up_stride, cols));
-  SLUICE_RETURN_IF_ERROR(check_stride("swiglu_q8", "dst", dst, dst_stride, cols));
+  SLUICE_RETURN_IF_ERROR(check_stride(op, "gate", gate, gate_stride, cols));
+  SLUICE_RETURN_IF_ERROR(check_stride(op, "up", up, up_stride, cols));
+  SLUICE_RETURN_IF_ERROR(check_stride(op, "dst", dst, dst_stride, cols));
   const int64_t n = rows * cols;
   const int64_t blocks = std::min((n + kThreads - 1) / kThreads, kMaxGridX);
-  SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(swiglu_q8_kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, gate,
+  SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(glu_q8_kernel<Act>, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, gate,
                                          gate_stride, up, up_stride, dst, dst_stride, rows, cols, out.q, out.ds));
-  SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("swiglu_q8_kernel");
+  SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED(op);
+  return Status::ok();
+}
+}  // namespace
+
+Status swiglu_q8(const float* gate, int64_t gate_stride, const float* up, int64_t up_stride, float* dst,
+                 int64_t dst_stride, int64_t rows, int64_t cols, const Q8Activation& out, cudaStream_t stream) {
+  return glu_q8<Silu>("swiglu_q8", gate, gate_stride, up, up_stride, dst, dst_stride, rows, cols, out, stream);
+}
+
+Status geglu_q8(const float* gate, int64_t gate_stride, const float* up, int64_t up_stride, float* dst,
+                int64_t dst_stride, int64_t rows, int64_t cols, const Q8Activation& out, cudaStream_t stream) {
+  return glu_q8<GeluTanh>("geglu_q8", gate, gate_stride, up, up_stride, dst, dst_stride, rows, cols, out, stream);
+}
+
+Status rms_norm_pair(float* a, int64_t a_stride, int64_t a_cols, const float* wa, int64_t a_group, float* b,
+                     int64_t b_stride, int64_t b_cols, const float* wb, int64_t b_group, int64_t rows, float eps,
+                     cudaStream_t stream) {
+  SLUICE_RETURN_IF_ERROR(check_rows("rms_norm_pair", rows, a_cols));
+  SLUICE_RETURN_IF_ERROR(check_rows("rms_norm_pair", rows, b_cols));
+  for (auto [cols, group] : {std::pair{a_cols, a_group}, std::pair{b_cols, b_group}}) {
+    if (group <= 0 || group > 1024 || cols % group != 0) {
+      return invalid_argument("rms_norm_pair: group " + std::to_string(group) + " must be in [1, 1024] and divide " +
+                              std::to_string(cols));
+    }
+  }
+  if (rows == 0) return Status::ok();
+  SLUICE_RETURN_IF_ERROR(check_stride("rms_norm_pair", "a", a, a_stride, a_cols));
+  SLUICE_RETURN_IF_ERROR(check_stride("rms_norm_pair", "b", b, b_stride, b_cols));
+  if (wa == nullptr || wb == nullptr) return invalid_argument("rms_norm_pair: a weight is null");
+  const NormArgs na{a, a_stride, a, a_stride, rows * (a_cols / a_group), a_cols / a_group, int(a_group), wa, eps};
+  const NormArgs nb{b, b_stride, b, b_stride, rows * (b_cols / b_group), b_cols / b_group, int(b_group), wb, eps};
+  constexpr int64_t kWarps = kThreads / kWarpSize;
+  const int64_t blocks = std::min((na.items + nb.items + kWarps - 1) / kWarps, kMaxGridX * 4);
+  SLUICE_CUDA_RETURN_IF_ERROR(
+      launch_pdl(rms_norm_warp_pair_kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, na, nb));
+  SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("rms_norm_warp_pair_kernel");
+  return Status::ok();
+}
+
+Status norm_add(float* x, int64_t x_stride, const float* src, int64_t src_stride, int64_t rows, int64_t cols,
+                const float* w, float eps, cudaStream_t stream) {
+  SLUICE_RETURN_IF_ERROR(check_rows("norm_add", rows, cols));
+  if (rows == 0 || cols == 0) return Status::ok();
+  SLUICE_RETURN_IF_ERROR(check_stride("norm_add", "x", x, x_stride, cols));
+  SLUICE_RETURN_IF_ERROR(check_stride("norm_add", "src", src, src_stride, cols));
+  if (w == nullptr) return invalid_argument("norm_add: w is null");
+  NormArgs a{src, src_stride, x, x_stride, rows, 1, int(cols), w, eps};
+  SLUICE_CUDA_RETURN_IF_ERROR(
+      launch_pdl(norm_add_kernel, dim3(unsigned(std::min(rows, kMaxGridX))), dim3(kNormThreads), 0, stream, a));
+  SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("norm_add_kernel");
   return Status::ok();
 }
 
@@ -899,7 +1021,7 @@ Status rope_store_kv_seqs(float* q, int64_t q_stride, float* k, int64_t k_stride
 
 Status add_rms_norm_q8(float* x, int64_t x_stride, const float* src, int64_t src_stride, float* dst,
                        int64_t dst_stride, int64_t rows, int64_t cols, const float* w, float eps,
-                       const Q8Activation& out, cudaStream_t stream) {
+                       const Q8Activation& out, cudaStream_t stream, const float* w_src) {
   SLUICE_RETURN_IF_ERROR(check_rows("add_rms_norm_q8", rows, cols));
   if (cols % 32 != 0 || out.cols != cols || out.tokens != rows || !out.q || !out.ds) {
     return invalid_argument("add_rms_norm_q8: the activation must be [rows][cols] with cols % 32 == 0");
@@ -910,8 +1032,14 @@ Status add_rms_norm_q8(float* x, int64_t x_stride, const float* src, int64_t src
   SLUICE_RETURN_IF_ERROR(check_stride("add_rms_norm_q8", "dst", dst, dst_stride, cols));
   if (w == nullptr) return invalid_argument("add_rms_norm_q8: w is null");
   NormArgs a{x, x_stride, dst, dst_stride, rows, 1, int(cols), w, eps};
-  SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(add_rms_norm_q8_kernel, dim3(unsigned(std::min(rows, kMaxGridX))),
-                                         dim3(kNormThreads), 0, stream, a, src, src_stride, out.q, out.ds));
+  const dim3 grid(unsigned(std::min(rows, kMaxGridX)));
+  if (w_src != nullptr) {
+    SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(add_rms_norm_q8_kernel<true>, grid, dim3(kNormThreads), 0, stream, a, src,
+                                           src_stride, w_src, out.q, out.ds));
+  } else {
+    SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(add_rms_norm_q8_kernel<false>, grid, dim3(kNormThreads), 0, stream, a,
+                                           src, src_stride, w_src, out.q, out.ds));
+  }
   SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("add_rms_norm_q8_kernel");
   return Status::ok();
 }

@@ -32,14 +32,28 @@ Status rms_norm_q8(const float* x, int64_t x_stride, float* dst, int64_t dst_str
                    const float* w, float eps, const Q8Activation& out, cudaStream_t stream);
 
 // x += src, then rms_norm_q8 of x into dst (the residual add and the next norm in one launch).
-// dst may alias src.
+// With w_src: x += rms_norm(src) * w_src instead (src's own norm first, as rms_norm_q8 computes
+// it; src is left as it was). dst may alias src.
 Status add_rms_norm_q8(float* x, int64_t x_stride, const float* src, int64_t src_stride, float* dst,
                        int64_t dst_stride, int64_t rows, int64_t cols, const float* w, float eps,
-                       const Q8Activation& out, cudaStream_t stream);
+                       const Q8Activation& out, cudaStream_t stream, const float* w_src = nullptr);
 
-// swiglu (below) that also writes dst's int8 activation into `out` (the down projection's input).
+// x += rms_norm(src) * w over whole rows (w has cols entries), the norm as rms_norm_q8 computes it.
+Status norm_add(float* x, int64_t x_stride, const float* src, int64_t src_stride, int64_t rows, int64_t cols,
+                const float* w, float eps, cudaStream_t stream);
+
+// rms_norm (below) of a and of b in place, in one launch: the Q and K head norms. Groups (heads)
+// of at most 1024 elements, normed as rms_norm does them.
+Status rms_norm_pair(float* a, int64_t a_stride, int64_t a_cols, const float* wa, int64_t a_group, float* b,
+                     int64_t b_stride, int64_t b_cols, const float* wb, int64_t b_group, int64_t rows, float eps,
+                     cudaStream_t stream);
+
+// swiglu / geglu (below) that also write dst's int8 activation into `out` (the down projection's
+// input).
 Status swiglu_q8(const float* gate, int64_t gate_stride, const float* up, int64_t up_stride, float* dst,
                  int64_t dst_stride, int64_t rows, int64_t cols, const Q8Activation& out, cudaStream_t stream);
+Status geglu_q8(const float* gate, int64_t gate_stride, const float* up, int64_t up_stride, float* dst,
+                int64_t dst_stride, int64_t rows, int64_t cols, const Q8Activation& out, cudaStream_t stream);
 
 // y[r][c] += b[c].
 Status add_bias(float* y, int64_t stride, int64_t rows, int64_t cols, const float* b, cudaStream_t stream);
