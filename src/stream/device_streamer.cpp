@@ -268,9 +268,10 @@ std::string DevicePlan::describe() const {
     // Passes shorter than prefill_batch (several sequences, speculative verification) take the
     // hybrid placement while the cost model predicts it faster than streaming every layer.
     int upto = 0;
-    while (upto + 1 < prefill_batch && hybrid_faster(*this, upto + 1)) ++upto;
-    std::snprintf(line, sizeof line, "  hybrid for passes of 1..%d tokens; longer passes stream every layer to the GPU\n",
-                  upto);
+    const bool forced_split = input.hybrid_mode == HybridMode::kSplit;
+    while (upto + 1 < prefill_batch && (forced_split || hybrid_faster(*this, upto + 1))) ++upto;
+    std::snprintf(line, sizeof line, "  hybrid for passes of 1..%d tokens%s; longer passes stream every layer to the GPU\n",
+                  upto, forced_split ? " (--hybrid split)" : "");
     s += line;
   }
   std::snprintf(line, sizeof line,
@@ -780,7 +781,8 @@ Status DeviceStreamer::restart_ring(const std::vector<int>* list) {
 }
 
 bool DeviceStreamer::hybrid_for(int n_tokens) {
-  if (plan_.forced || n_tokens < 1) return true;
+  // Forced placements (tests, --hybrid split) run hybrid for every pass below prefill_batch.
+  if (plan_.forced || plan_.input.hybrid_mode == HybridMode::kSplit || n_tokens < 1) return true;
   if (hybrid_wins_.size() <= size_t(n_tokens)) hybrid_wins_.resize(size_t(n_tokens) + 1, -1);
   int8_t& wins = hybrid_wins_[size_t(n_tokens)];
   if (wins < 0) wins = hybrid_faster(plan_, n_tokens) ? 1 : 0;

@@ -91,7 +91,8 @@ struct DeviceStreamOptions {
   bool allow_host_backend = false;
   std::vector<Home> force_homes;  // per layer; empty: the planner decides
   // Hybrid placements the planner scores (--hybrid): whole layers alternating between CPU and GPU,
-  // layers split by matrix rows (kSplit: both compute every split layer), or the faster of the two.
+  // layers split by matrix rows, or the faster of the two. kSplit is forced: every pinned-RAM
+  // dense layer split, and hybrid passes for every pass shorter than prefill_batch.
   HybridMode hybrid_mode = HybridMode::kAuto;
   double split_share = 0;  // split layers: the CPU's share of rows, in (0, 1); 0: the planner's choice
 

@@ -375,15 +375,19 @@ Result<Plan> make_plan(const PlanInput& in) {
       }
       // Strictly better only, so ties keep fewer CPU units, and alternating over split.
       Plan chosen = p;
-      if (in.hybrid_mode != HybridMode::kSplit) {
+      if (in.hybrid_mode != HybridMode::kSplit && !ram_units.empty()) {
         chosen = best_alternating(in, p, ram_units);
         p.alternating_seconds = chosen.token_seconds;
       }
       if (in.hybrid_mode != HybridMode::kAlternate) {
         std::optional<Plan> split = best_split(in, p, ram_units);
         if (split) {
+          // Forced (kSplit): the split placement even where streaming everything is predicted
+          // faster, so the two can be measured against each other.
           p.split_seconds = split->token_seconds;
-          if (split->token_seconds < chosen.token_seconds * (1 - 1e-12)) chosen = std::move(*split);
+          if (in.hybrid_mode == HybridMode::kSplit || split->token_seconds < chosen.token_seconds * (1 - 1e-12)) {
+            chosen = std::move(*split);
+          }
         }
       }
       chosen.alternating_seconds = p.alternating_seconds;

@@ -157,7 +157,8 @@ struct Plan {
 // engine streams the GPU's B units while the CPU computes its own); the lowest predicted time
 // wins, ties going to fewer CPU units, then fewer resident units. Row split (hybrid_mode kSplit or
 // kAuto): every splittable B unit split at one CPU share (split_share, or the best of k / 64,
-// k = 1..63); kAuto keeps the split placement only when strictly faster than the alternating one.
+// k = 1..63); kAuto keeps the split placement only when strictly faster than the alternating one,
+// kSplit keeps it even when streaming every B unit is predicted faster (a forced A/B).
 // A units and C units always run on the GPU (with a GPU).
 // Errors (kInvalidArgument) when even the minimum does not fit, stating the minimum.
 Result<Plan> make_plan(const PlanInput& in);

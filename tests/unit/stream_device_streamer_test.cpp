@@ -588,6 +588,46 @@ TEST(StreamDevice, RowSplitMixesMatchResident) {
   std::filesystem::remove(path);
 }
 
+// --hybrid split=0.5 through the planner (no forced homes): 2 layers resident, the 4 pinned ones
+// split at half their rows, output as the resident run's.
+TEST(StreamDevice, PlannedRowSplitMatchesResident) {
+  const std::string path = write_synthetic("plan_split");
+  const Session ref = resident_session(path);
+  auto f = gguf::File::open(path);
+  auto layout = layout_of(*f);
+  ASSERT_TRUE(layout.is_ok());
+  uint64_t layer = 0;
+  for (const UnitLayout& u : layout->layers) layer = std::max(layer, u.bytes);
+  DeviceStreamOptions o = host_options({}, 2);
+  o.workspace_bytes = 1 << 20;
+  o.host_cpu.pack_weights = false;
+  o.hybrid_mode = HybridMode::kSplit;
+  o.split_share = 0.5;
+  auto probe = plan_device(*f, *layout, [&] { DeviceStreamOptions q = o; q.vram_budget = 1ull << 40; return q; }());
+  ASSERT_TRUE(probe.is_ok()) << probe.status().message();
+  o.vram_budget = probe->reserved_bytes() + 4 * layer;  // 2 resident + 2 slots
+  DeviceStreamer* s = nullptr;
+  auto m = load_streamed(path, o, &s);
+  ASSERT_TRUE(m.is_ok()) << m.status().message();
+  int split = 0;
+  for (size_t l = 0; l < layout->layers.size(); ++l) {
+    const UnitPlan& u = s->plan().plan.units[l];
+    if (u.home == B) {
+      EXPECT_EQ(u.exec, S);
+      EXPECT_EQ(u.cpu_share, 0.5);
+    }
+    split += s->split_capable(int(l));
+  }
+  EXPECT_EQ(split, 4) << s->plan().describe();
+  EXPECT_NE(s->plan().describe().find("split 0.50"), std::string::npos) << s->plan().describe();
+  const Session got = run_session(**m);
+  EXPECT_EQ(got.tokens, ref.tokens);
+  EXPECT_EQ(got.first_logits, ref.first_logits);
+  EXPECT_EQ(got.last_logits, ref.last_logits);
+  EXPECT_GT(s->stats().decode_split_cpu_bytes, 0u);
+  std::filesystem::remove(path);
+}
+
 TEST(StreamDevice, RowSplitOnlyForDensePinnedLayersAtSharesInside01) {
   const std::string path = write_synthetic("rowsplit_err");
   DeviceStreamOptions o = host_options({A, B, C, B, B, B}, 2);

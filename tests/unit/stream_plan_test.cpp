@@ -498,6 +498,22 @@ TEST(StreamPlan, UnsplittableUnitsAreNeverSplit) {
   EXPECT_EQ(p->units[2].exec, Executor::kGpu);
 }
 
+TEST(StreamPlan, ForcedSplitEvenWhereStreamingIsFaster) {
+  // Copies at 1e12 (as fast as VRAM): streaming all three units costs 3 ms, a split adds 50 ms of
+  // hand-offs per unit. Auto keeps streaming; --hybrid split splits anyway (at the fastest share).
+  PlanInput in = three_streamed();
+  in.bw.h2d = 1e12;
+  auto p = make_plan(in);
+  ASSERT_TRUE(p.is_ok());
+  for (const UnitPlan& u : p->units) EXPECT_EQ(u.exec, Executor::kGpu);
+  in.hybrid_mode = HybridMode::kSplit;
+  p = make_plan(in);
+  ASSERT_TRUE(p.is_ok());
+  for (const UnitPlan& u : p->units) EXPECT_EQ(u.exec, Executor::kSplit);
+  EXPECT_NEAR(p->token_seconds, p->split_seconds, 1e-15);
+  EXPECT_GT(p->token_seconds, 0.15);
+}
+
 TEST(StreamPlan, HybridModesParseAndBadSharesAreErrors) {
   HybridMode m = HybridMode::kAuto;
   double share = -1;
