@@ -8,6 +8,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <filesystem>
@@ -625,6 +628,44 @@ TEST(StreamDevice, PlannedRowSplitMatchesResident) {
   EXPECT_EQ(got.first_logits, ref.first_logits);
   EXPECT_EQ(got.last_logits, ref.last_logits);
   EXPECT_GT(s->stats().decode_split_cpu_bytes, 0u);
+  std::filesystem::remove(path);
+}
+
+// The host's rows from its packed layout (host_cpu.pack_weights on): a packed matrix is cut at
+// whole row groups (WeightView::rows), so a wrong group offset would compute other rows. The
+// "GPU" rows run the row kernels on the slot, the CPU's the packed kernels (another summation
+// order), so the reference is the resident run within rounding: normalized error of the first
+// logits under 1e-3 and the greedy tokens equal. On a CPU without packed kernels at its vec_dot
+// ISA nothing is packed; the CTest variant isa_ref.* runs this with SLUICE_QUANT_ISA=ref, where it
+// is (and checks it).
+TEST(StreamDevicePacked, RowSplitPackedHostRowsMatchResident) {
+  const std::string path = write_synthetic("rowsplit_packed");
+  const std::vector<int32_t> prompt = {1, 5, 9, 17, 33, 2, 64, 80, 3};
+  const GreedyRun ref = resident_run(path, prompt, 8);
+  DeviceStreamOptions o = host_options({B, B, B, B, B, B}, 2);
+  o.force_exec = {S, S, S, S, S, S};
+  o.force_share = {0.5, 0.25, 0.75, 0.5, 0.4, 0.6};
+  o.prefill_batch = 1000;
+  o.host_cpu.pack_weights = true;
+  DeviceStreamer* s = nullptr;
+  auto m = load_streamed(path, o, &s);
+  ASSERT_TRUE(m.is_ok()) << m.status().message();
+  const char* isa = std::getenv("SLUICE_QUANT_ISA");
+  if (isa && std::string(isa) == "ref") {
+    EXPECT_GT(s->host_packed_bytes(), 0u);
+  } else if (s->host_packed_bytes() == 0) {
+    std::printf("[ note ] this CPU has no packed kernels at its vec_dot ISA: the host rows are not packed\n");
+  }
+  const GreedyRun got = greedy(**m, prompt, 8);
+  EXPECT_EQ(got.tokens, ref.tokens);
+  ASSERT_EQ(got.first_logits.size(), ref.first_logits.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.first_logits.size(); ++i) {
+    const double d = double(got.first_logits[i]) - double(ref.first_logits[i]);
+    num += d * d;
+    den += double(ref.first_logits[i]) * double(ref.first_logits[i]);
+  }
+  EXPECT_LE(std::sqrt(num / den), 1e-3);
   std::filesystem::remove(path);
 }
 
