@@ -112,6 +112,7 @@ Result<stream::DeviceStreamOptions> device_options(const ModelFlags& mf, const S
   o.n_slots = sf.n_slots;
   o.skip = sf.skip_layers;
   o.hybrid = !sf.no_hybrid;
+  SLUICE_RETURN_IF_ERROR(stream::parse_hybrid_mode(sf.hybrid, &o.hybrid_mode, &o.split_share));
   o.host_cpu.n_threads = mf.n_threads;
   o.n_ctx = kv_pool_positions(mf);
   o.decode_batch = sf.decode_batch;
@@ -430,6 +431,14 @@ Status finish_stream(FILE* out, LoadedModel& lm, const decode::Timings& t) {
                      cpu_ms > 0 ? double(s.decode_cpu_bytes) / n / (cpu_ms * 1e-3) / 1e9 : 0.0, pred_cpu_ms,
                      ds.plan().input.bw.cpu / 1e9, tok_ms - cpu_ms, p.token_seconds * 1e3 - pred_cpu_ms, p.t_h2d * 1e3,
                      p.t_exec * 1e3 - pred_cpu_ms, ds.cpu_probe().c_str());
+      }
+      if (s.decode_split_cpu_bytes > 0) {
+        // Row split: the CPU's and the GPU's rows of a layer run at once, so only the token time
+        // is measured; the plan's split layers are t_split of it.
+        std::fprintf(out,
+                     "split:   layers split by rows: the CPU computes %.1f MB/token of their rows, %.1f MB/token "
+                     "copied from pinned RAM in all; predicted %.2f ms/token for the split layers (hand-offs included)\n",
+                     double(s.decode_split_cpu_bytes) / n / 1e6, double(s.decode_ram_bytes) / n / 1e6, p.t_split * 1e3);
       }
     }
   }

@@ -50,6 +50,11 @@ void add_stream_flags(CLI::App& app, StreamFlags& f) {
   app.add_flag("--no-hybrid", f.no_hybrid,
                "with --vram-budget: copy every streamed layer to the GPU (pure streaming) instead of letting the CPU "
                "compute some pinned-RAM layers where they lie");
+  app.add_option("--hybrid", f.hybrid,
+                 "with --vram-budget: the hybrid placements the planner scores: alternate (the CPU computes whole "
+                 "pinned-RAM layers), split (every pinned-RAM layer's matrices split by rows between CPU and GPU; "
+                 "split=SHARE fixes the CPU's share of rows, e.g. split=0.4), auto (the faster prediction)")
+      ->capture_default_str();
   app.add_option("--expert-misses", f.expert_misses,
                  "mixture of experts with --vram-budget: where an expert missing from the VRAM cache runs: cost (CPU or "
                  "copied to the GPU, whichever the cost model says finishes first; prefill copies), cpu, copy")

@@ -37,6 +37,10 @@ struct StreamFlags {
   std::string trace_path;  // --trace FILE: per-layer access trace (CSV), needs --ram-budget
   bool no_probe = false;   // --no-probe: planner uses the default disk bandwidth (tests, scripts)
   bool no_hybrid = false;  // --no-hybrid: the device pipeline copies every streamed layer (no CPU executor)
+  // --hybrid auto|alternate|split|split=SHARE: which hybrid placements the planner scores (whole
+  // layers alternating between CPU and GPU, layers split by rows, or the faster); SHARE fixes the
+  // CPU's share of a split layer's rows.
+  std::string hybrid = "auto";
   // Mixtures of experts with --vram-budget (stream/expert_streamer.h): where a cache miss runs
   // (cost: CPU or copy by the cost model; cpu; copy) and a cap on the VRAM expert cache.
   std::string expert_misses = "cost";
@@ -66,7 +70,7 @@ void add_backend_flags(CLI::App& app, ModelFlags& f);
 // The --backend choice as model/ takes it.
 model::BackendKind backend_kind(const ModelFlags& f);
 
-// --ram-budget, --vram-budget, --slots, --plan, --trace, --no-probe, --no-hybrid.
+// --ram-budget, --vram-budget, --slots, --plan, --trace, --no-probe, --no-hybrid, --hybrid.
 void add_stream_flags(CLI::App& app, StreamFlags& f);
 
 // --temp --top-k --top-p --min-p --repeat-penalty --repeat-last-n --seed. Ranges are checked by

@@ -1,6 +1,7 @@
 #include "model/executor.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 
@@ -46,6 +47,21 @@ Status Executor::layer(const LayerWeights& L, int l, int64_t n, std::span<const 
   const Config& c = *cfg_;
   const Tensor x = x_.first_rows(n), xn = xn_.first_rows(n), q = q_.first_rows(n), k = k_.first_rows(n),
                v = v_.first_rows(n), attn = attn_.first_rows(n);
+  // Attention block: x += Wo . attention(rope(norm(Wq xn)), rope(norm(Wk xn)), Wv xn).
+  be.rms_norm(x, L.attn_norm.view(), c.rms_eps, xn);
+  const backend::WeightView qkv_w[] = {L.wq.view(), L.wk.view(), L.wv.view()};
+  const Tensor qkv_y[] = {q, k, v};
+  be.matmul_multi(qkv_w, xn, qkv_y);
+  attend(L, l, n, segs);
+  be.matmul(L.wo.view(), attn, xn);
+  attention_residual(L, n);
+  return ffn(L, l, n);
+}
+
+void Executor::attend(const LayerWeights& L, int l, int64_t n, std::span<const Segment> segs) {
+  backend::Backend& be = *be_;
+  const Config& c = *cfg_;
+  const Tensor q = q_.first_rows(n), k = k_.first_rows(n), v = v_.first_rows(n), attn = attn_.first_rows(n);
   const float eps = c.rms_eps;
   // Sliding-window layers (Gemma 3's local layers) see the last n_swa positions and rotate with
   // their own RoPE base; global layers see every position.
@@ -62,12 +78,6 @@ Status Executor::layer(const LayerWeights& L, int l, int64_t n, std::span<const 
   // read_config sets attn_scale for every architecture; 1/sqrt(head_dim) stands in for a Config
   // made by hand.
   const float scale = c.attn_scale > 0 ? c.attn_scale : 1.0f / std::sqrt(float(c.head_dim));
-
-  // Attention block: x += Wo . attention(rope(norm(Wq xn)), rope(norm(Wk xn)), Wv xn).
-  be.rms_norm(x, L.attn_norm.view(), eps, xn);
-  const backend::WeightView qkv_w[] = {L.wq.view(), L.wk.view(), L.wv.view()};
-  const Tensor qkv_y[] = {q, k, v};
-  be.matmul_multi(qkv_w, xn, qkv_y);
   if (L.bq.present()) be.add_bias(q, L.bq.view());
   if (L.bk.present()) be.add_bias(k, L.bk.view());
   if (L.bv.present()) be.add_bias(v, L.bv.view());
@@ -87,13 +97,33 @@ Status Executor::layer(const LayerWeights& L, int l, int64_t n, std::span<const 
   const backend::AttentionParams ap{c.n_head, c.n_head_kv, c.head_dim, scale, 0, swa ? c.n_swa : 0};
   be.rope_store_kv_seqs(q, rq, k, rk, v, seq_rows_);
   be.attention_seqs(q, attn, ap, seq_rows_);
-  be.matmul(L.wo.view(), attn, xn);
+}
+
+void Executor::attention_residual(const LayerWeights& L, int64_t n) {
+  const Tensor x = x_.first_rows(n), xn = xn_.first_rows(n);
+  const float eps = cfg_->rms_eps;
   if (L.post_attn_norm.present()) {  // gemma3
-    be.norm_add_rms_norm(x, xn, L.post_attn_norm.view(), L.ffn_norm.view(), eps, xn);
+    be_->norm_add_rms_norm(x, xn, L.post_attn_norm.view(), L.ffn_norm.view(), eps, xn);
   } else {
-    be.add_rms_norm(x, xn, L.ffn_norm.view(), eps, xn);
+    be_->add_rms_norm(x, xn, L.ffn_norm.view(), eps, xn);
   }
-  return ffn(L, l, n);
+}
+
+void Executor::activation(const Tensor& gate, const Tensor& up) {
+  if (cfg_->ffn_act == FfnActivation::kGeluTanh) {
+    be_->geglu(gate, up, gate);
+  } else {
+    be_->swiglu(gate, up, gate);
+  }
+}
+
+void Executor::ffn_residual(const LayerWeights& L, int64_t n) {
+  const Tensor x = x_.first_rows(n), xn = xn_.first_rows(n);
+  if (L.post_ffn_norm.present()) {  // gemma3
+    be_->norm_add(x, xn, L.post_ffn_norm.view(), cfg_->rms_eps);
+  } else {
+    be_->add(x, xn);
+  }
 }
 
 Status Executor::ffn(const LayerWeights& L, int l, int64_t n) {
@@ -101,21 +131,135 @@ Status Executor::ffn(const LayerWeights& L, int l, int64_t n) {
   // Dense feed-forward block: x += W_down . (act(W_gate xn) * (W_up xn)), act = silu (SwiGLU) or
   // tanh-approximated gelu (GeGLU); Gemma 3 norms the block's output before the add.
   backend::Backend& be = *be_;
-  const Tensor x = x_.first_rows(n), xn = xn_.first_rows(n), gate = gate_.first_rows(n), up = up_.first_rows(n);
+  const Tensor xn = xn_.first_rows(n), gate = gate_.first_rows(n), up = up_.first_rows(n);
   const backend::WeightView gate_up_w[] = {L.w_gate.view(), L.w_up.view()};
   const Tensor gate_up_y[] = {gate, up};
   be.matmul_multi(gate_up_w, xn, gate_up_y);
-  if (cfg_->ffn_act == FfnActivation::kGeluTanh) {
-    be.geglu(gate, up, gate);
-  } else {
-    be.swiglu(gate, up, gate);
-  }
+  activation(gate, up);
   be.matmul(L.w_down.view(), gate, xn);
-  if (L.post_ffn_norm.present()) {  // gemma3
-    be.norm_add(x, xn, L.post_ffn_norm.view(), cfg_->rms_eps);
-  } else {
-    be.add(x, xn);
+  ffn_residual(L, n);
+  return Status::ok();
+}
+
+// ---- row split ----------------------------------------------------------------------------------
+
+namespace {
+
+// Columns [c0, c0 + nc) of every row of t: a view into the same memory, with t's row stride.
+Tensor cols(const Tensor& t, int64_t c0, int64_t nc) {
+  SLUICE_CHECK(c0 >= 0 && nc >= 0 && c0 + nc <= t.cols && t.row_map == nullptr, "executor: column range outside tensor");
+  return {static_cast<uint8_t*>(t.data) + c0 * backend::dtype_bytes(t.dtype), t.dtype, nc, t.rows, t.stride};
+}
+
+// src (on `from`) into dst (on `to`, the same shape) through the host buffer.
+void hand(backend::Backend& from, const Tensor& src, backend::Backend& to, const Tensor& dst, std::span<float> buf) {
+  if (src.cols == 0 || src.rows == 0) return;
+  SLUICE_CHECK(buf.size() >= size_t(src.rows * src.cols), "executor: hand-off buffer too small");
+  from.download(src, buf.data());
+  to.upload(dst, buf.data());
+}
+
+// One matrix of a split product: the main executor's part (its first rows: main.ne1), the host's
+// whole matrix, and each side's output tensor (full width: column o is output row o).
+struct SplitPart {
+  const TensorRef& main;
+  const TensorRef& host;
+  Tensor y, hy;
+  int64_t r() const { return main.ne1; }
+  int64_t rows() const { return host.ne1; }
+};
+
+constexpr size_t kMaxSplitParts = 3;  // Q, K, V
+
+// The main executor's rows of every part, issued on `be` (asynchronous on a GPU).
+void main_rows(backend::Backend& be, std::span<const SplitPart> parts, const Tensor& x) {
+  std::array<backend::WeightView, kMaxSplitParts> w;
+  std::array<Tensor, kMaxSplitParts> y;
+  size_t m = 0;
+  for (const SplitPart& p : parts) {
+    SLUICE_CHECK(p.r() >= 0 && p.r() <= p.rows() && p.main.ne0 == p.host.ne0, "executor: split part larger than its matrix");
+    if (p.r() == 0) continue;
+    w[m] = p.main.view();
+    y[m++] = cols(p.y, 0, p.r());
   }
+  if (m > 0) be.matmul_multi(std::span(w.data(), m), x, std::span(y.data(), m));
+}
+
+// The host's rows of every part, computed on `hb` (the CPU: synchronous).
+void host_rows(backend::Backend& hb, std::span<const SplitPart> parts, const Tensor& hx) {
+  std::array<backend::WeightView, kMaxSplitParts> w;
+  std::array<Tensor, kMaxSplitParts> y;
+  size_t m = 0;
+  for (const SplitPart& p : parts) {
+    if (p.r() == p.rows()) continue;
+    w[m] = p.host.view().rows(p.r(), p.rows() - p.r());
+    y[m++] = cols(p.hy, p.r(), p.rows() - p.r());
+  }
+  if (m > 0) hb.matmul_multi(std::span(w.data(), m), hx, std::span(y.data(), m));
+}
+
+// The host's rows of every part into the main executor's outputs.
+void gather(backend::Backend& be, backend::Backend& hb, std::span<const SplitPart> parts, std::span<float> buf) {
+  for (const SplitPart& p : parts) {
+    hand(hb, cols(p.hy, p.r(), p.rows() - p.r()), be, cols(p.y, p.r(), p.rows() - p.r()), buf);
+  }
+}
+
+}  // namespace
+
+int64_t Executor::split_buffer_floats(const Config& c) {
+  return std::max({int64_t(c.n_embd), int64_t(c.n_embd_q()), int64_t(c.n_embd_k()), int64_t(c.n_embd_v()),
+                   int64_t(c.n_head) * c.head_dim_v, int64_t(c.n_ff_max())});
+}
+
+Status Executor::split_layer(const LayerWeights& L, const LayerWeights& H, Executor& h, int l, int64_t n,
+                             std::span<const Segment> segs, std::span<float> buf) {
+  if (L.moe() || H.moe()) {
+    return internal_error("executor: layer " + std::to_string(l) +
+                          " is a mixture of experts; only dense layers are split by rows");
+  }
+  SLUICE_CHECK(kv_.has(l), "executor: split layer has no KV cache on the main executor");
+  SLUICE_CHECK(buf.size() >= size_t(n * split_buffer_floats(*cfg_)), "executor: split hand-off buffer too small");
+  backend::Backend& be = *be_;
+  backend::Backend& hb = *h.be_;
+  const Tensor x = x_.first_rows(n), xn = xn_.first_rows(n), attn = attn_.first_rows(n), gate = gate_.first_rows(n),
+               up = up_.first_rows(n);
+  const Tensor hxn = h.xn_.first_rows(n), hattn = h.attn_.first_rows(n), hgate = h.gate_.first_rows(n),
+               hup = h.up_.first_rows(n);
+  // Attention: the normed rows to the host, Q/K/V rows on both, the host's rows back; the rest of
+  // the attention block here.
+  be.rms_norm(x, L.attn_norm.view(), cfg_->rms_eps, xn);
+  hand(be, xn, hb, hxn, buf);
+  const SplitPart qkv[] = {{L.wq, H.wq, q_.first_rows(n), h.q_.first_rows(n)},
+                           {L.wk, H.wk, k_.first_rows(n), h.k_.first_rows(n)},
+                           {L.wv, H.wv, v_.first_rows(n), h.v_.first_rows(n)}};
+  main_rows(be, qkv, xn);
+  host_rows(hb, qkv, hxn);
+  gather(be, hb, qkv, buf);
+  attend(L, l, n, segs);
+  hand(be, attn, hb, hattn, buf);
+  const SplitPart wo[] = {{L.wo, H.wo, xn, hxn}};
+  main_rows(be, wo, attn);
+  host_rows(hb, wo, hattn);
+  gather(be, hb, wo, buf);
+  attention_residual(L, n);
+  // Feed-forward: gate/up rows and the activation on each side's own rows (elementwise), then
+  // both sides get the whole hidden vector (W_down reduces over it); W_down's rows as above.
+  hand(be, xn, hb, hxn, buf);
+  const SplitPart gu[] = {{L.w_gate, H.w_gate, gate, hgate}, {L.w_up, H.w_up, up, hup}};
+  const int64_t r = gu[0].r(), nf = gu[0].rows();
+  SLUICE_CHECK(gu[1].r() == r && gu[1].rows() == nf, "executor: gate and up split at different rows");
+  main_rows(be, gu, xn);
+  if (r > 0) activation(cols(gate, 0, r), cols(up, 0, r));
+  host_rows(hb, gu, hxn);
+  if (r < nf) h.activation(cols(hgate, r, nf - r), cols(hup, r, nf - r));
+  hand(hb, cols(hgate, r, nf - r), be, cols(gate, r, nf - r), buf);
+  hand(be, cols(gate, 0, r), hb, cols(hgate, 0, r), buf);
+  const SplitPart down[] = {{L.w_down, H.w_down, xn, hxn}};
+  main_rows(be, down, gate);
+  host_rows(hb, down, hgate);
+  gather(be, hb, down, buf);
+  ffn_residual(L, n);
   return Status::ok();
 }
 

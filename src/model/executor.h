@@ -52,6 +52,19 @@ class Executor {
   // Errors come only from an expert placement.
   Status layer(const LayerWeights& L, int layer, int64_t n, std::span<const Segment> segs);
 
+  // The same layer, its matrices split by output rows between this executor and `host` (row
+  // split, LayerSource::split_host): this one computes rows [0, r) of each matrix from `L` (each
+  // matrix cut to its r rows, TensorRef::ne1), `host` rows [r, N) from `H` (whole matrices), both
+  // at once (this backend's ops are issued first, then the host computes, then they exchange the
+  // parts through `buf`, pinned memory of n * split_buffer_floats() floats). Only output rows are
+  // split, never the reduction, so every element is the dot product of the unsplit layer. The
+  // residual stream, norms, RoPE, the KV cache and attention stay here (has_kv(layer)); `host`
+  // needs no cache for it. Dense layers only (a mixture of experts is an error).
+  Status split_layer(const LayerWeights& L, const LayerWeights& H, Executor& host, int layer, int64_t n,
+                     std::span<const Segment> segs, std::span<float> buf);
+  // Floats per token the hand-off buffer of split_layer needs (the widest split output).
+  static int64_t split_buffer_floats(const Config& cfg);
+
   // Mixture of experts: routed experts run where `placement` says, those it gives the host on
   // `host` (another executor, which needs no KV cache for it); `buf` carries activations between
   // them (as for move_x). nullptr placement: every expert runs here.
@@ -71,6 +84,15 @@ class Executor {
   void mirror_kv(Executor& to, int layer, int64_t n, std::span<const Segment> segs, std::span<float> buf);
 
  private:
+  // The attention block's middle on q/k/v (biases, Q/K norms, RoPE, K/V stored into this
+  // executor's cache, attention into attn_).
+  void attend(const LayerWeights& L, int layer, int64_t n, std::span<const Segment> segs);
+  // x += xn (the attention output, post-normed where the layer has it); xn = ffn_norm(x).
+  void attention_residual(const LayerWeights& L, int64_t n);
+  // The FFN's activation on gate/up rows: gate = act(gate) * up.
+  void activation(const backend::Tensor& gate, const backend::Tensor& up);
+  // x += xn (the FFN output, post-normed where the layer has it).
+  void ffn_residual(const LayerWeights& L, int64_t n);
   // x += the FFN block of `L` on the normed input xn (dense SwiGLU, or the routed experts).
   Status ffn(const LayerWeights& L, int layer, int64_t n);
   Status moe_ffn(const LayerWeights& L, int layer, int64_t n);

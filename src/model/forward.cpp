@@ -69,14 +69,20 @@ class LlamaFamilyModel final : public Model {
     const LayerSource::HostExecutor host = src_->host_executor();
     if (host.backend) {
       std::vector<bool> layers(size_t(cfg_.n_layer));
-      bool any = false;
-      for (int l = 0; l < cfg_.n_layer; ++l) any |= layers[size_t(l)] = src_->host_capable(l);
-      if (any || src_->experts()) {
+      bool any = false, split = false;
+      for (int l = 0; l < cfg_.n_layer; ++l) {
+        any |= layers[size_t(l)] = src_->host_capable(l);
+        split |= src_->split_capable(l);
+      }
+      if (any || split || src_->experts()) {
         host_ = std::make_unique<Executor>();
         SLUICE_RETURN_IF_ERROR(host_->init(*host.backend, cfg_, pool, map_rows, kMaxBatch, layers, host.rope_freqs));
         // Activations cross between the executors through memory the main backend copies from
-        // fastest (pinned on a GPU), owned by that backend.
-        const size_t floats = size_t(kMaxBatch) * size_t(std::max({cfg_.n_embd, cfg_.n_embd_k(), cfg_.n_embd_v()}));
+        // fastest (pinned on a GPU), owned by that backend; a split layer's hand-offs may be as
+        // wide as its widest matrix output.
+        int64_t width = std::max({cfg_.n_embd, cfg_.n_embd_k(), cfg_.n_embd_v()});
+        if (split) width = std::max(width, Executor::split_buffer_floats(cfg_));
+        const size_t floats = size_t(kMaxBatch) * size_t(width);
         SLUICE_ASSIGN_OR_RETURN(void* buf, be_->alloc_staging(int64_t(floats * sizeof(float))));
         handoff_ = std::span<float>(static_cast<float*>(buf), floats);
       }
@@ -322,13 +328,19 @@ class LlamaFamilyModel final : public Model {
         continue;
       }
       gate_.count_layer();
-      Executor* e = host_ && src.on_host(l) ? host_.get() : &main_;
+      // A row-split layer runs on both executors, its residual stream on the main one.
+      const LayerWeights* split = host_ ? src.split_host(l) : nullptr;
+      Executor* e = host_ && !split && src.on_host(l) ? host_.get() : &main_;
       if (e != cur) {
         cur->move_x(*e, n, handoff_);
         cur = e;
       }
       SLUICE_ASSIGN_OR_RETURN(const LayerWeights* lw, src.acquire(l));
-      SLUICE_RETURN_IF_ERROR(e->layer(*lw, l, n, segs));
+      if (split) {
+        SLUICE_RETURN_IF_ERROR(main_.split_layer(*lw, *split, *host_, l, n, segs, handoff_));
+      } else {
+        SLUICE_RETURN_IF_ERROR(e->layer(*lw, l, n, segs));
+      }
       if (host_ && host_->has_kv(l)) {
         // Both executors keep this layer's cache: the other one gets the new rows too.
         e->mirror_kv(e == &main_ ? *host_ : main_, l, n, segs, handoff_);

@@ -174,6 +174,15 @@ class LayerSource {
   // Whether `layer` runs on the host executor in the current pass (decided by begin_pass); its
   // acquire() then returns views the host executor can read.
   virtual bool on_host(int layer) const { return false; }
+  // Row-split execution (Executor::split_layer): layers whose matrices the two executors may
+  // split by output rows in some pass (the model creates the host executor for them; their KV
+  // cache stays on the main executor, which runs their attention).
+  virtual bool split_capable(int layer) const { return false; }
+  // Where `layer` runs split in the current pass (decided by begin_pass): the host executor's
+  // weights of it, every matrix whole in host memory. acquire() then returns the main executor's
+  // part: each split matrix (Q, K, V, O, gate, up, down) cut to its first rows (TensorRef::ne1),
+  // the host computing the rest. nullptr: not split in this pass.
+  virtual const LayerWeights* split_host(int layer) const { return nullptr; }
   // Mixture of experts: where each pass's routed experts run (nullptr: with their layer, from the
   // acquired layer's stacked tensors). With a placement, acquire() need not return the stacked
   // expert tensors, and the host executor computes the experts the placement gives it.

@@ -38,6 +38,23 @@ constexpr const auto& kLayerFields = model::kLayerTensorFields;
 
 uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
+// Row split: the matrices whose output rows the executors share (model::Executor::split_layer),
+// cut at multiples of kSplitRowGroup rows: a multiple of every CPU packed_rows (WeightView::rows
+// cuts a packed matrix at whole groups) and of the CPU's SIMD widths (the activation on each
+// side's rows then takes the vector path exactly where the unsplit row does).
+constexpr Field kSplitFields[] = {&model::LayerWeights::wq,     &model::LayerWeights::wk,   &model::LayerWeights::wv,
+                                  &model::LayerWeights::wo,     &model::LayerWeights::w_gate,
+                                  &model::LayerWeights::w_up,   &model::LayerWeights::w_down};
+constexpr int64_t kSplitRowGroup = 32;
+
+bool is_split_field(Field f) { return std::find(std::begin(kSplitFields), std::end(kSplitFields), f) != std::end(kSplitFields); }
+
+// The GPU's rows of a matrix of `rows` rows when the CPU takes `cpu_share` of them.
+int64_t split_gpu_rows(int64_t rows, double cpu_share) {
+  const double groups = double(rows) * (1 - cpu_share) / double(kSplitRowGroup);
+  return std::clamp<int64_t>(std::llround(groups) * kSplitRowGroup, 0, rows);
+}
+
 double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
 // Byte offset of tensor `t` inside a unit buffer laid out by `u` (the file's bytes at the same
@@ -119,7 +136,8 @@ Result<DevicePlan> plan_device(const gguf::File& file, const FileLayout& layout,
     params[t.name.substr(0, t.name.find('.', 4))] += t.n_elements();
   }
   // A layer left out of every pass (leave_out_layers: no bytes) computes nothing either.
-  for (const UnitLayout& u : layout.layers) in.units.push_back({u.name, u.bytes, u.bytes ? params[u.name] : 0});
+  // Mixtures of experts are not split by rows (their experts are placed one by one).
+  for (const UnitLayout& u : layout.layers) in.units.push_back({u.name, u.bytes, u.bytes ? params[u.name] : 0, !cfg.moe()});
   const size_t n = in.units.size();
   // Such a layer is "resident" at no cost: nothing to upload, pin, read or copy.
   auto hold_empty_layers = [&](Plan& p) {
@@ -141,13 +159,28 @@ Result<DevicePlan> plan_device(const gguf::File& file, const FileLayout& layout,
       return invalid_argument("force_exec has " + std::to_string(opts.force_exec.size()) + " entries, the model has " +
                               std::to_string(n) + " layers");
     }
+    if (!opts.force_share.empty() && opts.force_share.size() != n) {
+      return invalid_argument("force_share has " + std::to_string(opts.force_share.size()) + " entries, the model has " +
+                              std::to_string(n) + " layers");
+    }
     for (size_t i = 0; i < n; ++i) {
       const Executor e = opts.force_exec.empty() ? Executor::kGpu : opts.force_exec[i];
-      if (e == Executor::kCpu && opts.force_homes[i] != Home::kRam) {
+      if (e != Executor::kGpu && opts.force_homes[i] != Home::kRam) {
         return invalid_argument("force_exec: layer " + std::to_string(i) +
-                                " is not in pinned RAM (home B); the CPU computes only B layers");
+                                " is not in pinned RAM (home B); the CPU computes only B layers, whole or split");
       }
-      p.units[i] = {opts.force_homes[i], e};
+      const double share = e == Executor::kSplit ? (opts.force_share.empty() ? 0.5 : opts.force_share[i]) : 0.0;
+      if (e == Executor::kSplit) {
+        if (cfg.moe()) {
+          return invalid_argument("force_exec: layer " + std::to_string(i) +
+                                  " is a mixture of experts; only dense layers are split by rows");
+        }
+        if (!(share > 0 && share < 1)) {
+          return invalid_argument("force_share: layer " + std::to_string(i) + ": the CPU's share of rows must be in (0, 1), got " +
+                                  std::to_string(share));
+        }
+      }
+      p.units[i] = {opts.force_homes[i], e, share};
       if (in.units[i].bytes == 0) p.units[i] = {Home::kVram, Executor::kGpu};
       if (p.units[i].home == Home::kVram) continue;
       ++streamed;
@@ -189,6 +222,8 @@ Result<DevicePlan> plan_device(const gguf::File& file, const FileLayout& layout,
   in.vram_reserved = dp.reserved_bytes();
   in.ram_budget = dp.ram_budget;
   in.allow_cpu_executor = opts.hybrid;
+  in.hybrid_mode = opts.hybrid_mode;
+  in.split_share = opts.split_share;
   auto p = make_plan(in);
   if (!p.is_ok()) {
     if (p.status().message().find("staging") == std::string::npos) return p.status();
@@ -233,9 +268,10 @@ std::string DevicePlan::describe() const {
     // Passes shorter than prefill_batch (several sequences, speculative verification) take the
     // hybrid placement while the cost model predicts it faster than streaming every layer.
     int upto = 0;
-    while (upto + 1 < prefill_batch && hybrid_faster(*this, upto + 1)) ++upto;
-    std::snprintf(line, sizeof line, "  hybrid for passes of 1..%d tokens; longer passes stream every layer to the GPU\n",
-                  upto);
+    const bool forced_split = input.hybrid_mode == HybridMode::kSplit;
+    while (upto + 1 < prefill_batch && (forced_split || hybrid_faster(*this, upto + 1))) ++upto;
+    std::snprintf(line, sizeof line, "  hybrid for passes of 1..%d tokens%s; longer passes stream every layer to the GPU\n",
+                  upto, forced_split ? " (--hybrid split)" : "");
     s += line;
   }
   std::snprintf(line, sizeof line,
@@ -382,22 +418,26 @@ Result<std::unique_ptr<DeviceStreamer>> DeviceStreamer::create(const std::string
 
   // Hybrid: the host executor's layers start as views into their pinned copies (the file's bytes);
   // below, the matrices with a packed layout are repacked for the CPU's kernels.
+  // Split layers are in the hybrid sequence too: their GPU rows are copied.
   s->host_capable_.assign(n_layer, false);
+  s->split_capable_.assign(n_layer, false);
   s->host_views_.resize(n_layer);
+  bool any_host = false;
   for (size_t j = 0; j < s->streamed_.size(); ++j) {
     const size_t l = size_t(s->streamed_[j]);
-    if (plan.units[l].exec != Executor::kCpu) {
-      s->list_hybrid_.push_back(int(j));
-    } else {
+    const Executor e = plan.units[l].exec;
+    if (e != Executor::kCpu) s->list_hybrid_.push_back(int(j));
+    if (e != Executor::kGpu) {
       SLUICE_CHECK(s->host_copy_[j] != nullptr, "stream: a CPU-executed layer has no pinned copy");
-      s->host_capable_[l] = true;
+      any_host = true;
+      (e == Executor::kCpu ? s->host_capable_ : s->split_capable_)[l] = true;
       s->host_views_[l] = w.layers[l];
       SLUICE_RETURN_IF_ERROR(relocate_layer(s->host_views_[l], file, s->layout_.layers[l],
                                             const_cast<uint8_t*>(s->host_copy_[j]), 1));
     }
     s->list_all_.push_back(int(j));
   }
-  if (s->list_hybrid_.size() != s->list_all_.size()) {
+  if (any_host) {
     s->host_be_ = backend::make_cpu_backend(opts.host_cpu);
     s->host_rope_freqs_ = w.rope_freqs.view();  // the file mapping: host memory
     // The CPU computes its layers from its own packed layout where the format has one (as a
@@ -405,7 +445,7 @@ Result<std::unique_ptr<DeviceStreamer>> DeviceStreamer::create(const std::string
     // rate), so those layers are held twice: the pinned file bytes stay for the passes that
     // stream every layer to the GPU (prefill).
     for (size_t l = 0; l < n_layer; ++l) {
-      if (!s->host_capable_[l]) continue;
+      if (!s->host_capable_[l] && !s->split_capable_[l]) continue;
       // One block per layer, each matrix at a 64-byte aligned offset.
       uint64_t offset[std::size(kLayerFields)] = {}, total = 0;
       for (size_t f = 0; f < std::size(kLayerFields); ++f) {
@@ -424,6 +464,7 @@ Result<std::unique_ptr<DeviceStreamer>> DeviceStreamer::create(const std::string
       s->host_packed_.push_back(std::move(block));
     }
   }
+  SLUICE_RETURN_IF_ERROR(s->plan_split(file, w));
   // Most passes decode; a long prompt restarts the ring on the other sequence.
   s->list_ = s->host_be_ ? &s->list_hybrid_ : &s->list_all_;
 
@@ -440,6 +481,7 @@ Result<std::unique_ptr<DeviceStreamer>> DeviceStreamer::create(const std::string
     s->slot_lanes_.push_back("h2d slot " + std::to_string(k));
   }
   s->slot_views_.resize(s->streamed_.size() * size_t(n_slots));
+  s->split_views_.resize(s->streamed_.size() * size_t(n_slots));
   for (size_t j = 0; j < s->streamed_.size(); ++j) {
     const size_t l = size_t(s->streamed_[j]);
     for (int k = 0; k < n_slots; ++k) {
@@ -447,6 +489,15 @@ Result<std::unique_ptr<DeviceStreamer>> DeviceStreamer::create(const std::string
       v = w.layers[l];
       SLUICE_RETURN_IF_ERROR(
           relocate_layer(v, file, s->layout_.layers[l], static_cast<uint8_t*>(s->slots_[size_t(k)].base), align));
+      if (!s->split_capable_[l]) continue;
+      // The main executor's part of a split layer: each split matrix's first rows (a prefix of
+      // its bytes, at the tensor's offset in the slot, where the hybrid pass copies them).
+      model::LayerWeights& sv = s->split_views_[j * size_t(n_slots) + size_t(k)];
+      sv = v;
+      for (Field f : kSplitFields) {
+        model::TensorRef& t = sv.*f;
+        if (t.present()) t.ne1 = split_gpu_rows(t.ne1, plan.units[l].cpu_share);
+      }
     }
   }
 
@@ -475,6 +526,61 @@ Result<std::unique_ptr<DeviceStreamer>> DeviceStreamer::create(const std::string
   // Start the disk reads and the first copies now; begin_pass tops the ring up.
   SLUICE_RETURN_IF_ERROR(s->pump(-1));
   return s;
+}
+
+Status DeviceStreamer::plan_split(const gguf::File& file, const model::Weights& w) {
+  const Plan& plan = plan_.plan;
+  split_ranges_.assign(streamed_.size(), {});
+  split_copy_bytes_.assign(streamed_.size(), 0);
+  split_cpu_bytes_.assign(streamed_.size(), 0);
+  for (size_t j = 0; j < streamed_.size(); ++j) {
+    const size_t l = size_t(streamed_[j]);
+    if (!split_capable_[l]) continue;
+    const double share = plan.units[l].cpu_share;
+    std::vector<CopyRange>& ranges = split_ranges_[j];
+    for (Field f : kLayerFields) {
+      const model::TensorRef& t = w.layers[l].*f;
+      if (!t.present()) continue;
+      SLUICE_ASSIGN_OR_RETURN(uint64_t off, offset_in_unit(t, file, layout_.layers[l]));
+      uint64_t bytes = t.nbytes;
+      if (is_split_field(f)) {
+        const model::TensorRef& h = host_views_[l].*f;
+        const int64_t group = h.packed ? quant::kernels(h.type).packed_rows : 1;
+        if (group > 0 && kSplitRowGroup % group != 0) {
+          return unsupported("row split: " + t.name + " is packed in groups of " + std::to_string(group) +
+                             " rows, which do not divide the split's " + std::to_string(kSplitRowGroup) + "-row cuts");
+        }
+        const int64_t r = split_gpu_rows(t.ne1, share);
+        const uint64_t row = uint64_t(quant::row_bytes(t.type, t.ne0));
+        bytes = uint64_t(r) * row;
+        split_cpu_bytes_[j] += uint64_t(t.ne1 - r) * row;
+      }
+      if (bytes > 0) ranges.push_back({off, bytes});
+    }
+    // In file order, adjacent ranges merged: fewer, larger copies.
+    std::sort(ranges.begin(), ranges.end(), [](const CopyRange& a, const CopyRange& b) { return a.offset < b.offset; });
+    std::vector<CopyRange> merged;
+    for (const CopyRange& r : ranges) {
+      if (!merged.empty() && merged.back().offset + merged.back().bytes == r.offset) {
+        merged.back().bytes += r.bytes;
+      } else {
+        merged.push_back(r);
+      }
+      split_copy_bytes_[j] += r.bytes;
+    }
+    ranges = std::move(merged);
+  }
+  return Status::ok();
+}
+
+uint64_t DeviceStreamer::split_copy_bytes(int layer) const {
+  const int j = size_t(layer) < stream_index_.size() ? stream_index_[size_t(layer)] : -1;
+  return j >= 0 && size_t(j) < split_copy_bytes_.size() ? split_copy_bytes_[size_t(j)] : 0;
+}
+
+uint64_t DeviceStreamer::split_cpu_bytes(int layer) const {
+  const int j = size_t(layer) < stream_index_.size() ? stream_index_[size_t(layer)] : -1;
+  return j >= 0 && size_t(j) < split_cpu_bytes_.size() ? split_cpu_bytes_[size_t(j)] : 0;
 }
 
 Status DeviceStreamer::fail(Status st) {
@@ -580,10 +686,13 @@ Status DeviceStreamer::issue_copy(uint64_t seq, bool may_block, bool* issued) {
     }
     src = st->base;
   }
+  // A split layer in a hybrid pass: only its GPU rows (and its vectors) go to the slot.
+  const bool split = list_ == &list_hybrid_ && !split_ranges_[j].empty();
+  const uint64_t bytes = split ? split_copy_bytes_[j] : u.bytes;
   const size_t slot_k = size_t(seq % slots_.size());
   Slot& sl = slots_[slot_k];
   CopyRecord rec;
-  rec.bytes = u.bytes;
+  rec.bytes = bytes;
   rec.layer = layer;
   rec.slot = int(slot_k);
   rec.from_disk = disk;
@@ -596,14 +705,23 @@ Status DeviceStreamer::issue_copy(uint64_t seq, bool may_block, bool* issued) {
     rec.start = be_.copy_to_slot(sl.base, src, 0, after);
     after = 0;
   }
-  const Mark end = be_.copy_to_slot(sl.base, src, int64_t(u.bytes), after);
+  Mark end = 0;
+  if (split) {
+    // The copy queue runs in order: the ranges after the first need no mark of their own.
+    for (const CopyRange& r : split_ranges_[j]) {
+      end = be_.copy_to_slot(static_cast<uint8_t*>(sl.base) + r.offset, src + r.offset, int64_t(r.bytes), after);
+      after = 0;
+    }
+  } else {
+    end = be_.copy_to_slot(sl.base, src, int64_t(u.bytes), after);
+  }
   ++stats_.copies;
   if (host_backend_) {
     const auto h1 = Clock::now();
     stats_.copy_seconds += seconds(h0, h1);
-    stats_.copy_bytes_timed += u.bytes;
+    stats_.copy_bytes_timed += bytes;
     if (trace_) {
-      trace_->append({trace_->us(h0), trace_->us(h1), slot_lanes_[slot_k], layer, u.name, disk ? "disk" : "ram", u.bytes});
+      trace_->append({trace_->us(h0), trace_->us(h1), slot_lanes_[slot_k], layer, u.name, disk ? "disk" : "ram", bytes});
     }
   } else if (timed_) {
     rec.end = end;
@@ -663,7 +781,8 @@ Status DeviceStreamer::restart_ring(const std::vector<int>* list) {
 }
 
 bool DeviceStreamer::hybrid_for(int n_tokens) {
-  if (plan_.forced || n_tokens < 1) return true;
+  // Forced placements (tests, --hybrid split) run hybrid for every pass below prefill_batch.
+  if (plan_.forced || plan_.input.hybrid_mode == HybridMode::kSplit || n_tokens < 1) return true;
   if (hybrid_wins_.size() <= size_t(n_tokens)) hybrid_wins_.resize(size_t(n_tokens) + 1, -1);
   int8_t& wins = hybrid_wins_[size_t(n_tokens)];
   if (wins < 0) wins = hybrid_faster(plan_, n_tokens) ? 1 : 0;
@@ -739,15 +858,23 @@ Result<const model::LayerWeights*> DeviceStreamer::acquire(int layer) {
   } else {
     be_.compute_wait(sl.copy_mark);
   }
+  const bool split = split_host(layer) != nullptr;
   if (disk) {
     stats_.disk_bytes += bytes;
     if (decode_pass_) stats_.decode_disk_bytes += bytes;
   } else {
-    stats_.ram_bytes += bytes;
-    if (decode_pass_) stats_.decode_ram_bytes += bytes;
+    const uint64_t copied = split ? split_copy_bytes_[size_t(idx)] : bytes;
+    const uint64_t cpu = split ? split_cpu_bytes_[size_t(idx)] : 0;
+    stats_.ram_bytes += copied;
+    stats_.split_cpu_bytes += cpu;
+    stats_.split_layers += split;
+    if (decode_pass_) {
+      stats_.decode_ram_bytes += copied;
+      stats_.decode_split_cpu_bytes += cpu;
+    }
   }
   ++acquired_;
-  return &slot_views_[size_t(idx) * slots_.size() + k];
+  return &(split ? split_views_ : slot_views_)[size_t(idx) * slots_.size() + k];
 }
 
 void DeviceStreamer::release(int layer) {

@@ -90,8 +90,17 @@ struct DeviceStreamOptions {
   // streaming calls synchronously), and force each layer's home instead of planning.
   bool allow_host_backend = false;
   std::vector<Home> force_homes;  // per layer; empty: the planner decides
-  // Tests: each layer's executor in hybrid passes (with force_homes; kCpu only for B layers).
+  // Hybrid placements the planner scores (--hybrid): whole layers alternating between CPU and GPU,
+  // layers split by matrix rows, or the faster of the two. kSplit is forced: every pinned-RAM
+  // dense layer split, and hybrid passes for every pass shorter than prefill_batch.
+  HybridMode hybrid_mode = HybridMode::kAuto;
+  double split_share = 0;  // split layers: the CPU's share of rows, in (0, 1); 0: the planner's choice
+
+  // Tests: each layer's executor in hybrid passes (with force_homes; kCpu and kSplit only for B
+  // layers, kSplit only for dense layers).
   std::vector<Executor> force_exec;
+  // With force_exec: each kSplit layer's CPU share of rows, in (0, 1) (per layer; empty: 0.5).
+  std::vector<double> force_share;
   // Tests: the host executor's backend options (e.g. without packed weights, so a forced mix is
   // bit-comparable with a resident run on the CPU backend).
   backend::CpuOptions host_cpu;
@@ -144,6 +153,10 @@ struct DeviceStreamStats {
   // Hybrid execution: layers the host CPU computed (B bytes read where they lie), and the host
   // time spent on them (acquire to release: the CPU's compute, synchronous).
   uint64_t cpu_bytes = 0, decode_cpu_bytes = 0;
+  // Row-split layers: the bytes of their CPU rows (the bytes copied, their GPU rows and vectors,
+  // count in ram_bytes). Their time is not split out between the executors.
+  uint64_t split_cpu_bytes = 0, decode_split_cpu_bytes = 0;
+  uint64_t split_layers = 0;  // split layers computed (all passes)
   double cpu_seconds = 0, decode_cpu_seconds = 0;
   uint64_t phase_changes = 0;  // passes whose executor set differed from the last (ring restarted)
   bool device_timed = false;  // copy_seconds / compute stalls come from the backend's marks
@@ -174,6 +187,16 @@ class DeviceStreamer final : public model::LayerSource {
   HostExecutor host_executor() override { return {host_be_.get(), host_rope_freqs_}; }
   bool host_capable(int layer) const override { return size_t(layer) < host_capable_.size() && host_capable_[size_t(layer)]; }
   bool on_host(int layer) const override { return hybrid_pass_ && host_capable(layer); }
+  bool split_capable(int layer) const override {
+    return size_t(layer) < split_capable_.size() && split_capable_[size_t(layer)];
+  }
+  const model::LayerWeights* split_host(int layer) const override {
+    return hybrid_pass_ && split_capable(layer) ? &host_views_[size_t(layer)] : nullptr;
+  }
+  // A split layer's bytes copied per hybrid pass (its matrices' GPU rows, its other tensors
+  // whole) and its matrices' CPU rows' bytes; 0 for other layers.
+  uint64_t split_copy_bytes(int layer) const;
+  uint64_t split_cpu_bytes(int layer) const;
 
   const DevicePlan& plan() const { return plan_; }
   // The CPU probe behind the plan's CPU terms (measured at load; empty when not measured).
@@ -224,6 +247,8 @@ class DeviceStreamer final : public model::LayerSource {
 
   DeviceStreamer(backend::Backend& be) : be_(be) {}
   Status fail(Status st);
+  // Row split: the copy ranges and byte counts of the split layers (after their host views).
+  Status plan_split(const gguf::File& file, const model::Weights& w);
   // Issues every copy and read that may start now (in sequence order); with need >= 0, blocks
   // until the copy of sequence `need` is issued (waiting for its disk read if it must).
   Status pump(int64_t need);
@@ -263,7 +288,18 @@ class DeviceStreamer final : public model::LayerSource {
   std::unique_ptr<backend::Backend> host_be_;   // the host executor (hybrid), or null
   backend::WeightView host_rope_freqs_;
   std::vector<bool> host_capable_;              // per layer
-  std::vector<model::LayerWeights> host_views_; // per layer: views into its pinned copy (host layers)
+  std::vector<model::LayerWeights> host_views_; // per layer: views into its pinned copy (host and split layers)
+  // Row split: per layer whether it may run split; per streamed index the byte ranges of the
+  // layer buffer a hybrid pass copies (empty: not split), their total and the CPU rows' bytes;
+  // [streamed index * n_slots + slot] the main executor's views (split matrices cut to their GPU
+  // rows; split layers only).
+  struct CopyRange {
+    uint64_t offset = 0, bytes = 0;
+  };
+  std::vector<bool> split_capable_;
+  std::vector<std::vector<CopyRange>> split_ranges_;
+  std::vector<uint64_t> split_copy_bytes_, split_cpu_bytes_;
+  std::vector<model::LayerWeights> split_views_;
   FileReader::Clock::time_point host_start_{};  // acquire of the host layer being computed
   std::string cpu_probe_;
   std::vector<HostBlock> host_packed_;  // host layers' packed matrices, one block per layer

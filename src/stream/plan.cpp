@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <numeric>
 #include <optional>
 
@@ -18,7 +19,23 @@ const char* home_name(Home h) {
   return "?";
 }
 
-const char* executor_name(Executor e) { return e == Executor::kGpu ? "gpu" : "cpu"; }
+const char* executor_name(Executor e) {
+  switch (e) {
+    case Executor::kGpu: return "gpu";
+    case Executor::kCpu: return "cpu";
+    case Executor::kSplit: return "split";
+  }
+  return "?";
+}
+
+const char* hybrid_mode_name(HybridMode m) {
+  switch (m) {
+    case HybridMode::kAuto: return "auto";
+    case HybridMode::kAlternate: return "alternate";
+    case HybridMode::kSplit: return "split";
+  }
+  return "?";
+}
 
 std::string format_bytes(uint64_t bytes) {
   char buf[32];
@@ -70,6 +87,28 @@ Result<uint64_t> parse_byte_size(std::string_view text) {
   return static_cast<uint64_t>(bytes);
 }
 
+Status parse_hybrid_mode(std::string_view text, HybridMode* mode, double* share) {
+  const std::string s(text);
+  *share = 0;
+  if (s == "auto" || s == "alternate" || s == "split") {
+    *mode = s == "auto" ? HybridMode::kAuto : s == "alternate" ? HybridMode::kAlternate : HybridMode::kSplit;
+    return Status::ok();
+  }
+  const std::string prefix = "split=";
+  if (s.rfind(prefix, 0) == 0) {
+    const std::string num = s.substr(prefix.size());
+    char* end = nullptr;
+    const double v = num.empty() ? 0 : std::strtod(num.c_str(), &end);
+    if (end && *end == '\0' && v > 0 && v < 1) {
+      *mode = HybridMode::kSplit;
+      *share = v;
+      return Status::ok();
+    }
+  }
+  return invalid_argument("bad hybrid mode '" + s +
+                          "': expected auto, alternate, split or split=SHARE with SHARE in (0, 1) (the CPU's share of rows)");
+}
+
 namespace {
 
 bool rates_ok(const Bandwidths& bw) {
@@ -79,11 +118,27 @@ bool rates_ok(const Bandwidths& bw) {
 
 // Seconds one executor spends on a unit per pass: reading its bytes or doing its batch * 2 *
 // params operations, whichever is slower (GEMV/GEMM of one layer is limited by one or the other).
-double exec_seconds(const Unit& u, Executor e, int batch, const Bandwidths& bw) {
+// A split unit (cpu_share s): the CPU on its share and the GPU on the rest at the same time, plus
+// the hand-offs between them (kSplitSwitches).
+double exec_seconds(const Unit& u, Executor e, int batch, const Bandwidths& bw, double cpu_share = 0) {
   const double ops = double(batch) * 2.0 * double(u.params);
   if (e == Executor::kGpu) return std::max(double(u.bytes) / bw.vram, ops / bw.gpu_flops);
-  return std::max(double(u.bytes) / bw.cpu, ops / bw.cpu_flops);
+  if (e == Executor::kCpu) return std::max(double(u.bytes) / bw.cpu, ops / bw.cpu_flops);
+  const double s = cpu_share, g = 1 - cpu_share;
+  const double cpu = std::max(s * double(u.bytes) / bw.cpu, s * ops / bw.cpu_flops);
+  const double gpu = std::max(g * double(u.bytes) / bw.vram, g * ops / bw.gpu_flops);
+  return std::max(cpu, gpu) + kSplitSwitches * bw.switch_seconds;
 }
+
+// Bytes of unit i copied to the GPU per pass when it is streamed: all of it, or a split unit's
+// GPU share.
+double copy_bytes(const PlanInput& in, const Plan& p, size_t i) {
+  const double b = double(in.units[i].bytes);
+  return p.units[i].exec == Executor::kSplit ? b * (1 - p.units[i].cpu_share) : b;
+}
+
+// The executor holding the residual stream around unit i: a split unit's stays on the GPU.
+Executor stream_side(Executor e) { return e == Executor::kSplit ? Executor::kGpu : e; }
 
 // Steady-state seconds per pass of the in-order schedule (plan.h top): compute in layer order,
 // copies in order on one engine, each streamed unit's copy waiting for the slot that the unit
@@ -99,7 +154,7 @@ double pipeline_period(const PlanInput& in, const Plan& p, const std::vector<Exe
   std::vector<char> streamed(n, 0);
   size_t m = 0;
   for (size_t i = 0; i < n; ++i) {
-    streamed[i] = in.has_gpu ? (p.units[i].home != Home::kVram && exec[i] == Executor::kGpu) : p.units[i].home == Home::kDisk;
+    streamed[i] = in.has_gpu ? (p.units[i].home != Home::kVram && exec[i] != Executor::kCpu) : p.units[i].home == Home::kDisk;
     m += streamed[i];
   }
   const size_t slots = size_t(std::max(1, p.n_slots));
@@ -111,11 +166,13 @@ double pipeline_period(const PlanInput& in, const Plan& p, const std::vector<Exe
   for (int pass = 0; pass < kPasses; ++pass) {
     for (size_t i = 0; i < n; ++i) {
       double start = compute_end;
-      if (exec[i] != (i > 0 ? exec[i - 1] : Executor::kGpu) && in.has_gpu) start += in.bw.switch_seconds;
+      if (stream_side(exec[i]) != (i > 0 ? stream_side(exec[i - 1]) : Executor::kGpu) && in.has_gpu) {
+        start += in.bw.switch_seconds;
+      }
       if (streamed[i]) {
         const size_t g = release.size();
         const double slot_free = g >= slots ? release[g - slots] : 0.0;
-        const double b = double(in.units[i].bytes);
+        const double b = in.has_gpu ? copy_bytes(in, p, i) : double(in.units[i].bytes);
         double ready = 0;
         if (in.has_gpu) {
           double source = 0;  // when the bytes are in pinned host memory
@@ -153,27 +210,29 @@ void score(const PlanInput& in, Plan& p) {
   for (size_t i = 0; i < n; ++i) exec[i] = in.has_gpu ? p.units[i].exec : Executor::kCpu;
   double h2d = 0, disk = 0, dram = 0;
   p.unit_seconds.assign(n, 0.0);
-  p.t_cpu = p.t_gpu = 0;
+  p.t_cpu = p.t_gpu = p.t_split = 0;
   p.n_switches = 0;
   for (size_t i = 0; i < n; ++i) {
     const double b = double(in.units[i].bytes);
     const UnitPlan& u = p.units[i];
-    p.unit_seconds[i] = exec_seconds(in.units[i], exec[i], in.batch, in.bw);
-    (exec[i] == Executor::kCpu ? p.t_cpu : p.t_gpu) += p.unit_seconds[i];
+    p.unit_seconds[i] = exec_seconds(in.units[i], exec[i], in.batch, in.bw, u.cpu_share);
+    (exec[i] == Executor::kCpu ? p.t_cpu : exec[i] == Executor::kSplit ? p.t_split : p.t_gpu) += p.unit_seconds[i];
     // With a GPU a pass starts and ends there (embedding rows land in its activations, the output
-    // head runs there): a CPU unit first or last costs a hand-off too.
-    if (in.has_gpu && exec[i] != (i > 0 ? exec[i - 1] : Executor::kGpu)) ++p.n_switches;
-    if (in.has_gpu && i + 1 == n && exec[i] == Executor::kCpu) ++p.n_switches;
+    // head runs there): a CPU unit first or last costs a hand-off too. A split unit keeps the
+    // residual stream on the GPU (its own hand-offs are in its exec time).
+    const Executor side = stream_side(exec[i]);
+    if (in.has_gpu && side != (i > 0 ? stream_side(exec[i - 1]) : Executor::kGpu)) ++p.n_switches;
+    if (in.has_gpu && i + 1 == n && side == Executor::kCpu) ++p.n_switches;
     if (u.home == Home::kDisk) disk += b;
     if (!in.has_gpu) continue;
     if (exec[i] == Executor::kCpu) {
       dram += b;
     } else if (u.home != Home::kVram) {
-      h2d += b;
-      dram += b;
+      h2d += copy_bytes(in, p, i);
+      dram += b;  // a split unit: its GPU share through the copy engine, the rest read by the CPU
     }
   }
-  p.t_exec = p.t_cpu + p.t_gpu + double(p.n_switches) * in.bw.switch_seconds;
+  p.t_exec = p.t_cpu + p.t_gpu + p.t_split + double(p.n_switches) * in.bw.switch_seconds;
   p.t_h2d = in.has_gpu ? h2d / in.bw.h2d : 0;
   p.t_disk = disk / in.bw.disk;
   p.t_dram = in.has_gpu ? dram / in.bw.dram : 0;
@@ -204,6 +263,53 @@ bool split_ram_disk(const PlanInput& in, const std::vector<size_t>& s, uint64_t 
   return false;
 }
 
+// B, C and CPU-computed bytes of a placed plan (of a split unit, the CPU computes its share).
+void tally(const PlanInput& in, Plan& p) {
+  p.ram_bytes = p.disk_bytes = p.cpu_exec_bytes = 0;
+  for (size_t i = 0; i < in.units.size(); ++i) {
+    const uint64_t b = in.units[i].bytes;
+    if (in.has_gpu && p.units[i].home == Home::kRam) p.ram_bytes += b;
+    if (p.units[i].home == Home::kDisk) p.disk_bytes += b;
+    if (p.units[i].exec == Executor::kCpu) p.cpu_exec_bytes += b;
+    if (p.units[i].exec == Executor::kSplit) p.cpu_exec_bytes += uint64_t(std::llround(double(b) * p.units[i].cpu_share));
+  }
+}
+
+// Alternating: every count c = 1 .. |B| of CPU-computed B units, spread evenly over the B units
+// in layer order so CPU units alternate with streamed ones (the copy engine fills slots while the
+// CPU computes); `base` (no CPU unit) unless one is strictly faster.
+Plan best_alternating(const PlanInput& in, const Plan& base, const std::vector<size_t>& ram_units) {
+  const size_t nb = ram_units.size();
+  Plan chosen = base;
+  for (size_t c = 1; c <= nb; ++c) {
+    Plan trial = base;
+    // k-th CPU unit at floor((k + 0.5) * nb / c): distinct because nb / c >= 1.
+    for (size_t k = 0; k < c; ++k) trial.units[ram_units[(2 * k + 1) * nb / (2 * c)]].exec = Executor::kCpu;
+    score(in, trial);
+    if (trial.token_seconds < chosen.token_seconds * (1 - 1e-12)) chosen = std::move(trial);
+  }
+  return chosen;
+}
+
+// Row split: every splittable B unit split at one CPU share, in.split_share or the fastest of
+// k / 64 (k = 1 .. 63; ties to the smaller share). None without a splittable B unit.
+std::optional<Plan> best_split(const PlanInput& in, const Plan& base, const std::vector<size_t>& ram_units) {
+  constexpr int kSteps = 64;
+  std::optional<Plan> best;
+  if (std::none_of(ram_units.begin(), ram_units.end(), [&](size_t i) { return in.units[i].splittable; })) return best;
+  for (int k = 1; k < kSteps; ++k) {
+    const double share = in.split_share > 0 ? in.split_share : double(k) / kSteps;
+    Plan trial = base;
+    for (size_t i : ram_units) {
+      if (in.units[i].splittable) trial.units[i] = {Home::kRam, Executor::kSplit, share};
+    }
+    score(in, trial);
+    if (!best || trial.token_seconds < best->token_seconds * (1 - 1e-12)) best = std::move(trial);
+    if (in.split_share > 0) break;
+  }
+  return best;
+}
+
 }  // namespace
 
 Result<Plan> make_plan(const PlanInput& in) {
@@ -211,6 +317,9 @@ Result<Plan> make_plan(const PlanInput& in) {
   if (in.min_slots < 1) return invalid_argument("plan: min_slots must be >= 1");
   if (!rates_ok(in.bw)) return invalid_argument("plan: bandwidths and compute rates must be positive");
   if (in.batch < 1) return invalid_argument("plan: batch must be >= 1");
+  if (in.split_share != 0 && !(in.split_share > 0 && in.split_share < 1)) {
+    return invalid_argument("plan: the split's CPU share must be in (0, 1), got " + std::to_string(in.split_share));
+  }
   const size_t n = in.units.size();
   std::vector<size_t> order(n);
   std::iota(order.begin(), order.end(), 0);
@@ -260,31 +369,32 @@ Result<Plan> make_plan(const PlanInput& in) {
     }
     score(in, p);
     if (in.has_gpu && in.allow_cpu_executor) {
-      // How many B units the CPU computes: every count, spread evenly over the B units in layer
-      // order so CPU units alternate with streamed ones (the copy engine fills slots while the
-      // CPU computes). Strictly better only, so ties keep fewer CPU units.
       std::vector<size_t> ram_units;
       for (size_t i = 0; i < n; ++i) {
         if (p.units[i].home == Home::kRam) ram_units.push_back(i);
       }
-      const size_t nb = ram_units.size();
+      // Strictly better only, so ties keep fewer CPU units, and alternating over split.
       Plan chosen = p;
-      for (size_t c = 1; c <= nb; ++c) {
-        Plan trial = p;
-        // k-th CPU unit at floor((k + 0.5) * nb / c): distinct because nb / c >= 1.
-        for (size_t k = 0; k < c; ++k) trial.units[ram_units[(2 * k + 1) * nb / (2 * c)]].exec = Executor::kCpu;
-        score(in, trial);
-        if (trial.token_seconds < chosen.token_seconds * (1 - 1e-12)) chosen = std::move(trial);
+      if (in.hybrid_mode != HybridMode::kSplit && !ram_units.empty()) {
+        chosen = best_alternating(in, p, ram_units);
+        p.alternating_seconds = chosen.token_seconds;
       }
+      if (in.hybrid_mode != HybridMode::kAlternate) {
+        std::optional<Plan> split = best_split(in, p, ram_units);
+        if (split) {
+          // Forced (kSplit): the split placement even where streaming everything is predicted
+          // faster, so the two can be measured against each other.
+          p.split_seconds = split->token_seconds;
+          if (in.hybrid_mode == HybridMode::kSplit || split->token_seconds < chosen.token_seconds * (1 - 1e-12)) {
+            chosen = std::move(*split);
+          }
+        }
+      }
+      chosen.alternating_seconds = p.alternating_seconds;
+      chosen.split_seconds = p.split_seconds;
       p = std::move(chosen);
     }
-    p.ram_bytes = p.disk_bytes = p.cpu_exec_bytes = 0;
-    for (size_t i = 0; i < n; ++i) {
-      const uint64_t b = in.units[i].bytes;
-      if (in.has_gpu && p.units[i].home == Home::kRam) p.ram_bytes += b;
-      if (p.units[i].home == Home::kDisk) p.disk_bytes += b;
-      if (p.units[i].exec == Executor::kCpu) p.cpu_exec_bytes += b;
-    }
+    tally(in, p);
     // Plans are tried with ever more bytes resident, so on a tie (a compute-bound token, where a
     // few streamed layers would hide behind the compute) the later one wins: streaming costs what
     // the model does not count (copies competing for memory bandwidth, per-layer synchronization),
@@ -308,14 +418,13 @@ Result<Plan> make_plan(const PlanInput& in) {
 
 void score_plan(const PlanInput& in, Plan& p) {
   SLUICE_CHECK(p.units.size() == in.units.size(), "score_plan: plan and input differ in unit count");
-  p.resident_bytes = p.ram_bytes = p.disk_bytes = p.cpu_exec_bytes = 0;
+  p.resident_bytes = 0;
   for (size_t i = 0; i < in.units.size(); ++i) {
-    const uint64_t b = in.units[i].bytes;
-    if (p.units[i].home == Home::kVram || (!in.has_gpu && p.units[i].home == Home::kRam)) p.resident_bytes += b;
-    if (in.has_gpu && p.units[i].home == Home::kRam) p.ram_bytes += b;
-    if (p.units[i].home == Home::kDisk) p.disk_bytes += b;
-    if (p.units[i].exec == Executor::kCpu) p.cpu_exec_bytes += b;
+    if (p.units[i].home == Home::kVram || (!in.has_gpu && p.units[i].home == Home::kRam)) {
+      p.resident_bytes += in.units[i].bytes;
+    }
   }
+  tally(in, p);
   score(in, p);
 }
 
@@ -323,14 +432,21 @@ std::string Plan::describe(const PlanInput& in) const {
   std::string out;
   char line[320];
   const bool any_cpu_on_gpu_machine =
-      in.has_gpu && std::any_of(units.begin(), units.end(), [](const UnitPlan& u) { return u.exec == Executor::kCpu; });
+      in.has_gpu && std::any_of(units.begin(), units.end(), [](const UnitPlan& u) { return u.exec != Executor::kGpu; });
   auto secs = [&](size_t i) { return i < unit_seconds.size() ? unit_seconds[i] : 0.0; };
   if (any_cpu_on_gpu_machine) {
     // One line per unit: with CPU units interleaved, runs would be one or two units long anyway,
-    // and the per-unit times show where the CPU and the GPU spend the token.
+    // and the per-unit times show where the CPU and the GPU spend the token. A split unit shows
+    // the CPU's share of its rows ("split 0.41").
     for (size_t i = 0; i < units.size(); ++i) {
-      std::snprintf(line, sizeof line, "  %-28s %-7s %-4s %12s %9.3f ms\n", in.units[i].name.c_str(), home_name(units[i].home),
-                    executor_name(units[i].exec), format_bytes(in.units[i].bytes).c_str(), secs(i) * 1e3);
+      char exec[24];
+      if (units[i].exec == Executor::kSplit) {
+        std::snprintf(exec, sizeof exec, "split %.2f", units[i].cpu_share);
+      } else {
+        std::snprintf(exec, sizeof exec, "%s", executor_name(units[i].exec));
+      }
+      std::snprintf(line, sizeof line, "  %-28s %-7s %-10s %12s %9.3f ms\n", in.units[i].name.c_str(),
+                    home_name(units[i].home), exec, format_bytes(in.units[i].bytes).c_str(), secs(i) * 1e3);
       out += line;
     }
   } else {
@@ -366,12 +482,27 @@ std::string Plan::describe(const PlanInput& in) const {
                   token_seconds * 1e3, in.batch, tps, bound.c_str());
   }
   out += line;
+  char split[48] = "";
+  if (t_split > 0) std::snprintf(split, sizeof split, " + split %.2f", t_split * 1e3);
   std::snprintf(line, sizeof line,
-                "    exec %.2f ms (cpu %.2f + gpu %.2f + %d switches %.2f), h2d %.2f ms, disk %.2f ms, dram %.2f ms, "
+                "    exec %.2f ms (cpu %.2f + gpu %.2f%s + %d switches %.2f), h2d %.2f ms, disk %.2f ms, dram %.2f ms, "
                 "schedule %.2f ms\n",
-                t_exec * 1e3, t_cpu * 1e3, t_gpu * 1e3, n_switches, double(n_switches) * in.bw.switch_seconds * 1e3,
+                t_exec * 1e3, t_cpu * 1e3, t_gpu * 1e3, split, n_switches, double(n_switches) * in.bw.switch_seconds * 1e3,
                 t_h2d * 1e3, t_disk * 1e3, t_dram * 1e3, t_pipeline * 1e3);
   out += line;
+  if (alternating_seconds > 0 || split_seconds > 0) {
+    auto ms = [](double t) {
+      char b[32] = "-";
+      if (t > 0) std::snprintf(b, sizeof b, "%.2f", t * 1e3);
+      return std::string(b);
+    };
+    std::snprintf(line, sizeof line,
+                  "  hybrid (%s): alternating whole layers %s ms, row split %s ms (%d hand-offs per split layer at "
+                  "%.0f us each, estimated)\n",
+                  hybrid_mode_name(in.hybrid_mode), ms(alternating_seconds).c_str(), ms(split_seconds).c_str(),
+                  2 * kSplitSwitches, in.bw.switch_seconds / 2 * 1e6);
+    out += line;
+  }
   return out;
 }
 

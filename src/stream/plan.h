@@ -6,17 +6,21 @@
 //   B = pinned host RAM, copied to a VRAM slot each token (H2D);
 //   C = disk, read with O_DIRECT into pinned staging each token (and then H2D when a GPU runs it).
 // Executor: the GPU computes on units in VRAM or in slots; the CPU can compute a B unit where it
-// lies, moving only activations. Streamed bytes and CPU reads share DRAM bandwidth.
+// lies, moving only activations; or a B unit is split by matrix rows: the GPU computes the first
+// rows of each matrix from a slot holding only those (copied each token), the CPU the rest where
+// they lie, both at once. Streamed bytes and CPU reads share DRAM bandwidth.
 //
 // Cost model of one forward pass of `batch` tokens (every stage overlapped by the pipeline,
 // layers in order):
 //   exec(u) = max(bytes / vram, batch * 2 * params / gpu_flops)   GPU-executed
 //           = max(bytes / cpu,  batch * 2 * params / cpu_flops)   CPU-executed
+//           = max(exec_cpu(s * u), exec_gpu((1 - s) * u))            split, CPU share s of the rows
+//             + kSplitSwitches * switch_seconds                      (its activation hand-offs)
 //   t = max( t_exec,  t_h2d,  t_disk,  t_dram,  t_pipeline )
 //   t_exec = sum of exec(u) + n_switches * switch_seconds   (layers are sequential: CPU and GPU
 //            compute add up; a switch is a pair of consecutive units on different executors, and
 //            with a GPU a pass starts and ends there: embedding rows and the output head)
-//   t_h2d  = bytes of GPU-executed B and C units / h2d
+//   t_h2d  = bytes of GPU-executed B and C units (of a split unit its GPU share) / h2d
 //   t_disk = bytes of C units / disk
 //   t_dram = (bytes crossing DRAM: B+C units sent to the GPU, plus CPU-executed bytes) / dram
 //   t_pipeline = period of the schedule the pipeline really runs (see below).
@@ -44,9 +48,9 @@
 namespace sluice::stream {
 
 enum class Home { kVram, kRam, kDisk };
-enum class Executor { kGpu, kCpu };
+enum class Executor { kGpu, kCpu, kSplit };
 const char* home_name(Home h);          // "A:vram", "B:ram", "C:disk"
-const char* executor_name(Executor e);  // "gpu", "cpu"
+const char* executor_name(Executor e);  // "gpu", "cpu", "split"
 
 struct Unit {
   std::string name;    // "blk.12", "output"
@@ -55,6 +59,9 @@ struct Unit {
   // per token, whatever its quantization). 0 = unknown: the unit's compute term is then ignored
   // and only its bytes count.
   uint64_t params = 0;
+  // Whether the unit may be split by rows between CPU and GPU (dense layers; not mixtures of
+  // experts, whose experts are placed one by one).
+  bool splittable = true;
 };
 
 // Rates of the machine. Bandwidths are bytes per second, compute rates operations per second
@@ -77,6 +84,21 @@ struct Bandwidths {
                                   // copy plus a synchronization), per executor change
 };
 
+// Hand-offs of a row-split unit per pass, in switch_seconds: a split layer moves activations ten
+// times (normed input to the CPU, its Q, K and V rows back, the attention output to the CPU, its
+// Wo rows back, the FFN's normed input to the CPU, the hidden rows both ways, its W_down rows
+// back), each a small copy plus a synchronization, i.e. half a switch's download + upload.
+// An estimate, not measured on a GPU.
+inline constexpr int kSplitSwitches = 5;
+
+// Which hybrid placements the planner scores (allow_cpu_executor): whole B units alternating
+// between the executors, B units split by rows, or both (the faster prediction wins).
+enum class HybridMode { kAuto, kAlternate, kSplit };
+const char* hybrid_mode_name(HybridMode m);  // "auto", "alternate", "split"
+// "auto", "alternate", "split" or "split=SHARE" (the CPU's share of rows, in (0, 1); *share 0
+// otherwise): --hybrid. Error names the text.
+Status parse_hybrid_mode(std::string_view text, HybridMode* mode, double* share);
+
 struct PlanInput {
   std::vector<Unit> units;
   bool has_gpu = true;
@@ -89,6 +111,9 @@ struct PlanInput {
   uint64_t ram_budget = 0;
   int min_slots = 2;           // ring slots for streamed units (>= 2 for overlap)
   bool allow_cpu_executor = false;  // let the CPU compute some B units where they lie
+  HybridMode hybrid_mode = HybridMode::kAuto;
+  // The CPU's row share of split units, in (0, 1); 0: the planner scans shares (k / 64).
+  double split_share = 0;
   int batch = 1;               // tokens per forward pass (1 = decode; prefill chunks are larger)
   Bandwidths bw;
 };
@@ -96,6 +121,7 @@ struct PlanInput {
 struct UnitPlan {
   Home home = Home::kVram;
   Executor exec = Executor::kGpu;
+  double cpu_share = 0;  // kSplit: the CPU's share of each matrix's rows, in (0, 1)
 };
 
 struct Plan {
@@ -106,9 +132,10 @@ struct Plan {
   uint64_t ram_bytes = 0;       // B bytes (host copies)
   uint64_t disk_bytes = 0;      // C bytes
   uint64_t staging_bytes = 0;   // pinned staging for C reads
-  uint64_t cpu_exec_bytes = 0;  // bytes the CPU computes on
+  uint64_t cpu_exec_bytes = 0;  // bytes the CPU computes on (of split units, its share)
   std::vector<double> unit_seconds;  // parallel to units: predicted exec seconds per pass
   double t_cpu = 0, t_gpu = 0;  // CPU and GPU shares of t_exec (sums of unit_seconds)
+  double t_split = 0;           // split units' share of t_exec (CPU and GPU at once, hand-offs)
   int n_switches = 0;           // executor changes along GPU (embedding), units..., GPU (head)
   double t_exec = 0, t_h2d = 0, t_disk = 0, t_dram = 0;
   double t_pipeline = 0;        // steady-state period of the in-order schedule (plan.h top)
@@ -116,6 +143,9 @@ struct Plan {
   // Which term bounds the token time: "compute", "h2d", "disk", "dram", or "prefetch" when the
   // schedule is slower than every resource bound (the slot ring runs dry behind long CPU units).
   std::string bound;
+  // make_plan with allow_cpu_executor: the best alternating and the best row-split placement's
+  // predictions at the chosen resident count (0: not scored).
+  double alternating_seconds = 0, split_seconds = 0;
 
   std::string describe(const PlanInput& in) const;  // human-readable table
 };
@@ -125,8 +155,11 @@ struct Plan {
 // count c = 0 .. |B| of CPU-computed B units is scored, the k-th at position
 // floor((k + 0.5) * |B| / c) among the B units in layer order (spread evenly, so the copy
 // engine streams the GPU's B units while the CPU computes its own); the lowest predicted time
-// wins, ties going to fewer CPU units, then fewer resident units. A units and C units always
-// run on the GPU (with a GPU).
+// wins, ties going to fewer CPU units, then fewer resident units. Row split (hybrid_mode kSplit or
+// kAuto): every splittable B unit split at one CPU share (split_share, or the best of k / 64,
+// k = 1..63); kAuto keeps the split placement only when strictly faster than the alternating one,
+// kSplit keeps it even when streaming every B unit is predicted faster (a forced A/B).
+// A units and C units always run on the GPU (with a GPU).
 // Errors (kInvalidArgument) when even the minimum does not fit, stating the minimum.
 Result<Plan> make_plan(const PlanInput& in);
 

@@ -149,13 +149,14 @@ TEST(ModelStreaming, PlannedPlacementUnderVramBudgetMatchesResident) {
   }
 }
 
-// Hybrid execution on CUDA: the CPU computes some pinned-RAM layers (row kernels, f32 with Q8_K
-// activations) while the GPU computes the others. Different kernels than the resident CUDA run,
-// so not bit-identical: the first position's logits within the CPU-vs-CUDA tolerance of the
-// synthetic quantized cases of the model parity test (normalized error 8e-2; measured on an H200,
-// 2026-11-27: 2e-2 or less with SmolLM2 cut to 4 layers, 5.1e-2 and 5.5e-2 for the two all-CPU
-// cases of the full 30-layer model), and greedy tokens equal wherever the resident run's top-2 gap
-// is not a near-tie (3% of the logit spread), teacher-forced; at least 80% of the 16 steps agree.
+// Hybrid execution on CUDA: the CPU computes some pinned-RAM layers, or some rows of each matrix
+// of split layers (row kernels, f32 with Q8_K activations), while the GPU computes the others.
+// Different kernels than the resident CUDA run, so not bit-identical: the first position's logits
+// within the CPU-vs-CUDA tolerance of the synthetic quantized cases of the model parity test
+// (normalized error 8e-2; measured on an H200, 2026-11-27: 2e-2 or less with SmolLM2 cut to 4
+// layers, 5.1e-2 and 5.5e-2 for the two all-CPU cases of the full 30-layer model), and greedy
+// tokens equal wherever the resident run's top-2 gap is not a near-tie (3% of the logit spread),
+// teacher-forced; at least 80% of the 16 steps agree.
 TEST(ModelStreaming, HybridExecutorMixesMatchResidentCuda) {
   SLUICE_SKIP_WITHOUT_GPU();
   const std::string path = real_model_path();
@@ -165,15 +166,22 @@ TEST(ModelStreaming, HybridExecutorMixesMatchResidentCuda) {
   auto layout = layout_of(*f);
   ASSERT_TRUE(layout.is_ok());
   const size_t n = layout->layers.size();
-  std::vector<Executor> all_cpu(n, Executor::kCpu), alternating(n, Executor::kGpu);
+  // Row split (the CPU's share 0.4 of each split layer's rows): every layer, and mixed with
+  // whole CPU and GPU layers.
+  std::vector<Executor> all_cpu(n, Executor::kCpu), alternating(n, Executor::kGpu), all_split(n, Executor::kSplit),
+      split_mix(n, Executor::kGpu);
   for (size_t l = 0; l < n; l += 2) alternating[l] = Executor::kCpu;
-  for (const auto& exec : {all_cpu, alternating}) {
+  for (size_t l = 0; l < n; ++l) split_mix[l] = l % 3 == 0 ? Executor::kCpu : l % 3 == 1 ? Executor::kSplit : Executor::kGpu;
+  for (const auto& exec : {all_cpu, alternating, all_split, split_mix}) {
     for (int prefill_batch : {4, 1000}) {
-      SCOPED_TRACE("cpu layers " + std::to_string(std::count(exec.begin(), exec.end(), Executor::kCpu)) +
+      const auto cpu = std::count(exec.begin(), exec.end(), Executor::kCpu);
+      const auto split = std::count(exec.begin(), exec.end(), Executor::kSplit);
+      SCOPED_TRACE("cpu layers " + std::to_string(cpu) + ", split layers " + std::to_string(split) +
                    ", prefill_batch " + std::to_string(prefill_batch));
       DeviceStreamOptions so;
       so.force_homes.assign(n, B);
       so.force_exec = exec;
+      so.force_share.assign(n, 0.4);
       so.prefill_batch = prefill_batch;
       so.n_ctx = 256;
       DeviceStreamer* s = nullptr;
@@ -203,7 +211,8 @@ TEST(ModelStreaming, HybridExecutorMixesMatchResidentCuda) {
       }
       EXPECT_GE(agree, kSteps * 8 / 10) << "tokens agree at " << agree << " of " << kSteps << " steps";
       const DeviceStreamStats& st = s->stats();
-      EXPECT_GT(st.decode_cpu_bytes, 0u);
+      EXPECT_EQ(st.decode_cpu_bytes > 0, cpu > 0);
+      EXPECT_EQ(st.decode_split_cpu_bytes > 0, split > 0);
     }
   }
 }

@@ -8,6 +8,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <filesystem>
@@ -294,18 +297,19 @@ TEST(StreamDevice, SkippedLayersAreNeitherUploadedNorCopied) {
 
 // ---- hybrid execution: the host CPU computes some B layers where they lie ----------------------
 
-constexpr Executor G = Executor::kGpu, H = Executor::kCpu;
+constexpr Executor G = Executor::kGpu, H = Executor::kCpu, S = Executor::kSplit;
 
 struct HybridMix {
   std::vector<Home> homes;
   std::vector<Executor> exec;
+  std::vector<double> share = {};  // row split: the CPU's share of rows of each split layer
 };
 
 std::string mix_name(const HybridMix& m) {
   std::string s;
   for (size_t i = 0; i < m.homes.size(); ++i) {
     s += m.homes[i] == A ? 'A' : m.homes[i] == B ? 'B' : 'C';
-    s += m.exec[i] == H ? "cpu " : "gpu ";
+    s += m.exec[i] == H ? "cpu " : m.exec[i] == S ? "split " + std::to_string(m.share[i]).substr(0, 4) + " " : "gpu ";
   }
   return s;
 }
@@ -351,6 +355,44 @@ Session resident_session(const std::string& path) {
   return m.is_ok() ? run_session(**m) : Session{};
 }
 
+// Loads `path` with a forced executor mix (the host's layers unpacked, bit-comparable with the
+// resident run) and checks run_session's tokens and logits against `ref`. nullptr when the load
+// failed (a test failure).
+std::unique_ptr<model::Model> session_matches(const std::string& path, const HybridMix& mix, int prefill_batch, int slots,
+                                              const Session& ref, DeviceStreamer** s) {
+  DeviceStreamOptions o = host_options(mix.homes, slots);
+  o.force_exec = mix.exec;
+  o.force_share = mix.share;
+  o.prefill_batch = prefill_batch;
+  o.host_cpu.pack_weights = false;
+  auto m = load_streamed(path, o, s);
+  EXPECT_TRUE(m.is_ok()) << m.status().message();
+  if (!m.is_ok()) return nullptr;
+  const Session got = run_session(**m);
+  EXPECT_EQ(got.tokens, ref.tokens);
+  EXPECT_EQ(got.first_logits, ref.first_logits);
+  EXPECT_EQ(got.last_logits, ref.last_logits);
+  return std::move(m).value();
+}
+
+// session_matches for every mix, with prompts on the host too (prefill_batch 1000: above every
+// pass) or streamed whole to the "GPU" (4), through 2 and 3 slots; then check(mix, prefill_batch,
+// streamer) for the counters.
+template <class Check>
+void for_each_session(const std::string& path, const std::vector<HybridMix>& mixes, const Session& ref, Check&& check) {
+  for (const HybridMix& mix : mixes) {
+    for (int prefill_batch : {1000, 4}) {
+      for (int slots : {2, 3}) {
+        SCOPED_TRACE(mix_name(mix) + "prefill_batch " + std::to_string(prefill_batch) + ", " + std::to_string(slots) +
+                     " slots");
+        DeviceStreamer* s = nullptr;
+        const auto m = session_matches(path, mix, prefill_batch, slots, ref, &s);
+        if (m) check(mix, prefill_batch, *s);
+      }
+    }
+  }
+}
+
 const std::vector<HybridMix> kHybridMixes = {
     {{B, B, B, B, B, B}, {H, H, H, H, H, H}},  // all CPU
     {{B, B, B, B, B, B}, {G, G, G, G, G, G}},  // all GPU through the hybrid path (no host executor)
@@ -367,42 +409,25 @@ TEST(StreamDevice, HybridExecutorMixesMatchResident) {
   const std::string path = write_synthetic("hybrid");
   const Session ref = resident_session(path);
   ASSERT_EQ(ref.tokens.size(), 10u);
-  for (const HybridMix& mix : kHybridMixes) {
-    for (int prefill_batch : {1000, 4}) {
-      for (int slots : {2, 3}) {
-        SCOPED_TRACE(mix_name(mix) + "prefill_batch " + std::to_string(prefill_batch) + ", " + std::to_string(slots) +
-                     " slots");
-        DeviceStreamOptions o = host_options(mix.homes, slots);
-        o.force_exec = mix.exec;
-        o.prefill_batch = prefill_batch;
-        o.host_cpu.pack_weights = false;
-        DeviceStreamer* s = nullptr;
-        auto m = load_streamed(path, o, &s);
-        ASSERT_TRUE(m.is_ok()) << m.status().message();
-        const Session got = run_session(**m);
-        EXPECT_EQ(got.tokens, ref.tokens);
-        EXPECT_EQ(got.first_logits, ref.first_logits);
-        EXPECT_EQ(got.last_logits, ref.last_logits);
-        uint64_t cpu_layer_bytes = 0;
-        auto f = gguf::File::open(path);
-        auto layout = layout_of(*f);
-        for (size_t l = 0; l < mix.exec.size(); ++l) {
-          if (mix.exec[l] == H) cpu_layer_bytes += layout->layers[l].bytes;
-          EXPECT_EQ(s->host_capable(int(l)), mix.exec[l] == H);
-        }
-        const DeviceStreamStats& st = s->stats();
-        EXPECT_EQ(st.decode_passes, 8u);
-        EXPECT_EQ(st.decode_cpu_bytes, st.decode_passes * cpu_layer_bytes);
-        // Host layers are not copied in hybrid passes: pinned-RAM bytes per decode pass exclude them.
-        EXPECT_EQ(st.decode_ram_bytes + st.decode_cpu_bytes, st.decode_passes * s->plan().plan.ram_bytes);
-        const bool any_cpu = cpu_layer_bytes > 0;
-        EXPECT_EQ(s->host_executor().backend != nullptr, any_cpu);
-        // prefill_batch 4: prompt (all GPU), decode (hybrid), turn (all GPU), decode (hybrid).
-        EXPECT_EQ(st.phase_changes, any_cpu && prefill_batch == 4 ? 4u : 0u);
-        EXPECT_EQ(st.cpu_bytes > st.decode_cpu_bytes, any_cpu && prefill_batch == 1000);
-      }
+  for_each_session(path, kHybridMixes, ref, [&](const HybridMix& mix, int prefill_batch, DeviceStreamer& s) {
+    uint64_t cpu_layer_bytes = 0;
+    auto f = gguf::File::open(path);
+    auto layout = layout_of(*f);
+    for (size_t l = 0; l < mix.exec.size(); ++l) {
+      if (mix.exec[l] == H) cpu_layer_bytes += layout->layers[l].bytes;
+      EXPECT_EQ(s.host_capable(int(l)), mix.exec[l] == H);
     }
-  }
+    const DeviceStreamStats& st = s.stats();
+    EXPECT_EQ(st.decode_passes, 8u);
+    EXPECT_EQ(st.decode_cpu_bytes, st.decode_passes * cpu_layer_bytes);
+    // Host layers are not copied in hybrid passes: pinned-RAM bytes per decode pass exclude them.
+    EXPECT_EQ(st.decode_ram_bytes + st.decode_cpu_bytes, st.decode_passes * s.plan().plan.ram_bytes);
+    const bool any_cpu = cpu_layer_bytes > 0;
+    EXPECT_EQ(s.host_executor().backend != nullptr, any_cpu);
+    // prefill_batch 4: prompt (all GPU), decode (hybrid), turn (all GPU), decode (hybrid).
+    EXPECT_EQ(st.phase_changes, any_cpu && prefill_batch == 4 ? 4u : 0u);
+    EXPECT_EQ(st.cpu_bytes > st.decode_cpu_bytes, any_cpu && prefill_batch == 1000);
+  });
   std::filesystem::remove(path);
 }
 
@@ -416,22 +441,30 @@ TEST(StreamDevice, SmolLM2HybridMatchesResident) {
   const size_t n = layout->layers.size();
   const std::vector<int32_t> prompt = {1, 504, 3458, 282, 4649, 314, 2725, 30, 378, 3458, 282};
   const GreedyRun ref = resident_run(path, prompt, 8);
-  for (int prefill_batch : {1000, 4}) {
-    HybridMix mix{std::vector<Home>(n, B), std::vector<Executor>(n, G)};
-    for (size_t l = 0; l < n; ++l) {
-      if (l % 3 == 0) mix.homes[l] = A;
-      if (l % 3 == 1) mix.exec[l] = H;
+  // Every third layer resident, every third on the CPU; the others on the GPU, or split by rows
+  // (the CPU's share 0.4: SmolLM2's 576-row matrices cut at 352, its 192-row K/V at 128).
+  for (bool split : {false, true}) {
+    for (int prefill_batch : {1000, 4}) {
+      HybridMix mix{std::vector<Home>(n, B), std::vector<Executor>(n, G)};
+      for (size_t l = 0; l < n; ++l) {
+        if (l % 3 == 0) mix.homes[l] = A;
+        if (l % 3 == 1) mix.exec[l] = H;
+        if (l % 3 == 2 && split) mix.exec[l] = S;
+      }
+      SCOPED_TRACE("prefill_batch " + std::to_string(prefill_batch) + (split ? ", row split" : ""));
+      DeviceStreamOptions o = host_options(mix.homes, 2);
+      o.force_exec = mix.exec;
+      if (split) o.force_share.assign(n, 0.4);
+      o.prefill_batch = prefill_batch;
+      o.host_cpu.pack_weights = false;
+      DeviceStreamer* s = nullptr;
+      auto m = load_streamed(path, o, &s);
+      ASSERT_TRUE(m.is_ok()) << m.status().message();
+      const GreedyRun got = greedy(**m, prompt, 8);
+      EXPECT_EQ(got.tokens, ref.tokens);
+      EXPECT_EQ(got.first_logits, ref.first_logits);
+      EXPECT_EQ(s->stats().decode_split_cpu_bytes > 0, split);
     }
-    SCOPED_TRACE("prefill_batch " + std::to_string(prefill_batch));
-    DeviceStreamOptions o = host_options(mix.homes, 2);
-    o.force_exec = mix.exec;
-    o.prefill_batch = prefill_batch;
-    o.host_cpu.pack_weights = false;
-    auto m = load_streamed(path, o, nullptr);
-    ASSERT_TRUE(m.is_ok()) << m.status().message();
-    const GreedyRun got = greedy(**m, prompt, 8);
-    EXPECT_EQ(got.tokens, ref.tokens);
-    EXPECT_EQ(got.first_logits, ref.first_logits);
   }
 }
 
@@ -475,6 +508,198 @@ TEST(StreamDevice, HybridExecutorOnlyForPinnedLayers) {
   ASSERT_FALSE(m.is_ok());
   EXPECT_NE(m.status().message().find("force_exec has 2 entries"), std::string::npos) << m.status().message();
   std::filesystem::remove(path);
+}
+
+// ---- row split: a layer's matrices split by rows, the GPU's rows copied, the CPU's read in place ----
+
+// A split layer's bytes per hybrid pass, from the file's tensors (independently of the streamer):
+// {copied, the CPU's}. Each split matrix's GPU rows are the first round((1 - share) x rows / 32)
+// x 32 (clamped to the matrix), its CPU rows the rest; every other tensor is copied whole.
+std::pair<uint64_t, uint64_t> split_bytes(const gguf::File& f, size_t layer, double share) {
+  const std::string prefix = "blk." + std::to_string(layer) + ".";
+  uint64_t copied = 0, cpu = 0;
+  for (const gguf::TensorInfo& t : f.tensors()) {
+    if (t.name.rfind(prefix, 0) != 0) continue;
+    const std::string rest = t.name.substr(prefix.size());
+    const bool split = rest == "attn_q.weight" || rest == "attn_k.weight" || rest == "attn_v.weight" ||
+                       rest == "attn_output.weight" || rest == "ffn_gate.weight" || rest == "ffn_up.weight" ||
+                       rest == "ffn_down.weight";
+    if (!split) {
+      copied += t.nbytes;
+      continue;
+    }
+    const int64_t rows = int64_t(t.n_rows());
+    const int64_t gpu = std::clamp<int64_t>(std::llround(double(rows) * (1 - share) / 32) * 32, 0, rows);
+    copied += uint64_t(gpu) * t.row_bytes();
+    cpu += uint64_t(rows - gpu) * t.row_bytes();
+  }
+  return {copied, cpu};
+}
+
+const std::vector<HybridMix> kSplitMixes = {
+    {{B, B, B, B, B, B}, {S, S, S, S, S, S}, {0.5, 0.5, 0.5, 0.5, 0.5, 0.5}},  // every layer split
+    {{A, B, B, B, B, C}, {G, S, H, S, G, G}, {0, 0.3, 0, 0.7, 0, 0}},          // with alternating, resident, disk
+    {{B, B, B, B, B, B}, {S, G, S, H, S, G}, {0.25, 0, 0.6, 0, 0.75, 0}},     // split, GPU and CPU layers in turn
+    // Edges: at 0.01 the CPU gets no rows of any matrix, at 0.99 the GPU none (the rounding to
+    // 32-row groups); 0.45 cuts the 128-row K/V at 64 and the 512-row FFN at 288.
+    {{B, B, B, B, B, B}, {S, S, S, S, S, S}, {0.01, 0.99, 0.2, 0.8, 0.5, 0.45}},
+};
+
+// Every forced row-split mix gives the resident run's tokens and logits (the CPU backend stands in
+// for the GPU: only output rows are split, so every element is the same dot product), over a
+// two-turn session, with prompts on the host too (prefill_batch 1000) or streamed whole to the
+// "GPU" (prefill_batch 4: split layers are then copied whole); the bytes copied per decode pass
+// are exactly the GPU rows of the split layers (and the other tensors), the CPU's rows counted
+// apart.
+TEST(StreamDevice, RowSplitMixesMatchResident) {
+  const std::string path = write_synthetic("rowsplit");
+  const Session ref = resident_session(path);
+  ASSERT_EQ(ref.tokens.size(), 10u);
+  auto f = gguf::File::open(path);
+  ASSERT_TRUE(f.is_ok());
+  auto layout = layout_of(*f);
+  ASSERT_TRUE(layout.is_ok());
+  for_each_session(path, kSplitMixes, ref, [&](const HybridMix& mix, int prefill_batch, DeviceStreamer& s) {
+    uint64_t copied = 0, split_cpu = 0, cpu = 0;
+    size_t n_split = 0;
+    for (size_t l = 0; l < mix.exec.size(); ++l) {
+      EXPECT_EQ(s.host_capable(int(l)), mix.exec[l] == H);
+      EXPECT_EQ(s.split_capable(int(l)), mix.exec[l] == S);
+      if (mix.exec[l] == S) {
+        const auto [c, h] = split_bytes(*f, l, mix.share[l]);
+        EXPECT_EQ(s.split_copy_bytes(int(l)), c) << "layer " << l;
+        EXPECT_EQ(s.split_cpu_bytes(int(l)), h) << "layer " << l;
+        copied += c;
+        split_cpu += h;
+        ++n_split;
+      } else if (mix.exec[l] == H) {
+        cpu += layout->layers[l].bytes;
+      } else if (mix.homes[l] == B) {
+        copied += layout->layers[l].bytes;
+      }
+    }
+    const DeviceStreamStats& st = s.stats();
+    EXPECT_EQ(st.decode_passes, 8u);
+    EXPECT_EQ(st.decode_ram_bytes, st.decode_passes * copied);
+    EXPECT_EQ(st.decode_split_cpu_bytes, st.decode_passes * split_cpu);
+    EXPECT_EQ(st.decode_cpu_bytes, st.decode_passes * cpu);
+    // Split layers run split in every hybrid pass: the 8 decode passes, plus the two prompts
+    // when they run hybrid too.
+    EXPECT_EQ(st.split_layers, (prefill_batch == 1000 ? 10u : 8u) * n_split);
+    EXPECT_EQ(st.phase_changes, prefill_batch == 4 ? 4u : 0u);
+  });
+  std::filesystem::remove(path);
+}
+
+// --hybrid split=0.5 through the planner (no forced homes): 2 layers resident, the 4 pinned ones
+// split at half their rows, output as the resident run's.
+TEST(StreamDevice, PlannedRowSplitMatchesResident) {
+  const std::string path = write_synthetic("plan_split");
+  const Session ref = resident_session(path);
+  auto f = gguf::File::open(path);
+  auto layout = layout_of(*f);
+  ASSERT_TRUE(layout.is_ok());
+  uint64_t layer = 0;
+  for (const UnitLayout& u : layout->layers) layer = std::max(layer, u.bytes);
+  DeviceStreamOptions o = host_options({}, 2);
+  o.workspace_bytes = 1 << 20;
+  o.host_cpu.pack_weights = false;
+  o.hybrid_mode = HybridMode::kSplit;
+  o.split_share = 0.5;
+  auto probe = plan_device(*f, *layout, [&] { DeviceStreamOptions q = o; q.vram_budget = 1ull << 40; return q; }());
+  ASSERT_TRUE(probe.is_ok()) << probe.status().message();
+  o.vram_budget = probe->reserved_bytes() + 4 * layer;  // 2 resident + 2 slots
+  DeviceStreamer* s = nullptr;
+  auto m = load_streamed(path, o, &s);
+  ASSERT_TRUE(m.is_ok()) << m.status().message();
+  int split = 0;
+  for (size_t l = 0; l < layout->layers.size(); ++l) {
+    const UnitPlan& u = s->plan().plan.units[l];
+    if (u.home == B) {
+      EXPECT_EQ(u.exec, S);
+      EXPECT_EQ(u.cpu_share, 0.5);
+    }
+    split += s->split_capable(int(l));
+  }
+  EXPECT_EQ(split, 4) << s->plan().describe();
+  EXPECT_NE(s->plan().describe().find("split 0.50"), std::string::npos) << s->plan().describe();
+  const Session got = run_session(**m);
+  EXPECT_EQ(got.tokens, ref.tokens);
+  EXPECT_EQ(got.first_logits, ref.first_logits);
+  EXPECT_EQ(got.last_logits, ref.last_logits);
+  EXPECT_GT(s->stats().decode_split_cpu_bytes, 0u);
+  std::filesystem::remove(path);
+}
+
+// The host's rows from its packed layout (host_cpu.pack_weights on): a packed matrix is cut at
+// whole row groups (WeightView::rows), so a wrong group offset would compute other rows. The
+// "GPU" rows run the row kernels on the slot, the CPU's the packed kernels (another summation
+// order), so the reference is the resident run within rounding: normalized error of the first
+// logits under 1e-3 and the greedy tokens equal. On a CPU without packed kernels at its vec_dot
+// ISA nothing is packed; the CTest variant isa_ref.* runs this with SLUICE_QUANT_ISA=ref, where it
+// is (and checks it).
+TEST(StreamDevicePacked, RowSplitPackedHostRowsMatchResident) {
+  const std::string path = write_synthetic("rowsplit_packed");
+  const std::vector<int32_t> prompt = {1, 5, 9, 17, 33, 2, 64, 80, 3};
+  const GreedyRun ref = resident_run(path, prompt, 8);
+  DeviceStreamOptions o = host_options({B, B, B, B, B, B}, 2);
+  o.force_exec = {S, S, S, S, S, S};
+  o.force_share = {0.5, 0.25, 0.75, 0.5, 0.4, 0.6};
+  o.prefill_batch = 1000;
+  o.host_cpu.pack_weights = true;
+  DeviceStreamer* s = nullptr;
+  auto m = load_streamed(path, o, &s);
+  ASSERT_TRUE(m.is_ok()) << m.status().message();
+  const char* isa = std::getenv("SLUICE_QUANT_ISA");
+  if (isa && std::string(isa) == "ref") {
+    EXPECT_GT(s->host_packed_bytes(), 0u);
+  } else if (s->host_packed_bytes() == 0) {
+    std::printf("[ note ] this CPU has no packed kernels at its vec_dot ISA: the host rows are not packed\n");
+  }
+  const GreedyRun got = greedy(**m, prompt, 8);
+  EXPECT_EQ(got.tokens, ref.tokens);
+  ASSERT_EQ(got.first_logits.size(), ref.first_logits.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.first_logits.size(); ++i) {
+    const double d = double(got.first_logits[i]) - double(ref.first_logits[i]);
+    num += d * d;
+    den += double(ref.first_logits[i]) * double(ref.first_logits[i]);
+  }
+  EXPECT_LE(std::sqrt(num / den), 1e-3);
+  std::filesystem::remove(path);
+}
+
+TEST(StreamDevice, RowSplitOnlyForDensePinnedLayersAtSharesInside01) {
+  const std::string path = write_synthetic("rowsplit_err");
+  DeviceStreamOptions o = host_options({A, B, C, B, B, B}, 2);
+  auto fails_with = [&](const std::string& text) {
+    auto m = load_streamed(path, o, nullptr);
+    ASSERT_FALSE(m.is_ok()) << text;
+    EXPECT_EQ(m.status().code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(m.status().message().find(text), std::string::npos) << m.status().message();
+  };
+  o.force_exec = {S, G, G, G, G, G};  // layer 0 is resident
+  fails_with("layer 0 is not in pinned RAM");
+  o.force_exec = {G, G, S, G, G, G};  // layer 2 is on disk
+  fails_with("layer 2 is not in pinned RAM");
+  o.force_exec = {G, S, G, G, G, G};
+  for (double bad : {0.0, 1.0, 1.5, -0.25}) {
+    o.force_share = {0, bad, 0, 0, 0, 0};
+    fails_with("the CPU's share of rows must be in (0, 1)");
+  }
+  o.force_share = {0.5};
+  fails_with("force_share has 1 entries");
+  std::filesystem::remove(path);
+  // Mixtures of experts are not split.
+  const std::string moe = test::write_synthetic_moe(quant::Type::kQ8_0, "rowsplit_moe");
+  DeviceStreamOptions mo = host_options({B, B, B}, 2);
+  mo.force_exec = {G, S, G};
+  auto m = load_streamed(moe, mo, nullptr);
+  ASSERT_FALSE(m.is_ok());
+  EXPECT_NE(m.status().message().find("layer 1 is a mixture of experts; only dense layers are split by rows"),
+            std::string::npos)
+      << m.status().message();
+  std::filesystem::remove(moe);
 }
 
 // ---- ordering: a backend whose copies run only when their mark is waited for ------------------

@@ -135,11 +135,13 @@ TEST(StreamPlan, TooSmallBudgetStatesTheMinimum) {
 TEST(StreamPlan, CpuExecutorBalancesAgainstPcie) {
   // 60 streamed GiB at 50 GB/s H2D vs a 50 GB/s CPU sharing 100 GB/s of DRAM: handing part of
   // the pinned layers to the CPU must beat pure streaming.
+  // Alternating whole layers here (the row split's balance is SplitBalancesCpuAgainstCopies...).
   PlanInput in = dense(60, 1 * kGiB);
   in.vram_budget = 2 * kGiB;
   in.ram_budget = 128 * kGiB;
   auto pure = make_plan(in);
   in.allow_cpu_executor = true;
+  in.hybrid_mode = HybridMode::kAlternate;
   auto mixed = make_plan(in);
   ASSERT_TRUE(pure.is_ok() && mixed.is_ok());
   EXPECT_GT(mixed->cpu_exec_bytes, 0u);
@@ -259,8 +261,10 @@ TEST(StreamPlan, LargeBatchKeepsTheCpuOut) {
   // the ring cannot absorb 3.2 s of CPU: with 2 slots, G1's copy waits for the previous pass's G3
   // to release its slot, and G3's copy for G0's, so per pass: copy G1 (1 s) + G1 (1.28 ms) + switch
   // + C2 (3.2 s) + switch + G3 (1.28 ms) = 4.22256 s > 4 s. c >= 2: >= 6.4 s. So c = 0.
+  // (Alternating only: a row split at a small share still pays here, SplitPaysAtLargeBatch.)
   PlanInput in = four_streamed();
   in.batch = 64;
+  in.hybrid_mode = HybridMode::kAlternate;
   auto p = make_plan(in);
   ASSERT_TRUE(p.is_ok()) << p.status().message();
   EXPECT_TRUE(cpu_positions(*p).empty());
@@ -370,6 +374,170 @@ TEST(StreamPlan, RejectsNonsense) {
   in = dense(2, kMiB);
   in.batch = 0;
   EXPECT_FALSE(make_plan(in).is_ok());
+}
+
+// ---- row split: a B unit's matrices split by rows between CPU and GPU ---------------------------
+
+TEST(StreamPlan, SplitUnitCostHandComputed) {
+  // score_plan on G, split 0.25, split 0.5, G (A, B, B, B) with four_streamed's rates:
+  //   blk.0 (A, GPU): max(1e9 / 1e12, 2e9 / 1e14) = 1 ms;  blk.3 (B, GPU): 1 ms
+  //   blk.1: max(CPU max(0.25 s, 0.25 x 2e9 / 4e10), GPU max(0.75 ms, ...)) + 5 x 10 ms = 0.30 s
+  //   blk.2: 0.5 s + 50 ms = 0.55 s
+  // The residual stream stays on the GPU: no switches. Copies: 0.75e9 + 0.5e9 + 1e9 at 1 GB/s =
+  // 2.25 s; DRAM: every B byte once (3e9 at 1e12). The CPU computes 0.25e9 + 0.5e9 bytes.
+  PlanInput in = four_streamed();
+  Plan p;
+  p.units = {{Home::kVram, Executor::kGpu}, {Home::kRam, Executor::kSplit, 0.25}, {Home::kRam, Executor::kSplit, 0.5},
+             {Home::kRam, Executor::kGpu}};
+  p.n_slots = 2;
+  p.slot_bytes = 1'000'000'000ull;
+  score_plan(in, p);
+  ASSERT_EQ(p.unit_seconds.size(), 4u);
+  EXPECT_NEAR(p.unit_seconds[1], 0.30, 1e-12);
+  EXPECT_NEAR(p.unit_seconds[2], 0.55, 1e-12);
+  EXPECT_EQ(p.n_switches, 0);
+  EXPECT_NEAR(p.t_split, 0.85, 1e-12);
+  EXPECT_NEAR(p.t_gpu, 0.002, 1e-12);
+  EXPECT_NEAR(p.t_cpu, 0.0, 1e-15);
+  EXPECT_NEAR(p.t_exec, 0.852, 1e-12);
+  EXPECT_NEAR(p.t_h2d, 2.25, 1e-12);
+  EXPECT_NEAR(p.t_dram, 0.003, 1e-12);
+  EXPECT_NEAR(p.token_seconds, 2.25, 1e-9);
+  EXPECT_EQ(p.bound, "h2d");
+  EXPECT_EQ(p.cpu_exec_bytes, 750'000'000ull);
+  EXPECT_EQ(p.ram_bytes, 3'000'000'000ull);
+  const std::string d = p.describe(in);
+  EXPECT_NE(d.find("blk.1                        B:ram   split 0.25"), std::string::npos) << d;
+  EXPECT_NE(d.find("exec 852.00 ms (cpu 0.00 + gpu 2.00 + split 850.00 + 0 switches 0.00)"), std::string::npos) << d;
+}
+
+// Three streamed units (2.5e9 of VRAM: two slots, nothing resident). Alternating, c CPU units:
+//   c=0: 3 copies = 3 s;  c=1 [G C G]: exec 1.022, copies 2 s -> 2 s;  c=2 [C G C]: exec 2.041;
+//   c=3: 3.02. Split at share s (every unit): exec 3 (s + 0.05) (+ 3 x (1-s) ms of GPU, under the
+//   CPU's), copies 3 (1 - s): they balance at s = 0.475; of the k / 64 shares, k = 30 (0.46875):
+//   exec 1.556, copies 1.59375 -> 1.59375 s (k = 31: exec 1.603). The copies bound the schedule.
+PlanInput three_streamed() {
+  PlanInput in = four_streamed();
+  in.units.pop_back();
+  return in;
+}
+
+TEST(StreamPlan, SplitBalancesCpuAgainstCopiesAndBeatsAlternating) {
+  PlanInput in = three_streamed();
+  auto p = make_plan(in);
+  ASSERT_TRUE(p.is_ok()) << p.status().message();
+  for (const UnitPlan& u : p->units) {
+    EXPECT_EQ(u.home, Home::kRam);
+    EXPECT_EQ(u.exec, Executor::kSplit);
+    EXPECT_DOUBLE_EQ(u.cpu_share, 30.0 / 64);
+  }
+  EXPECT_NEAR(p->t_exec, 3 * (30.0 / 64 + 0.05), 1e-9);
+  EXPECT_NEAR(p->t_h2d, 3 * (34.0 / 64), 1e-9);
+  EXPECT_NEAR(p->token_seconds, 1.59375, 1e-9);
+  EXPECT_EQ(p->bound, "h2d");
+  EXPECT_NEAR(p->split_seconds, 1.59375, 1e-9);
+  EXPECT_NEAR(p->alternating_seconds, 2.0, 1e-9);
+  const std::string d = p->describe(in);
+  EXPECT_NE(d.find("hybrid (auto): alternating whole layers 2000.00 ms, row split 1593.75 ms"), std::string::npos) << d;
+
+  // Forced modes: alternating only (c = 1, the middle unit on the CPU); split at a fixed share.
+  in.hybrid_mode = HybridMode::kAlternate;
+  auto alt = make_plan(in);
+  ASSERT_TRUE(alt.is_ok());
+  EXPECT_EQ(cpu_positions(*alt), (std::vector<int>{1}));
+  EXPECT_NEAR(alt->token_seconds, 2.0, 1e-9);
+  EXPECT_EQ(alt->split_seconds, 0.0);
+  in.hybrid_mode = HybridMode::kSplit;
+  in.split_share = 0.25;  // exec 0.9, copies 2.25
+  auto fixed = make_plan(in);
+  ASSERT_TRUE(fixed.is_ok());
+  for (const UnitPlan& u : fixed->units) EXPECT_EQ(u.cpu_share, 0.25);
+  EXPECT_NEAR(fixed->token_seconds, 2.25, 1e-9);
+  EXPECT_EQ(fixed->alternating_seconds, 0.0);
+}
+
+TEST(StreamPlan, AlternatingWinsWhenTheSplitsHandOffsCostMore) {
+  // four_streamed: alternating 2.042 s (HybridChoosesTwoOfFourSpreadEvenly); split at k = 30:
+  // exec 4 (0.46875 + 0.05) = 2.075, copies 2.125 -> 2.125 s. Ties and losses keep alternating.
+  PlanInput in = four_streamed();
+  auto p = make_plan(in);
+  ASSERT_TRUE(p.is_ok());
+  EXPECT_EQ(cpu_positions(*p), (std::vector<int>{1, 3}));
+  EXPECT_NEAR(p->alternating_seconds, 2.042, 1e-9);
+  EXPECT_NEAR(p->split_seconds, 2.125, 1e-9);
+}
+
+TEST(StreamPlan, SplitPaysAtLargeBatch) {
+  // Batch 64 (LargeBatchKeepsTheCpuOut's units): a split unit at share s costs max(64 x 2 x s x
+  // 1e9 / 4e10 = 3.2 s, ...) + 50 ms on the CPU's side, the copies 4 (1 - s): at k = 14 (s =
+  // 0.21875) exec 4 x 0.75 = 3.0 s, copies 3.125 s -> 3.125 s (k = 15: exec 3.2 s), under the
+  // 4 s of streaming everything.
+  PlanInput in = four_streamed();
+  in.batch = 64;
+  auto p = make_plan(in);
+  ASSERT_TRUE(p.is_ok());
+  for (const UnitPlan& u : p->units) EXPECT_EQ(u.cpu_share, 14.0 / 64);
+  EXPECT_NEAR(p->t_exec, 3.0, 1e-9);
+  EXPECT_NEAR(p->token_seconds, 3.125, 1e-9);
+  EXPECT_NEAR(p->alternating_seconds, 4.0, 1e-9);
+}
+
+TEST(StreamPlan, UnsplittableUnitsAreNeverSplit) {
+  PlanInput in = three_streamed();
+  for (Unit& u : in.units) u.splittable = false;  // a mixture of experts
+  in.hybrid_mode = HybridMode::kSplit;
+  auto p = make_plan(in);
+  ASSERT_TRUE(p.is_ok());
+  for (const UnitPlan& u : p->units) EXPECT_EQ(u.exec, Executor::kGpu);
+  EXPECT_EQ(p->split_seconds, 0.0);
+  in.units[1].splittable = true;
+  p = make_plan(in);
+  ASSERT_TRUE(p.is_ok());
+  EXPECT_EQ(p->units[0].exec, Executor::kGpu);
+  EXPECT_EQ(p->units[1].exec, Executor::kSplit);
+  EXPECT_EQ(p->units[2].exec, Executor::kGpu);
+}
+
+TEST(StreamPlan, ForcedSplitEvenWhereStreamingIsFaster) {
+  // Copies at 1e12 (as fast as VRAM): streaming all three units costs 3 ms, a split adds 50 ms of
+  // hand-offs per unit. Auto keeps streaming; --hybrid split splits anyway (at the fastest share).
+  PlanInput in = three_streamed();
+  in.bw.h2d = 1e12;
+  auto p = make_plan(in);
+  ASSERT_TRUE(p.is_ok());
+  for (const UnitPlan& u : p->units) EXPECT_EQ(u.exec, Executor::kGpu);
+  in.hybrid_mode = HybridMode::kSplit;
+  p = make_plan(in);
+  ASSERT_TRUE(p.is_ok());
+  for (const UnitPlan& u : p->units) EXPECT_EQ(u.exec, Executor::kSplit);
+  EXPECT_NEAR(p->token_seconds, p->split_seconds, 1e-15);
+  EXPECT_GT(p->token_seconds, 0.15);
+}
+
+TEST(StreamPlan, HybridModesParseAndBadSharesAreErrors) {
+  HybridMode m = HybridMode::kAuto;
+  double share = -1;
+  ASSERT_TRUE(parse_hybrid_mode("split", &m, &share).is_ok());
+  EXPECT_EQ(m, HybridMode::kSplit);
+  EXPECT_EQ(share, 0.0);
+  ASSERT_TRUE(parse_hybrid_mode("split=0.4", &m, &share).is_ok());
+  EXPECT_EQ(share, 0.4);
+  ASSERT_TRUE(parse_hybrid_mode("alternate", &m, &share).is_ok());
+  EXPECT_EQ(m, HybridMode::kAlternate);
+  ASSERT_TRUE(parse_hybrid_mode("auto", &m, &share).is_ok());
+  EXPECT_EQ(m, HybridMode::kAuto);
+  for (const char* bad : {"", "splt", "split=", "split=0", "split=1", "split=1.5", "split=0.4x", "split=-0.1"}) {
+    const Status st = parse_hybrid_mode(bad, &m, &share);
+    ASSERT_FALSE(st.is_ok()) << bad;
+    EXPECT_NE(st.message().find("bad hybrid mode"), std::string::npos) << st.message();
+  }
+  PlanInput in = three_streamed();
+  for (double s : {-0.5, 1.0, 2.0}) {
+    in.split_share = s;
+    auto p = make_plan(in);
+    ASSERT_FALSE(p.is_ok()) << s;
+    EXPECT_NE(p.status().message().find("share must be in (0, 1)"), std::string::npos) << p.status().message();
+  }
 }
 
 }  // namespace
