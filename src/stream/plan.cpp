@@ -113,13 +113,13 @@ namespace {
 
 bool rates_ok(const Bandwidths& bw) {
   return bw.vram > 0 && bw.h2d > 0 && bw.disk > 0 && bw.cpu > 0 && bw.dram > 0 && bw.cpu_flops > 0 && bw.gpu_flops > 0 &&
-         bw.switch_seconds >= 0;
+         bw.switch_seconds >= 0 && bw.split_seconds >= 0;
 }
 
 // Seconds one executor spends on a unit per pass: reading its bytes or doing its batch * 2 *
 // params operations, whichever is slower (GEMV/GEMM of one layer is limited by one or the other).
 // A split unit (cpu_share s): the CPU on its share and the GPU on the rest at the same time, plus
-// the hand-offs between them (kSplitSwitches).
+// the hand-offs between them (split_seconds).
 double exec_seconds(const Unit& u, Executor e, int batch, const Bandwidths& bw, double cpu_share = 0) {
   const double ops = double(batch) * 2.0 * double(u.params);
   if (e == Executor::kGpu) return std::max(double(u.bytes) / bw.vram, ops / bw.gpu_flops);
@@ -127,7 +127,7 @@ double exec_seconds(const Unit& u, Executor e, int batch, const Bandwidths& bw, 
   const double s = cpu_share, g = 1 - cpu_share;
   const double cpu = std::max(s * double(u.bytes) / bw.cpu, s * ops / bw.cpu_flops);
   const double gpu = std::max(g * double(u.bytes) / bw.vram, g * ops / bw.gpu_flops);
-  return std::max(cpu, gpu) + kSplitSwitches * bw.switch_seconds;
+  return std::max(cpu, gpu) + bw.split_seconds;
 }
 
 // Bytes of unit i copied to the GPU per pass when it is streamed: all of it, or a split unit's
@@ -497,10 +497,10 @@ std::string Plan::describe(const PlanInput& in) const {
       return std::string(b);
     };
     std::snprintf(line, sizeof line,
-                  "  hybrid (%s): alternating whole layers %s ms, row split %s ms (%d hand-offs per split layer at "
-                  "%.0f us each, estimated)\n",
+                  "  hybrid (%s): alternating whole layers %s ms, row split %s ms (hand-offs %.2f ms per split "
+                  "layer)\n",
                   hybrid_mode_name(in.hybrid_mode), ms(alternating_seconds).c_str(), ms(split_seconds).c_str(),
-                  2 * kSplitSwitches, in.bw.switch_seconds / 2 * 1e6);
+                  in.bw.split_seconds * 1e3);
     out += line;
   }
   return out;

@@ -15,7 +15,7 @@
 //   exec(u) = max(bytes / vram, batch * 2 * params / gpu_flops)   GPU-executed
 //           = max(bytes / cpu,  batch * 2 * params / cpu_flops)   CPU-executed
 //           = max(exec_cpu(s * u), exec_gpu((1 - s) * u))            split, CPU share s of the rows
-//             + kSplitSwitches * switch_seconds                      (its activation hand-offs)
+//             + split_seconds                                        (its activation hand-offs)
 //   t = max( t_exec,  t_h2d,  t_disk,  t_dram,  t_pipeline )
 //   t_exec = sum of exec(u) + n_switches * switch_seconds   (layers are sequential: CPU and GPU
 //            compute add up; a switch is a pair of consecutive units on different executors, and
@@ -82,14 +82,18 @@ struct Bandwidths {
                                // peak; a prefill benchmark's rate)
   double switch_seconds = 50e-6;  // one hand-over of activations between CPU and GPU (a small
                                   // copy plus a synchronization), per executor change
+  // A row-split unit's hand-offs per pass: ten small copies, each after a synchronization (the
+  // normed input to the CPU, its Q, K and V rows back, the attention output to the CPU, its Wo
+  // rows back, the FFN's normed input to the CPU, the hidden rows both ways, its W_down rows
+  // back). First estimated at 0.25 ms (half a switch each); measured on the GPU machine (H200
+  // host, 2026-11-27, 70B Q4_K_M with 16 GiB free, 56 split layers, `--hybrid split`): 348 ms per
+  // token against 258 predicted, of which ~44 ms is the CPU's own shortfall on its rows (57 GB/s,
+  // as the alternating run of the same call measured, against 67 planned) and ~46 ms more
+  // hand-off time than estimated: ~1 ms per split layer (each hand-off waits for the GPU's queue
+  // and wakes the CPU's threads).
+  double split_seconds = 1.0e-3;
 };
 
-// Hand-offs of a row-split unit per pass, in switch_seconds: a split layer moves activations ten
-// times (normed input to the CPU, its Q, K and V rows back, the attention output to the CPU, its
-// Wo rows back, the FFN's normed input to the CPU, the hidden rows both ways, its W_down rows
-// back), each a small copy plus a synchronization, i.e. half a switch's download + upload.
-// An estimate, not measured on a GPU.
-inline constexpr int kSplitSwitches = 5;
 
 // Which hybrid placements the planner scores (allow_cpu_executor): whole B units alternating
 // between the executors, B units split by rows, or both (the faster prediction wins).

@@ -180,7 +180,7 @@ PlanInput four_streamed() {
   in.ram_budget = 8'000'000'000ull;
   in.allow_cpu_executor = true;
   in.bw = {.vram = 1e12, .h2d = 1e9, .disk = 1e9, .cpu = 1e9, .dram = 1e12, .cpu_flops = 4e10, .gpu_flops = 1e14,
-           .switch_seconds = 0.01};
+           .switch_seconds = 0.01, .split_seconds = 0.05};
   return in;
 }
 
@@ -381,7 +381,7 @@ TEST(StreamPlan, RejectsNonsense) {
 TEST(StreamPlan, SplitUnitCostHandComputed) {
   // score_plan on G, split 0.25, split 0.5, G (A, B, B, B) with four_streamed's rates:
   //   blk.0 (A, GPU): max(1e9 / 1e12, 2e9 / 1e14) = 1 ms;  blk.3 (B, GPU): 1 ms
-  //   blk.1: max(CPU max(0.25 s, 0.25 x 2e9 / 4e10), GPU max(0.75 ms, ...)) + 5 x 10 ms = 0.30 s
+  //   blk.1: max(CPU max(0.25 s, 0.25 x 2e9 / 4e10), GPU max(0.75 ms, ...)) + 50 ms of hand-offs = 0.30 s
   //   blk.2: 0.5 s + 50 ms = 0.55 s
   // The residual stream stays on the GPU: no switches. Copies: 0.75e9 + 0.5e9 + 1e9 at 1 GB/s =
   // 2.25 s; DRAM: every B byte once (3e9 at 1e12). The CPU computes 0.25e9 + 0.5e9 bytes.
