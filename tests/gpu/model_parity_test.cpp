@@ -198,6 +198,15 @@ void check_parity(const std::string& path, double tol, int n_gen, double near_ti
   EXPECT_GE(agree, n_gen * 8 / 10);
 }
 
+// The model on the CUDA backend, its decode steps replayed (graphs) or launched kernel by kernel.
+Result<std::unique_ptr<model::Model>> load_cuda(const std::string& path, bool graphs, int n_ctx) {
+  model::LoadOptions lo;
+  lo.backend = model::BackendKind::kCuda;
+  lo.cuda_graphs = graphs;
+  lo.n_ctx = n_ctx;
+  return model::Model::load(path, lo);
+}
+
 // A decode step recorded once and replayed (graphs, the default) gives the logits of the same
 // step issued kernel by kernel, bit for bit, at every position: across the 256-position buckets
 // where the step is re-recorded with a new attention plan, with Q/K norms (qwen3) and GQA; and for
@@ -209,14 +218,7 @@ TEST(CudaGraphs, ReplayedStepsEqualDirectLaunches) {
                         Case{"graphs_gemma3", "gemma3", "q4_k_m", 512, 4, 1, 128, 1024, 3, false, true, 0, 0, 100}}) {
     SCOPED_TRACE(c.name);
     const std::string path = synth_model(c);
-    auto load = [&](bool graphs) {
-      model::LoadOptions lo;
-      lo.backend = model::BackendKind::kCuda;
-      lo.cuda_graphs = graphs;
-      lo.n_ctx = 700;
-      return model::Model::load(path, lo);
-    };
-    auto g = load(true), d = load(false);
+    auto g = load_cuda(path, true, 700), d = load_cuda(path, false, 700);
     ASSERT_TRUE(g.is_ok() && d.is_ok());
     const int n_vocab = (*g)->n_vocab();
     const auto prefix = prompt_ids(37, n_vocab, 21);
@@ -247,14 +249,7 @@ TEST(CudaGraphs, MaskedStepsEqualDirectLaunches) {
   SLUICE_SKIP_WITHOUT_GPU();
   const Case c{"graphs_mask_gemma3", "gemma3", "q4_k_m", 512, 4, 1, 128, 1024, 3, false, true, 0, 0, 100};
   const std::string path = synth_model(c);
-  auto load = [&](bool graphs) {
-    model::LoadOptions lo;
-    lo.backend = model::BackendKind::kCuda;
-    lo.cuda_graphs = graphs;
-    lo.n_ctx = 512;
-    return model::Model::load(path, lo);
-  };
-  auto g = load(true), d = load(false);
+  auto g = load_cuda(path, true, 512), d = load_cuda(path, false, 512);
   ASSERT_TRUE(g.is_ok() && d.is_ok());
   const int n_vocab = (*g)->n_vocab(), n_layer = (*g)->config().n_layer;
   ASSERT_GE(n_layer, 3);

@@ -541,38 +541,27 @@ class CudaBackend final : public Backend {
     for (const Tensor& y : ys) invalidate_q8_if_overlaps(y);
   }
 
-  void swiglu(const Tensor& gate, const Tensor& up, const Tensor& dst) override {
-    SLUICE_CHECK(gate.cols == up.cols && gate.cols == dst.cols && gate.rows == up.rows && gate.rows == dst.rows,
-                 "swiglu: shape mismatch");
-    invalidate_q8();
-    if (dst.rows <= kMaxMmqTokens && dst.cols % 32 == 0 && dst.stride == dst.cols) {
-      // Decode: the product feeds the down projection; make its int8 activation here.
-      const Q8Activation q8 = q8_view(dst.cols, int(dst.rows));
-      must(swiglu_q8(f32(gate), gate.stride, f32(up), up.stride, f32(dst), dst.stride, dst.rows, dst.cols, q8,
-                     stream_),
-           "swiglu_q8");
-      set_q8(dst);
-      return;
-    }
-    must(cuda::swiglu(f32(gate), gate.stride, f32(up), up.stride, f32(dst), dst.stride, dst.rows, dst.cols, stream_),
-         "swiglu");
-  }
+  void swiglu(const Tensor& gate, const Tensor& up, const Tensor& dst) override { gated(gate, up, dst, false); }
+  void geglu(const Tensor& gate, const Tensor& up, const Tensor& dst) override { gated(gate, up, dst, true); }
 
-  void geglu(const Tensor& gate, const Tensor& up, const Tensor& dst) override {
+  // dst = act(gate) * up, act = silu (SwiGLU) or gelu_tanh (GeGLU).
+  void gated(const Tensor& gate, const Tensor& up, const Tensor& dst, bool gelu) {
+    const char* name = gelu ? "geglu" : "swiglu";
     SLUICE_CHECK(gate.cols == up.cols && gate.cols == dst.cols && gate.rows == up.rows && gate.rows == dst.rows,
-                 "geglu: shape mismatch");
+                 std::string(name) + ": shape mismatch");
     invalidate_q8();
     if (dst.rows <= kMaxMmqTokens && dst.cols % 32 == 0 && dst.stride == dst.cols) {
       // Decode: the product feeds the down projection; make its int8 activation here.
       const Q8Activation q8 = q8_view(dst.cols, int(dst.rows));
-      must(geglu_q8(f32(gate), gate.stride, f32(up), up.stride, f32(dst), dst.stride, dst.rows, dst.cols, q8,
-                    stream_),
-           "geglu_q8");
+      must((gelu ? geglu_q8 : swiglu_q8)(f32(gate), gate.stride, f32(up), up.stride, f32(dst), dst.stride, dst.rows,
+                                         dst.cols, q8, stream_),
+           gelu ? "geglu_q8" : "swiglu_q8");
       set_q8(dst);
       return;
     }
-    must(cuda::geglu(f32(gate), gate.stride, f32(up), up.stride, f32(dst), dst.stride, dst.rows, dst.cols, stream_),
-         "geglu");
+    must((gelu ? cuda::geglu : cuda::swiglu)(f32(gate), gate.stride, f32(up), up.stride, f32(dst), dst.stride, dst.rows,
+                                             dst.cols, stream_),
+         name);
   }
 
   void scale(const Tensor& x, float s) override {
