@@ -573,15 +573,14 @@ Status DeviceStreamer::plan_split(const gguf::File& file, const model::Weights& 
   return Status::ok();
 }
 
-uint64_t DeviceStreamer::split_copy_bytes(int layer) const {
+// A per-streamed-layer figure of `layer` (0 for layers not streamed).
+uint64_t DeviceStreamer::of_streamed(const std::vector<uint64_t>& v, int layer) const {
   const int j = size_t(layer) < stream_index_.size() ? stream_index_[size_t(layer)] : -1;
-  return j >= 0 && size_t(j) < split_copy_bytes_.size() ? split_copy_bytes_[size_t(j)] : 0;
+  return j >= 0 && size_t(j) < v.size() ? v[size_t(j)] : 0;
 }
 
-uint64_t DeviceStreamer::split_cpu_bytes(int layer) const {
-  const int j = size_t(layer) < stream_index_.size() ? stream_index_[size_t(layer)] : -1;
-  return j >= 0 && size_t(j) < split_cpu_bytes_.size() ? split_cpu_bytes_[size_t(j)] : 0;
-}
+uint64_t DeviceStreamer::split_copy_bytes(int layer) const { return of_streamed(split_copy_bytes_, layer); }
+uint64_t DeviceStreamer::split_cpu_bytes(int layer) const { return of_streamed(split_cpu_bytes_, layer); }
 
 Status DeviceStreamer::fail(Status st) {
   if (failed_.is_ok()) failed_ = std::move(st);

@@ -271,6 +271,7 @@ class DeviceStreamer final : public model::LayerSource {
   model::Weights globals_;
   std::vector<model::LayerWeights> resident_views_;  // per layer (A)
   std::vector<int> stream_index_;      // per layer: index among streamed layers, or -1
+  uint64_t of_streamed(const std::vector<uint64_t>& v, int layer) const;
   std::vector<int> streamed_;          // streamed layer ids, in order (index j)
   std::vector<bool> skip_;             // DeviceStreamOptions::skip (per layer, or empty)
   bool skipped(int layer) const { return !skip_.empty() && skip_[size_t(layer)]; }
