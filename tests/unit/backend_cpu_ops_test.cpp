@@ -198,6 +198,54 @@ TEST(CpuOps, MatmulMultiEqualsSeparateCalls) {
   }
 }
 
+// Weights each with its own input in one job (a decode step's experts): bit-identical to
+// separate matmul calls, with inputs of different row counts (decode rows and prefill batches),
+// one input shared by two weights, repacked and file-layout weights, more weights than one job
+// holds (the backend splits them), and in row-invariant mode.
+TEST(CpuOps, MatmulEachEqualsSeparateCalls) {
+  const int64_t k = 512;
+  const Type types[] = {Type::kQ4_K, Type::kQ6_K, Type::kQ8_0, Type::kF16, Type::kQ5_K};
+  constexpr int kParts = 41;
+  Fixture f(3);
+  std::vector<std::vector<uint8_t>> wq;
+  std::vector<WeightView> ws;
+  std::vector<Tensor> xs, each, single;
+  std::vector<std::vector<float>> xdata;
+  for (int i = 0; i < kParts; ++i) {
+    const Type type = types[i % 5];
+    const int64_t n_out = 16 * (1 + i % 4), n_tok = (i % 7 == 3) ? 9 : (i % 5 == 4 ? 3 : 1);
+    std::vector<float> deq;
+    wq.push_back(quantize_matrix(type, test::random_floats(size_t(k * n_out), 1, 60 + i), k, n_out, &deq));
+    const WeightView file{type, k, n_out, wq.back().data()};
+    WeightView w = file;
+    if (i % 2 == 0) {  // every other weight repacked where its format has a packed layout
+      auto up = f.be->upload_weight(file);
+      ASSERT_TRUE(up.is_ok());
+      w = *up;
+    }
+    ws.push_back(w);
+    if (i == 10) {
+      xs.push_back(xs.back());  // an input shared with the previous weight (same rows)
+    } else {
+      xs.push_back(f.f32(k, n_tok, test::random_floats(size_t(k * n_tok), 1, 200 + i)));
+    }
+    each.push_back(f.f32(n_out, xs.back().rows, {}));
+    single.push_back(f.f32(n_out, xs.back().rows, {}));
+  }
+  for (const bool invariant : {false, true}) {
+    SCOPED_TRACE(invariant ? "row-invariant" : "default");
+    f.be->set_row_invariant(invariant);
+    for (int i = 0; i < kParts; ++i) f.be->matmul(ws[size_t(i)], xs[size_t(i)], single[size_t(i)]);
+    f.be->matmul_each(ws, xs, each);
+    for (int i = 0; i < kParts; ++i) {
+      const auto a = f.get(each[size_t(i)]), b = f.get(single[size_t(i)]);
+      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4))
+          << "part " << i << " " << quant::type_name(ws[size_t(i)].type) << " rows " << xs[size_t(i)].rows;
+    }
+  }
+  f.be->set_row_invariant(false);
+}
+
 TEST(CpuOps, RmsNormWholeRowAndPerHead) {
   Fixture f(2);
   const int64_t cols = 384, rows = 5;

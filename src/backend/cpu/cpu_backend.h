@@ -76,6 +76,7 @@ class CpuBackend final : public Backend {
   void get_rows(const WeightView& table, std::span<const int32_t> ids, const Tensor& dst) override;
   void matmul(const WeightView& w, const Tensor& x, const Tensor& y) override;
   void matmul_multi(std::span<const WeightView> ws, const Tensor& x, std::span<const Tensor> ys) override;
+  void matmul_each(std::span<const WeightView> ws, std::span<const Tensor> xs, std::span<const Tensor> ys) override;
   void rms_norm(const Tensor& x, const WeightView& w, float eps, const Tensor& dst) override;
   void add_bias(const Tensor& y, const WeightView& b) override;
   void add(const Tensor& dst, const Tensor& src) override;
@@ -106,9 +107,14 @@ class CpuBackend final : public Backend {
   const bool pack_weights_;  // upload_weight repacks (CpuOptions::pack_weights)
   bool row_invariant_ = false;  // set_row_invariant: batches computed row by row as one-token calls
   std::vector<AlignedBuffer> buffers_;  // every Tensor allocated, alive until destruction
-  // Quantized activations for matmul, one per activation format in a matmul_multi (grow-only).
-  static constexpr size_t kMaxMulti = 4;
-  AlignedBuffer act_q_[kMaxMulti];
+  // matmul, matmul_multi, matmul_each: one dispatch over the output rows of every weight; xs holds
+  // one input shared by all weights, or one per weight.
+  void matmul_job(std::span<const WeightView> ws, std::span<const Tensor> xs, std::span<const Tensor> ys);
+  // Weights per matmul job (a decode step's 8 experts' gate and up projections are 16).
+  static constexpr size_t kMaxParts = 32;
+  // Quantized activations for a matmul job: every distinct input in every activation format it
+  // meets (grow-only).
+  AlignedBuffer act_q_;
   std::vector<AlignedBuffer> scratch_;  // per-thread attention scratch (grow-only)
 
   Result<void*> alloc_host(int64_t bytes);

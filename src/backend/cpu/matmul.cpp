@@ -13,6 +13,8 @@
 // y in place.
 // matmul_multi runs several weights over one input (Q/K/V, gate/up) as one job: fewer
 // dispatches per layer, and small matrices (K, V) no longer leave threads idle on their own.
+// matmul_each does the same for weights with inputs of their own (a decode step's experts: the
+// down projections of all of a token's experts are one dispatch, not one each).
 // Weights repacked at upload (WeightView::packed, quant::Kernels::vec_dot_packed) go through the
 // format's packed kernel for both decode and prefill: chunks are whole groups of packed_rows rows,
 // and the kernel walks token tiles itself.
@@ -44,12 +46,15 @@ struct Part {
   int64_t w_row;
   const uint8_t* act;  // x in the weight's vec_dot_type, row t at act + t * a_stride
   int64_t a_stride;
+  int64_t n_tok;  // rows of x
+  int64_t k;      // columns of x (the weight's row length)
   float* y;
   int64_t y_stride;
   int64_t first_chunk;  // chunks of all parts are numbered consecutively
   int64_t n_out;
   bool cols;  // use wk->vec_dot_cols for token tiles
   bool tile;  // use wk->vec_dot_tile for chunk x token tiles (preferred over cols)
+  bool per_row;  // row-invariant mode over several rows: one-token kernels on every row
   bool packed;  // w is in the packed layout: wk->vec_dot_packed over whole groups
   int64_t group_bytes;  // packed: bytes per group of wk->packed_rows rows
 };
@@ -112,87 +117,117 @@ Result<WeightView> CpuBackend::upload_weight(const WeightView& host) {
 }
 
 void CpuBackend::matmul(const WeightView& w, const Tensor& x, const Tensor& y) {
-  matmul_multi(std::span(&w, 1), x, std::span(&y, 1));
+  matmul_job(std::span(&w, 1), std::span(&x, 1), std::span(&y, 1));
 }
 
 void CpuBackend::matmul_multi(std::span<const WeightView> ws, const Tensor& x, std::span<const Tensor> ys) {
-  SLUICE_CHECK(ws.size() == ys.size() && !ws.empty(), "matmul_multi: bad part count");
-  if (ws.size() > kMaxMulti) {
-    // More weights than one job holds (a decode step's experts): jobs of kMaxMulti, each part
-    // computed exactly as alone (the activation quantizes to the same bytes every time).
-    for (size_t i = 0; i < ws.size(); i += kMaxMulti) {
-      const size_t m = std::min(kMaxMulti, ws.size() - i);
-      matmul_multi(ws.subspan(i, m), x, ys.subspan(i, m));
+  matmul_job(ws, std::span(&x, 1), ys);
+}
+
+void CpuBackend::matmul_each(std::span<const WeightView> ws, std::span<const Tensor> xs, std::span<const Tensor> ys) {
+  SLUICE_CHECK(ws.size() == xs.size(), "matmul_each: weights and inputs differ in count");
+  matmul_job(ws, xs, ys);
+}
+
+void CpuBackend::matmul_job(std::span<const WeightView> ws, std::span<const Tensor> xs, std::span<const Tensor> ys) {
+  SLUICE_CHECK(ws.size() == ys.size() && !ws.empty() && (xs.size() == 1 || xs.size() == ws.size()),
+               "matmul: bad part count");
+  if (ws.size() > kMaxParts) {
+    // More weights than one job holds: jobs of kMaxParts, each part computed exactly as alone
+    // (an activation quantizes to the same bytes every time).
+    for (size_t i = 0; i < ws.size(); i += kMaxParts) {
+      const size_t m = std::min(kMaxParts, ws.size() - i);
+      matmul_job(ws.subspan(i, m), xs.size() == 1 ? xs : xs.subspan(i, m), ys.subspan(i, m));
     }
     return;
   }
-  const int64_t n_tok = x.rows;
-  const int64_t k = x.cols;
-  const bool gemv = n_tok == 1;
-  const bool per_row = row_invariant_ && !gemv;  // one-token kernels on every row of the batch
+  const auto x_of = [&](size_t i) -> const Tensor& { return xs.size() == 1 ? xs[0] : xs[i]; };
 
-  // Quantize x once per distinct activation format.
-  quant::Type done_types[kMaxMulti];
-  const uint8_t* done_act[kMaxMulti];
-  int64_t done_stride[kMaxMulti];
-  size_t n_done = 0;
-  Part parts[kMaxMulti];
-  int64_t n_chunks = 0, total_out = 0;
-  for (size_t i = 0; i < ws.size(); ++i) total_out += ws[i].ne1;
+  // Each distinct input is quantized once per activation format it meets, into one buffer.
+  struct Act {
+    const void* data;
+    int64_t rows, cols, stride;
+    quant::Type type;
+    int64_t offset;  // into act_q_ (quantized formats)
+    int64_t row_bytes;
+  };
+  Act acts[kMaxParts];
+  size_t act_of[kMaxParts];
+  size_t n_acts = 0;
+  int64_t act_bytes = 0, total_out = 0, work = 0;
+  bool all_gemv = true;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const Tensor& x = x_of(i);
+    check_shapes(ws[i], x, ys[i]);
+    const quant::Type at = quant::kernels(ws[i].type).vec_dot_type;
+    size_t d = 0;
+    while (d < n_acts && !(acts[d].data == x.data && acts[d].rows == x.rows && acts[d].cols == x.cols &&
+                           acts[d].stride == x.stride && acts[d].type == at))
+      ++d;
+    if (d == n_acts) {
+      Act& a = acts[n_acts++];
+      a = {x.data, x.rows, x.cols, x.stride, at, act_bytes, x.stride * 4};
+      if (at != quant::Type::kF32) {
+        a.row_bytes = quant::row_bytes(at, x.cols);
+        act_bytes += (x.rows * a.row_bytes + 63) / 64 * 64;
+      }
+    }
+    act_of[i] = d;
+    all_gemv = all_gemv && x.rows == 1;
+    total_out += ws[i].ne1;
+    work += ws[i].ne1 * x.cols * x.rows;
+  }
+  SLUICE_CHECK(act_q_.reserve(size_t(std::max<int64_t>(act_bytes, 64))), "matmul: out of memory for activations");
+  for (size_t d = 0; d < n_acts; ++d) {
+    const Act& a = acts[d];
+    if (a.type == quant::Type::kF32) continue;
+    uint8_t* q = act_q_.data() + a.offset;
+    const quant::Kernels& ak = quant::kernels(a.type);
+    for_rows(a.rows, 1, a.rows * a.cols, [&](int64_t b, int64_t e, int) {
+      for (int64_t t = b; t < e; ++t)
+        ak.quantize_row(static_cast<const float*>(a.data) + t * a.stride, q + t * a.row_bytes, a.cols);
+    });
+  }
+
   // Decode: enough chunks (8 per thread) that a descheduled thread does not hold up the op.
-  int64_t grain = gemv ? std::max<int64_t>(4, total_out / (8 * pool_.size())) : kRowBlock;
+  int64_t grain = all_gemv ? std::max<int64_t>(4, total_out / (8 * pool_.size())) : kRowBlock;
   // Packed parts are split in whole groups (every packed format groups kRowBlock rows).
   for (const WeightView& w : ws)
     if (w.packed) {
       SLUICE_CHECK(quant::kernels(w.type).packed_rows == kRowBlock, "matmul: packed group is not kRowBlock rows");
       grain = (grain + kRowBlock - 1) / kRowBlock * kRowBlock;
     }
+  Part parts[kMaxParts];
+  int64_t n_chunks = 0;
   for (size_t i = 0; i < ws.size(); ++i) {
     const WeightView& w = ws[i];
-    check_shapes(w, x, ys[i]);
+    const Act& a = acts[act_of[i]];
     const quant::Kernels& wk = quant::kernels(w.type);
-    const quant::Type at = wk.vec_dot_type;
-    size_t d = 0;
-    while (d < n_done && done_types[d] != at) ++d;
-    if (d == n_done) {
-      if (at == quant::Type::kF32) {
-        done_act[d] = static_cast<const uint8_t*>(x.data);
-        done_stride[d] = x.stride * 4;
-      } else {
-        const int64_t a_row = quant::row_bytes(at, k);
-        SLUICE_CHECK(act_q_[d].reserve(size_t(n_tok * a_row)), "matmul: out of memory for activations");
-        uint8_t* q = act_q_[d].data();
-        const quant::Kernels& ak = quant::kernels(at);
-        for_rows(n_tok, 1, n_tok * k, [&](int64_t b, int64_t e, int) {
-          for (int64_t t = b; t < e; ++t) ak.quantize_row(static_cast<const float*>(x.data) + t * x.stride, q + t * a_row, k);
-        });
-        done_act[d] = q;
-        done_stride[d] = a_row;
-      }
-      done_types[d] = at;
-      ++n_done;
-    }
+    const bool per_row = row_invariant_ && a.rows > 1;  // one-token kernels on every row of the batch
     // A lower-ISA fallback (e.g. the reference loop) would be slower than vec_dot itself.
     const bool cols = !per_row && wk.vec_dot_cols != nullptr && wk.vec_dot_cols_isa == wk.vec_dot_isa;
     // Tiles only for batches: a single token (decode) gains nothing from a rows x tokens register
     // block and would pay its setup per chunk.
-    const bool tile = !per_row && tile_kernels_ && x.rows > 1 && wk.vec_dot_tile != nullptr && wk.vec_dot_tile_isa == wk.vec_dot_isa;
-    parts[i] = {&wk,       static_cast<const uint8_t*>(w.data), w.row_bytes(), done_act[d], done_stride[d],
-                static_cast<float*>(ys[i].data), ys[i].stride, n_chunks, w.ne1, cols, tile, w.packed,
-                w.packed ? wk.packed_bytes(k) : 0};
+    const bool tile =
+        !per_row && tile_kernels_ && a.rows > 1 && wk.vec_dot_tile != nullptr && wk.vec_dot_tile_isa == wk.vec_dot_isa;
+    const uint8_t* act = a.type == quant::Type::kF32 ? static_cast<const uint8_t*>(a.data) : act_q_.data() + a.offset;
+    parts[i] = {&wk,     static_cast<const uint8_t*>(w.data), w.row_bytes(), act,      a.row_bytes,
+                a.rows,  a.cols,  static_cast<float*>(ys[i].data), ys[i].stride, n_chunks, w.ne1,
+                cols,    tile,    per_row, w.packed, w.packed ? wk.packed_bytes(a.cols) : 0};
     n_chunks += (w.ne1 + grain - 1) / grain;
   }
 
   const size_t n_parts = ws.size();
-  for_rows(n_chunks, 1, total_out * k * n_tok, [&](int64_t cb, int64_t ce, int) {
+  for_rows(n_chunks, 1, work, [&](int64_t cb, int64_t ce, int) {
     for (int64_t c = cb; c < ce; ++c) {
       size_t pi = 0;
       while (pi + 1 < n_parts && parts[pi + 1].first_chunk <= c) ++pi;
       const Part& p = parts[pi];
+      const int64_t k = p.k, n_tok = p.n_tok;
       const int64_t b = (c - p.first_chunk) * grain, e = std::min(p.n_out, b + grain);
       if (p.packed) {  // b and e are multiples of the group size (grain is, and so is n_out)
         const int64_t g0 = b / kRowBlock;
-        if (per_row) {
+        if (p.per_row) {
           for (int64_t t = 0; t < n_tok; ++t)
             p.wk->vec_dot_packed(k, p.w + g0 * p.group_bytes, int((e - b) / kRowBlock), p.act + t * p.a_stride,
                                  p.a_stride, 1, p.y + t * p.y_stride + b, p.y_stride);
@@ -202,7 +237,7 @@ void CpuBackend::matmul_multi(std::span<const WeightView> ws, const Tensor& x, s
                              p.y + b, p.y_stride);
         continue;
       }
-      if (gemv) {
+      if (n_tok == 1) {
         for (int64_t o = b; o < e; ++o) p.wk->vec_dot(k, p.w + o * p.w_row, p.act, p.y + o);
         continue;
       }
