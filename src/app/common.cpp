@@ -198,6 +198,7 @@ Result<LoadedModel> load_device_streamed(const ModelFlags& mf, const StreamFlags
       SLUICE_ASSIGN_OR_RETURN(eo.cache_bytes, stream::parse_byte_size(sf.expert_cache));
     }
     eo.prefetch = sf.expert_prefetch == "on";  // auto: off (unused copies ahead cost PCIe time; measured)
+    eo.layer_quotas = sf.expert_quotas == "layer";
     eo.trace = lm.trace.get();
     lo.layer_source = stream::expert_streaming_source(eo, &lm.expert_streamer);
   }

@@ -68,6 +68,12 @@ void add_stream_flags(CLI::App& app, StreamFlags& f) {
                  "slower on both caches)")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
+  app.add_option("--expert-quotas", f.expert_quotas,
+                 "mixture of experts with --vram-budget: global (a miss copied into the VRAM cache evicts the least-used "
+                 "expert of any layer) or layer (per-layer quotas of slots, re-planned from the decode passes' routing "
+                 "every 16 tokens; a layer at its quota evicts its own)")
+      ->check(CLI::IsMember({"global", "layer"}))
+      ->capture_default_str();
 }
 
 void add_sampling_flags(CLI::App& app, SamplingFlags& f) {

@@ -50,6 +50,9 @@ struct StreamFlags {
   // disk). auto: off for both (copies or reads ahead that go unused take PCIe or disk time from the
   // misses; measured slower on both, docs/STREAMING.md).
   std::string expert_prefetch = "auto";
+  // --expert-quotas global|layer: the VRAM expert cache evicts across all layers (global), or
+  // keeps per-layer quotas re-planned from decode routing (layer; stream/expert_streamer.h).
+  std::string expert_quotas = "global";
   // Tokens per decode pass: 1, or K + 1 with speculative decoding (set by the command from
   // --draft-k): the planner places units for that batch, and --plan shows both plans.
   int decode_batch = 1;

@@ -127,7 +127,10 @@ Result<std::unique_ptr<ExpertStreamer>> ExpertStreamer::create(const gguf::File&
     return invalid_argument(file.path() + ": expert placement needs a mixture-of-experts model (every layer routed)");
   }
   if (opts.prefill_batch < 1) return invalid_argument("prefill_batch must be >= 1");
+  if (opts.quota_period < 1) return invalid_argument("quota_period must be >= 1 decode pass");
   std::unique_ptr<ExpertStreamer> s(new ExpertStreamer(be));
+  s->layer_quotas_ = opts.layer_quotas;
+  s->quota_period_ = opts.quota_period;
   s->host_backend_ = host;
   s->prefill_batch_ = opts.prefill_batch;
   s->policy_ = opts.policy;
@@ -269,6 +272,9 @@ Result<std::unique_ptr<ExpertStreamer>> ExpertStreamer::create(const gguf::File&
   s->stats_.decode_layer_uses.assign(n_layer, 0);
   s->stats_.decode_layer_hits.assign(n_layer, 0);
   s->mark_.assign(size_t(w.n_expert), false);
+  s->held_.assign(n_layer, 0);
+  s->decode_uses_.assign(keys, 0.0);
+  if (s->layer_quotas_) s->quota_ = plan_expert_quotas(s->decode_uses_, int(n_layer), w.n_expert, s->slots_.size());
   // Initial contents: the same number of experts in every layer (expert-major), until routing
   // statistics say otherwise.
   size_t next = 0;
@@ -290,7 +296,11 @@ ExpertStreamer::HostExpert ExpertStreamer::host_expert(int key) const {
 }
 
 void ExpertStreamer::fill(Slot& slot, int key) {
-  if (slot.key >= 0) where_[size_t(slot.key)] = -1;
+  if (slot.key >= 0) {
+    where_[size_t(slot.key)] = -1;
+    --held_[size_t(slot.key / n_expert_)];
+  }
+  ++held_[size_t(key / n_expert_)];
   const HostExpert h = host_expert(key);
   uint8_t* base = static_cast<uint8_t*>(slot.base);
   const uint64_t off[3] = {0, off_up_, off_down_};
@@ -314,28 +324,63 @@ model::ExpertPlacement::Site ExpertStreamer::slot_site(const Slot& slot, int key
   return site;
 }
 
-int ExpertStreamer::victim() const {
-  int best = -1;
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    const Slot& s = slots_[i];
-    if (s.busy == stamp_ || s.reserved == stamp_) continue;  // read by the layer being placed, or prefetched for the next
-    if (s.key < 0) return int(i);
-    if (best < 0) {
-      best = int(i);
-      continue;
+int ExpertStreamer::victim(int layer) const {
+  // Without quotas, or when no slot qualifies under them (the layer's own slots are all read by
+  // this pass, e.g. a prefill using more experts than its quota): any slot.
+  const bool quotas = layer_quotas_ && !quota_.empty();
+  const bool own = quotas && held_[size_t(layer)] >= quota_[size_t(layer)];
+  for (const bool restrict : {quotas, false}) {
+    int best = -1;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      const Slot& s = slots_[i];
+      if (s.busy == stamp_ || s.reserved == stamp_) continue;  // read by the layer being placed, or prefetched for the next
+      if (s.key < 0) return int(i);
+      if (restrict) {
+        // At its quota a layer evicts its own experts; below it, those of a layer above its quota.
+        const size_t kl = size_t(s.key / n_expert_);
+        if (own ? int(kl) != layer : held_[kl] <= quota_[kl]) continue;
+      }
+      if (best < 0) {
+        best = int(i);
+        continue;
+      }
+      const int k = s.key, b = slots_[size_t(best)].key;
+      if (freq_[size_t(k)] < freq_[size_t(b)] ||
+          (freq_[size_t(k)] == freq_[size_t(b)] && last_use_[size_t(k)] < last_use_[size_t(b)])) {
+        best = int(i);
+      }
     }
-    const int k = s.key, b = slots_[size_t(best)].key;
-    if (freq_[size_t(k)] < freq_[size_t(b)] || (freq_[size_t(k)] == freq_[size_t(b)] && last_use_[size_t(k)] < last_use_[size_t(b)])) {
-      best = int(i);
+    if (best >= 0 || !restrict) return best;
+  }
+  return -1;
+}
+
+std::vector<int> plan_expert_quotas(std::span<const double> uses, int n_layer, int n_expert, uint64_t n_slots) {
+  SLUICE_CHECK(n_layer >= 0 && n_expert >= 0 && uses.size() == size_t(n_layer) * size_t(n_expert),
+               "plan_expert_quotas: one use count per expert of every layer");
+  std::vector<int> q(size_t(n_layer), 0);
+  std::vector<int> used;
+  for (size_t k = 0; k < uses.size(); ++k)
+    if (uses[k] > 0) used.push_back(int(k));
+  std::stable_sort(used.begin(), used.end(), [&](int a, int b) { return uses[size_t(a)] > uses[size_t(b)]; });
+  uint64_t left = std::min<uint64_t>(n_slots, uint64_t(n_layer) * uint64_t(n_expert));
+  for (size_t i = 0; i < used.size() && left > 0; ++i, --left) ++q[size_t(used[i] / n_expert)];
+  while (left > 0) {  // round-robin over the layers with room
+    for (int l = 0; l < n_layer && left > 0; ++l) {
+      if (q[size_t(l)] < n_expert) ++q[size_t(l)], --left;
     }
   }
-  return best;
+  return q;
 }
 
 Status ExpertStreamer::begin_pass(int n_tokens) {
   pass_tokens_ = n_tokens;
   ++stats_.passes;
   if (n_tokens == 1) ++stats_.decode_passes;
+  if (layer_quotas_ && n_tokens < prefill_batch_ && ++decode_passes_since_quota_ >= quota_period_) {
+    quota_ = plan_expert_quotas(decode_uses_, n_layer_, n_expert_, slots_.size());
+    decode_passes_since_quota_ = 0;
+  }
   return Status::ok();
 }
 
@@ -370,6 +415,7 @@ Status ExpertStreamer::place(int layer, int n_tokens, std::span<const model::Exp
   for (size_t i = 0; i < batches.size(); ++i) {
     const int key = layer * n_expert_ + batches[i].expert;
     freq_[size_t(key)] += 1;
+    if (decode) decode_uses_[size_t(key)] += 1;
     last_use_[size_t(key)] = stamp_;
     const HostExpert h = host_expert(key);
     const uint64_t bytes = h.bytes();
@@ -406,7 +452,7 @@ Status ExpertStreamer::place(int layer, int n_tokens, std::span<const model::Exp
     const double copy_cost = double(bytes) / h2d_bw_;
     bool copy = policy_ == MissPolicy::kCopy || (policy_ == MissPolicy::kCostModel && !decode) ||
                 (policy_ == MissPolicy::kCostModel && t_copy + copy_cost < t_cpu + cpu_cost);
-    const int v = copy ? victim() : -1;
+    const int v = copy ? victim(layer) : -1;
     if (copy && v < 0) copy = false;
     if (copy) {
       Slot& slot = slots_[size_t(v)];
@@ -469,7 +515,7 @@ void ExpertStreamer::predicted(int next_layer, const model::MoeRouting& r) {
   for (int32_t e : predicted_set_) {
     const int key = next_layer * n_expert_ + e;
     if (where_[size_t(key)] >= 0) continue;
-    const int v = victim();
+    const int v = victim(next_layer);
     if (v < 0) break;
     Slot& slot = slots_[size_t(v)];
     if (slot.free_mark <= old) slot.free_mark = 0;
@@ -505,12 +551,12 @@ std::string ExpertStreamer::describe() const {
   char buf[512];
   std::snprintf(buf, sizeof buf,
                 "experts: resident part %s in VRAM; cache %d of %d experts (%.0f%%, %s slots); host: %s pinned%s; "
-                "cost model: CPU %.1f GB/s, H2D %.1f GB/s",
+                "cost model: CPU %.1f GB/s, H2D %.1f GB/s; eviction %s",
                 format_bytes(resident_bytes_).c_str(), int(slots_.size()), total,
                 100.0 * double(slots_.size()) / double(std::max(total, 1)), format_bytes(slot_bytes_).c_str(),
                 format_bytes(pinned_bytes_).c_str(),
                 packed_bytes_ ? (", CPU packed copy " + format_bytes(packed_bytes_)).c_str() : "", cpu_bw_ / 1e9,
-                h2d_bw_ / 1e9);
+                h2d_bw_ / 1e9, layer_quotas_ ? "within per-layer quotas (re-planned from decode routing)" : "across layers");
   return buf;
 }
 

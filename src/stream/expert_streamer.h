@@ -3,7 +3,10 @@
 // experts, output head) is resident in backend memory. The routed experts:
 //   - a VRAM expert cache: slots of one expert each (gate, up and down matrices), filled at load
 //     and re-filled by copies from pinned host memory; eviction by measured use frequency, then
-//     recency (an expert used in the current layer is never evicted);
+//     recency (an expert used in the current layer is never evicted), across all layers or, with
+//     per-layer quotas (ExpertStreamOptions::layer_quotas), within the missing expert's layer
+//     once that layer holds its quota; the quotas are re-planned from the decode passes' measured
+//     routing (plan_expert_quotas) every quota_period decode passes;
 //   - every expert in pinned host memory (the copy engine's source), and for the host CPU in its
 //     packed layout where the RAM budget allows (else the pinned bytes as they lie);
 //   - per pass, once the router has spoken (model::ExpertPlacement::place): a cached expert runs
@@ -19,6 +22,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -58,6 +62,13 @@ struct ExpertStreamOptions {
   // its experts; the missing ones are copied into the cache while this layer computes. Decode
   // passes only (fewer than prefill_batch tokens), not with MissPolicy::kCpu (no copies).
   bool prefetch = true;
+  // Per-layer quotas of cache slots (--expert-quotas layer): a miss copied into the cache evicts
+  // an expert of its own layer once the layer holds its quota, else one of a layer above its
+  // quota. The quotas start uniform (the initial fill) and are re-planned from the decode passes'
+  // expert uses every quota_period decode passes, so a prefill's burst of experts cannot push out
+  // the experts decode keeps using. Off: one pool, eviction across layers.
+  bool layer_quotas = false;
+  int quota_period = 16;
   // Optional (not owned; outlives the streamer): one "expert" row per expert use, tier "vram hit",
   // "prefetch" (a hit on an expert copied ahead), "cpu" or "copied".
   TraceWriter* trace = nullptr;
@@ -76,6 +87,13 @@ struct ExpertPlan {
   std::string describe(double vram_bw, double h2d_bw, double cpu_bw) const;
 };
 ExpertPlan plan_experts(const model::Weights& w, int n_ctx, uint64_t workspace_bytes, uint64_t vram_budget);
+
+// Per-layer quotas of n_slots cache slots (pure): uses[l * n_expert + e] counts the uses of expert
+// e of layer l. Each slot goes to one of the n_slots most-used experts (more uses first, then the
+// lower key); the slots left over once every used expert has one are dealt round-robin to the
+// layers with room (at most n_expert per layer), layer 0 first. With no uses at all that is the
+// uniform split the cache starts with. The quotas sum to min(n_slots, n_layer * n_expert).
+std::vector<int> plan_expert_quotas(std::span<const double> uses, int n_layer, int n_expert, uint64_t n_slots);
 
 struct ExpertStats {
   uint64_t passes = 0, decode_passes = 0;
@@ -117,6 +135,9 @@ class ExpertStreamer final : public model::LayerSource, public model::ExpertPlac
 
   const ExpertStats& stats() const { return stats_; }
   int cache_slots() const { return int(slots_.size()); }
+  // Per-layer quotas (empty without ExpertStreamOptions::layer_quotas) and cached experts per layer.
+  const std::vector<int>& quotas() const { return quota_; }
+  const std::vector<int>& layer_cached() const { return held_; }
   int n_experts_total() const { return n_layer_ * n_expert_; }
   uint64_t resident_bytes() const { return resident_bytes_; }
   uint64_t slot_bytes() const { return slot_bytes_; }
@@ -153,7 +174,8 @@ class ExpertStreamer final : public model::LayerSource, public model::ExpertPlac
   };
   HostExpert host_expert(int key) const;
   Site slot_site(const Slot& s, int key) const;
-  int victim() const;
+  // The slot a copy of an expert of `layer` goes to: -1 when every slot is read by this pass.
+  int victim(int layer) const;
   void fill(Slot& s, int key);
 
   backend::Backend& be_;
@@ -171,6 +193,12 @@ class ExpertStreamer final : public model::LayerSource, public model::ExpertPlac
   std::vector<int> where_;                       // key -> slot, -1: not cached
   std::vector<double> freq_;                     // key -> uses (decayed)
   std::vector<uint64_t> last_use_;               // key -> layer stamp of its last use
+  bool layer_quotas_ = false;
+  int quota_period_ = 16;
+  std::vector<int> quota_;                       // layer -> slots it may hold (layer_quotas_)
+  std::vector<int> held_;                        // layer -> slots holding one of its experts
+  std::vector<double> decode_uses_;              // key -> uses in decode passes (quota planning)
+  int decode_passes_since_quota_ = 0;
   uint64_t stamp_ = 0;                           // increases every place()
   backend::Backend::Mark newest_mark_ = 0;       // the latest mark a slot holds
   int pass_tokens_ = 0;

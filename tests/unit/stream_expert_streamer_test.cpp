@@ -58,8 +58,11 @@ struct Placed {
   ExpertStreamer* streamer = nullptr;
 };
 
-Placed load_placed(const std::string& path, MissPolicy policy, int cache_experts, bool prefetch = true) {
+Placed load_placed(const std::string& path, MissPolicy policy, int cache_experts, bool prefetch = true,
+                   bool layer_quotas = false) {
   ExpertStreamOptions eo;
+  eo.layer_quotas = layer_quotas;
+  eo.quota_period = 1;
   eo.prefetch = prefetch;
   eo.allow_host_backend = true;
   eo.policy = policy;
@@ -159,6 +162,85 @@ TEST(StreamExperts, PrefetchChangesOnlyPlacement) {
   ASSERT_TRUE(cpu.model);
   run(*cpu.model, tokens);
   EXPECT_EQ(cpu.streamer->stats().prefetch_copies, 0u);
+  std::filesystem::remove(path);
+}
+
+// Per-layer quotas, hand-computed: each slot to one of the most-used experts (more uses first,
+// then the lower key); slots left over dealt round-robin to the layers with room, layer 0 first.
+TEST(StreamExperts, QuotasFollowUses) {
+  const std::vector<double> none(12, 0.0);
+  EXPECT_EQ(plan_expert_quotas(none, 3, 4, 7), (std::vector<int>{3, 2, 2}));  // uniform, as the cache starts
+  // Layer 0 uses {5, 4}, layer 1 {1}, layer 2 {3, 3, 3}.
+  const std::vector<double> uses = {5, 4, 0, 0, 1, 0, 0, 0, 3, 3, 3, 0};
+  EXPECT_EQ(plan_expert_quotas(uses, 3, 4, 5), (std::vector<int>{2, 0, 3}));
+  EXPECT_EQ(plan_expert_quotas(uses, 3, 4, 4), (std::vector<int>{2, 0, 2}));  // a tie: the lower keys
+  EXPECT_EQ(plan_expert_quotas(uses, 3, 4, 8), (std::vector<int>{3, 2, 3}));  // 6 used + 2 round-robin
+  EXPECT_EQ(plan_expert_quotas(uses, 3, 4, 100), (std::vector<int>{4, 4, 4}));  // capped at the experts
+  EXPECT_EQ(plan_expert_quotas(uses, 3, 4, 0), (std::vector<int>{0, 0, 0}));
+}
+
+// Eviction under quotas, driven through the placement interface with hand-made routing (6 slots
+// of 3 x 8 experts, every miss copied, quotas re-planned every decode pass). The cache starts
+// with experts 0 and 1 of every layer; four passes use experts {0, 1} of layer 0 and {0} of
+// layers 1 and 2, so the quotas become [3, 2, 1] (the four used experts, then two slots
+// round-robin). A miss of layer 2 (at its quota) then evicts layer 2's unused expert 1, where
+// global eviction takes the first least-used slot, layer 1's expert 1. That use re-plans the
+// quotas to [3, 1, 2]; a miss of layer 0 (below its quota) then evicts from layer 1 (above it),
+// which brings every layer to its quota.
+TEST(StreamExperts, LayerQuotasDecideWhoIsEvicted) {
+  const std::string path = write_moe(quant::Type::kQ8_0, "quotas");
+  auto pass = [](ExpertStreamer& s, const std::vector<std::vector<int>>& experts) {
+    ASSERT_TRUE(s.begin_pass(1).is_ok());
+    for (int l = 0; l < kL; ++l) {
+      std::vector<model::ExpertBatch> batches;
+      for (int e : experts[size_t(l)]) batches.push_back({e, {0}, {1.0f / float(experts[size_t(l)].size())}});
+      std::vector<model::ExpertPlacement::Site> sites(batches.size());
+      ASSERT_TRUE(s.place(l, 1, batches, sites).is_ok());
+      s.done(l, 0.0);
+    }
+  };
+  for (const bool quotas : {true, false}) {
+    SCOPED_TRACE(quotas ? "layer quotas" : "global");
+    Placed p = load_placed(path, MissPolicy::kCopy, 6, false, quotas);
+    ASSERT_TRUE(p.model && p.streamer);
+    ExpertStreamer& s = *p.streamer;
+    EXPECT_EQ(s.layer_cached(), (std::vector<int>{2, 2, 2}));
+    if (quotas) EXPECT_EQ(s.quotas(), (std::vector<int>{2, 2, 2}));
+    for (int i = 0; i < 4; ++i) pass(s, {{0, 1}, {0}, {0}});
+    EXPECT_EQ(s.stats().copy_misses, 0u);
+    pass(s, {{0, 1}, {0}, {0, 2}});  // the quotas are re-planned at this pass's start
+    if (quotas) {
+      EXPECT_EQ(s.quotas(), (std::vector<int>{3, 2, 1}));
+      EXPECT_EQ(s.layer_cached(), (std::vector<int>{2, 2, 2}));
+      pass(s, {{0, 1, 2}, {0}, {0}});
+      EXPECT_EQ(s.quotas(), (std::vector<int>{3, 1, 2}));
+      EXPECT_EQ(s.layer_cached(), (std::vector<int>{3, 1, 2}));
+    } else {
+      EXPECT_TRUE(s.quotas().empty());
+      EXPECT_EQ(s.layer_cached(), (std::vector<int>{2, 1, 3}));
+    }
+    EXPECT_EQ(s.stats().uses, s.stats().hits + s.stats().copy_misses);
+  }
+  std::filesystem::remove(path);
+}
+
+// Quotas change where experts are, never what is computed: with every miss copied, the logits of
+// a run with per-layer quotas are those of a run without, bit for bit.
+TEST(StreamExperts, LayerQuotasChangeOnlyPlacement) {
+  const std::string path = write_moe(quant::Type::kQ8_0, "quota_run");
+  std::vector<int32_t> tokens;
+  Placed global = load_placed(path, MissPolicy::kCopy, 5, false, false);
+  ASSERT_TRUE(global.model);
+  const auto want = run(*global.model, tokens);
+  Placed layer = load_placed(path, MissPolicy::kCopy, 5, false, true);
+  ASSERT_TRUE(layer.model);
+  const auto got = run(*layer.model, tokens);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t s = 0; s < got.size(); ++s) EXPECT_EQ(got[s], want[s]) << "step " << s;
+  int cached = 0, quota = 0;
+  for (int l = 0; l < kL; ++l) cached += layer.streamer->layer_cached()[size_t(l)], quota += layer.streamer->quotas()[size_t(l)];
+  EXPECT_EQ(cached, 5);
+  EXPECT_EQ(quota, 5);
   std::filesystem::remove(path);
 }
 
