@@ -391,7 +391,8 @@ step_real() {
 
 # Mixtures of experts (docs/STREAMING.md, "Mixture of experts"): Mixtral-8x7B shape with 12 GiB
 # free and Qwen3-30B-A3B shape with 8 GiB free, sluice's miss policies against llama.cpp's
-# --n-cpu-moe; the Qwen3 shape CPU only; a Zipf 1.0 router with the expert cache capped.
+# --n-cpu-moe; the Qwen3 shape CPU only; a Zipf 1.0 router with the expert cache capped; eviction
+# across layers vs per-layer quotas after a long prompt.
 step_moe() {
   [[ -x "$SLUICE_BIN" ]] || { record moe skipped "no sluice binary"; return; }
   local hold=/tmp/sluice-vram-hold dir="$OUT_DIR/moe" mix=/dev/shm/sluice-mixtral.gguf q3=/dev/shm/sluice-qwen3-30b.gguf
@@ -409,9 +410,23 @@ step_moe() {
   export CUDA_MODULE_LOADING=EAGER
   { SLUICE="$SLUICE_BIN" LLAMA="$LLAMA_CUDA" HOLD="$hold" TG=32 NCMOE=20,22,24 bash bench/e2e/moe_bench.sh "$mix" "$dir" 12
     SLUICE="$SLUICE_BIN" LLAMA="$LLAMA_CUDA" HOLD="$hold" TG=32 NCMOE=34,38 POLICIES="cost cpu" bash bench/e2e/moe_bench.sh "$q3" "$dir" 8
-    echo "### CPU only"
-    "$SLUICE_BIN" run -m "$q3" --backend cpu -p The -n 32 --temp 0 2>&1 | grep -E "^(decode|weights)"
-    [[ -n ${LLAMA_CUDA:-} ]] && CUDA_VISIBLE_DEVICES= "$LLAMA_CUDA" -m "$q3" -ngl 0 -p 0 -n 32 -r 1 2>&1 | grep -E "tg32"
+    echo "### CPU only, two rounds (llama.cpp at 8, 12 and all threads)"
+    for r in 1 2; do
+      "$SLUICE_BIN" bench -m "$q3" --backend cpu -t "$(nproc)" -p 0 -n 64 -r 3 2>&1 | grep -E "tg64"
+      [[ -n ${LLAMA_CUDA:-} ]] &&
+        CUDA_VISIBLE_DEVICES= "$LLAMA_CUDA" -m "$q3" -ngl 0 -t "8,12,$(nproc)" -p 0 -n 64 -r 3 2>&1 | grep -E "tg64"
+    done
+    echo "### Expert eviction after a long prompt: across layers (default) vs per-layer quotas, two rounds"
+    local prompt
+    prompt=$(sed -n 1,40p README.md | tr '\n' ' ' | cut -c1-1500)
+    for r in 1 2; do
+      for qq in global layer; do
+        SLUICE="$SLUICE_BIN" HOLD="$hold" TG=64 PP=0 POLICIES=cost PROMPT="$prompt" bash bench/e2e/moe_bench.sh "$mix" \
+          "$dir/quotas-$qq" 12 --expert-quotas "$qq"
+        SLUICE="$SLUICE_BIN" HOLD="$hold" TG=64 PP=0 POLICIES=cost PROMPT="$prompt" bash bench/e2e/moe_bench.sh "$q3" \
+          "$dir/quotas-$qq" 8 --expert-quotas "$qq"
+      done
+    done
     echo "### Zipf 1.0 router, 8 GiB free, expert cache capped"
     for c in 1G 2G 4G; do
       SLUICE="$SLUICE_BIN" HOLD="$hold" TG=32 PP=0 POLICIES=cost bash bench/e2e/moe_bench.sh "$qz" "$dir/zipf-$c" 8 \

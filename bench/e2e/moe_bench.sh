@@ -6,7 +6,8 @@
 #   SLUICE=bin LLAMA=llama-bench-cuda HOLD=vram_hold bench/e2e/moe_bench.sh MODEL OUTDIR FREE_GIB [SLUICE FLAGS]
 #
 # Env: TG (decoded tokens, default 64), NCMOE (llama.cpp --n-cpu-moe values, comma-separated),
-# POLICIES (default "cost cpu copy"), THREADS, PP (prefill tokens for pp, default 512; 0 skips).
+# POLICIES (default "cost cpu copy"), THREADS, PP (prefill tokens for pp, default 512; 0 skips),
+# PROMPT (sluice run's prompt, default "The").
 set -uo pipefail
 model=${1:?usage: moe_bench.sh MODEL OUTDIR FREE_GIB}
 dir=${2:?usage: moe_bench.sh MODEL OUTDIR FREE_GIB}
@@ -16,6 +17,7 @@ extra=("$@")  # more sluice flags (e.g. --expert-cache 2G)
 : "${SLUICE:?set SLUICE}" "${HOLD:?set HOLD}"
 tg=${TG:-64}
 pp=${PP:-512}
+prompt=${PROMPT:-The}
 threads=${THREADS:-$(nproc)}
 mkdir -p "$dir"
 fifo=$(mktemp -u) && mkfifo "$fifo"
@@ -28,8 +30,8 @@ tag=$(basename "$model" .gguf)
 budget="$((free - 1))G"
 common=(-m "$model" --backend cuda --vram-budget "$budget" -t "$threads" "${extra[@]}")
 for policy in ${POLICIES:-cost cpu copy}; do
-  echo "== sluice --expert-misses $policy: run -p The -n $tg --temp 0"
-  "$SLUICE" run "${common[@]}" --expert-misses "$policy" -p "The" -n "$tg" --temp 0 \
+  echo "== sluice --expert-misses $policy ${extra[*]}: run -p (${#prompt} characters) -n $tg --temp 0"
+  "$SLUICE" run "${common[@]}" --expert-misses "$policy" -p "$prompt" -n "$tg" --temp 0 \
     >"$dir/${tag}_${policy}.out" 2>"$dir/${tag}_${policy}.txt"
   grep -E "^(load|prefill|decode|experts|weights)" "$dir/${tag}_${policy}.txt"
   grep -iE "error" "$dir/${tag}_${policy}.txt" | head -3
