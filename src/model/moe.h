@@ -50,6 +50,12 @@ void distinct_experts(const MoeRouting& r, std::vector<bool>& mark, std::vector<
 // How many of `predicted` the router then chose (one batch per chosen expert).
 uint64_t count_chosen(std::span<const int32_t> predicted, std::span<const ExpertBatch> batches,
                       std::vector<bool>& mark);
+// The eviction order both expert caches use: the expert with key k goes before the one with key b
+// when it has fewer uses, or as many and an older last use.
+inline bool evicts_before(std::span<const double> uses, std::span<const uint64_t> last_use, int k, int b) {
+  return uses[size_t(k)] < uses[size_t(b)] ||
+         (uses[size_t(k)] == uses[size_t(b)] && last_use[size_t(k)] < last_use[size_t(b)]);
+}
 
 // Where the routed experts of a layer run, decided per pass once the routing is known. Without a
 // placement every expert runs on the executor computing the layer, from the layer's stacked

@@ -344,11 +344,7 @@ int ExpertStreamer::victim(int layer) const {
         best = int(i);
         continue;
       }
-      const int k = s.key, b = slots_[size_t(best)].key;
-      if (freq_[size_t(k)] < freq_[size_t(b)] ||
-          (freq_[size_t(k)] == freq_[size_t(b)] && last_use_[size_t(k)] < last_use_[size_t(b)])) {
-        best = int(i);
-      }
+      if (model::evicts_before(freq_, last_use_, s.key, slots_[size_t(best)].key)) best = int(i);
     }
     if (best >= 0 || !restrict) return best;
   }

@@ -191,7 +191,7 @@ class ExpertStreamer final : public model::LayerSource, public model::ExpertPlac
   uint64_t off_up_ = 0, off_down_ = 0;           // matrix offsets inside a slot
   std::vector<Slot> slots_;
   std::vector<int> where_;                       // key -> slot, -1: not cached
-  std::vector<double> freq_;                     // key -> uses (decayed)
+  std::vector<double> freq_;                     // key -> uses
   std::vector<uint64_t> last_use_;               // key -> layer stamp of its last use
   bool layer_quotas_ = false;
   int quota_period_ = 16;

@@ -1,7 +1,9 @@
 // Every CPU backend op against a plain scalar reference on fresh random data. Tolerances are
 // normalized errors (test_util.h) and say what they allow for.
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -210,7 +212,7 @@ TEST(CpuOps, MatmulEachEqualsSeparateCalls) {
   std::vector<std::vector<uint8_t>> wq;
   std::vector<WeightView> ws;
   std::vector<Tensor> xs, each, single;
-  std::vector<std::vector<float>> xdata;
+  int n_packed = 0;
   for (int i = 0; i < kParts; ++i) {
     const Type type = types[i % 5];
     const int64_t n_out = 16 * (1 + i % 4), n_tok = (i % 7 == 3) ? 9 : (i % 5 == 4 ? 3 : 1);
@@ -222,6 +224,7 @@ TEST(CpuOps, MatmulEachEqualsSeparateCalls) {
       auto up = f.be->upload_weight(file);
       ASSERT_TRUE(up.is_ok());
       w = *up;
+      n_packed += w.packed ? 1 : 0;
     }
     ws.push_back(w);
     if (i == 10) {
@@ -244,6 +247,11 @@ TEST(CpuOps, MatmulEachEqualsSeparateCalls) {
     }
   }
   f.be->set_row_invariant(false);
+  // The reference kernel table packs Q4_K, Q6_K and Q8_0 (the isa_ref. run of this test): the
+  // packed path must have run there.
+  if (const char* isa = std::getenv("SLUICE_QUANT_ISA"); isa != nullptr && std::string(isa) == "ref") {
+    EXPECT_GT(n_packed, 0);
+  }
 }
 
 TEST(CpuOps, RmsNormWholeRowAndPerHead) {
