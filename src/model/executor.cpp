@@ -4,6 +4,8 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "model/arch.h"
 
@@ -16,6 +18,9 @@ Status Executor::init(backend::Backend& be, const Config& cfg, int pool_rows, in
   be_ = &be;
   cfg_ = &cfg;
   rope_freqs_ = rope_freqs;
+  const char* fuse = std::getenv("SLUICE_FUSE_RESIDUAL");  // A/B runs: 0 adds the residual at once
+  defer_add_ = !(fuse != nullptr && std::string(fuse) == "0");
+  pending_add_ = false;
   SLUICE_RETURN_IF_ERROR(kv_.init(be, cfg.n_layer, pool_rows, cfg.n_embd_k(), cfg.n_embd_v(), map_rows, kv_layers));
   auto f32 = [&](int64_t cols) { return be.alloc(backend::DType::kF32, cols, max_batch); };
   SLUICE_ASSIGN_OR_RETURN(x_, f32(cfg.n_embd));
@@ -44,11 +49,10 @@ Status Executor::init(backend::Backend& be, const Config& cfg, int pool_rows, in
 Status Executor::layer(const LayerWeights& L, int l, int64_t n, std::span<const Segment> segs) {
   SLUICE_CHECK(kv_.has(l), "executor: layer has no KV cache on this executor");
   backend::Backend& be = *be_;
-  const Config& c = *cfg_;
-  const Tensor x = x_.first_rows(n), xn = xn_.first_rows(n), q = q_.first_rows(n), k = k_.first_rows(n),
-               v = v_.first_rows(n), attn = attn_.first_rows(n);
+  const Tensor xn = xn_.first_rows(n), q = q_.first_rows(n), k = k_.first_rows(n), v = v_.first_rows(n),
+               attn = attn_.first_rows(n);
   // Attention block: x += Wo . attention(rope(norm(Wq xn)), rope(norm(Wk xn)), Wv xn).
-  be.rms_norm(x, L.attn_norm.view(), c.rms_eps, xn);
+  attention_norm(L, n);
   const backend::WeightView qkv_w[] = {L.wq.view(), L.wk.view(), L.wv.view()};
   const Tensor qkv_y[] = {q, k, v};
   be.matmul_multi(qkv_w, xn, qkv_y);
@@ -99,6 +103,22 @@ void Executor::attend(const LayerWeights& L, int l, int64_t n, std::span<const S
   be.attention_seqs(q, attn, ap, seq_rows_);
 }
 
+void Executor::attention_norm(const LayerWeights& L, int64_t n) {
+  const Tensor x = x_.first_rows(n), xn = xn_.first_rows(n);
+  if (pending_add_) {
+    be_->add_rms_norm(x, xn, L.attn_norm.view(), cfg_->rms_eps, xn);
+    pending_add_ = false;
+  } else {
+    be_->rms_norm(x, L.attn_norm.view(), cfg_->rms_eps, xn);
+  }
+}
+
+void Executor::flush(int64_t n) {
+  if (!pending_add_) return;
+  be_->add(x_.first_rows(n), xn_.first_rows(n));
+  pending_add_ = false;
+}
+
 void Executor::attention_residual(const LayerWeights& L, int64_t n) {
   const Tensor x = x_.first_rows(n), xn = xn_.first_rows(n);
   const float eps = cfg_->rms_eps;
@@ -118,11 +138,13 @@ void Executor::activation(const Tensor& gate, const Tensor& up) {
 }
 
 void Executor::ffn_residual(const LayerWeights& L, int64_t n) {
-  const Tensor x = x_.first_rows(n), xn = xn_.first_rows(n);
-  if (L.post_ffn_norm.present()) {  // gemma3
-    be_->norm_add(x, xn, L.post_ffn_norm.view(), cfg_->rms_eps);
+  SLUICE_CHECK(!pending_add_, "executor: a residual add is already pending");
+  if (L.post_ffn_norm.present()) {  // gemma3: the post-FFN norm reads this layer's weights, now
+    be_->norm_add(x_.first_rows(n), xn_.first_rows(n), L.post_ffn_norm.view(), cfg_->rms_eps);
+  } else if (defer_add_) {
+    pending_add_ = true;  // x += xn, done by the next attention norm or flush()
   } else {
-    be_->add(x, xn);
+    be_->add(x_.first_rows(n), xn_.first_rows(n));
   }
 }
 
@@ -222,13 +244,12 @@ Status Executor::split_layer(const LayerWeights& L, const LayerWeights& H, Execu
   SLUICE_CHECK(buf.size() >= size_t(n * split_buffer_floats(*cfg_)), "executor: split hand-off buffer too small");
   backend::Backend& be = *be_;
   backend::Backend& hb = *h.be_;
-  const Tensor x = x_.first_rows(n), xn = xn_.first_rows(n), attn = attn_.first_rows(n), gate = gate_.first_rows(n),
-               up = up_.first_rows(n);
+  const Tensor xn = xn_.first_rows(n), attn = attn_.first_rows(n), gate = gate_.first_rows(n), up = up_.first_rows(n);
   const Tensor hxn = h.xn_.first_rows(n), hattn = h.attn_.first_rows(n), hgate = h.gate_.first_rows(n),
                hup = h.up_.first_rows(n);
   // Attention: the normed rows to the host, Q/K/V rows on both, the host's rows back; the rest of
   // the attention block here.
-  be.rms_norm(x, L.attn_norm.view(), cfg_->rms_eps, xn);
+  attention_norm(L, n);
   hand(be, xn, hb, hxn, buf);
   const SplitPart qkv[] = {{L.wq, H.wq, q_.first_rows(n), h.q_.first_rows(n)},
                            {L.wk, H.wk, k_.first_rows(n), h.k_.first_rows(n)},
@@ -459,6 +480,7 @@ void Executor::host_experts(Executor& main, int64_t n) {
 
 void Executor::move_x(Executor& to, int64_t n, std::span<float> buf) {
   SLUICE_CHECK(buf.size() >= size_t(n * cfg_->n_embd), "executor: hand-off buffer too small");
+  flush(n);
   be_->download(x_.first_rows(n), buf.data());  // waits for this executor's last layer
   to.be_->upload(to.x_.first_rows(n), buf.data());
 }

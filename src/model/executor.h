@@ -42,9 +42,17 @@ class Executor {
   const KvCache& kv() const { return kv_; }
   bool has_kv(int layer) const { return kv_.has(layer); }
 
-  // Activation views of the first n rows.
+  // Activation views of the first n rows. x(n) is whole only after flush(n) (below).
   backend::Tensor x(int64_t n) const { return x_.first_rows(n); }
   backend::Tensor xn(int64_t n) const { return xn_.first_rows(n); }
+
+  // A dense layer without a post-FFN norm leaves its last residual add pending (its FFN output
+  // waits in xn) so that the next layer's attention norm does the add in the same op
+  // (Backend::add_rms_norm: one launch fewer per layer on a GPU). flush(n) does the pending add
+  // (if any); the layer loop calls it before x is read or moved anywhere else (hidden-state hooks,
+  // hand-offs between executors, the output head) and at the end of every pass.
+  // SLUICE_FUSE_RESIDUAL=0 (read at init; A/B runs) adds at once instead.
+  void flush(int64_t n);
 
   // x += attention block + feed-forward block of `L` for the pass's n tokens, the sequences'
   // segments covering rows [0, n) in order. Each segment's K/V rows are stored into this
@@ -106,8 +114,13 @@ class Executor {
   void expert(const backend::WeightView& gate, const backend::WeightView& up, const backend::WeightView& down,
               const backend::Tensor& in, std::span<const int32_t> rows, std::span<const float> weights, int64_t n);
 
+  // xn = rms_norm(x) with L's attention norm, the pending residual add (flush) in the same op.
+  void attention_norm(const LayerWeights& L, int64_t n);
+
   backend::Backend* be_ = nullptr;
   const Config* cfg_ = nullptr;
+  bool pending_add_ = false;  // x += xn still to do (flush)
+  bool defer_add_ = true;     // leave the residual add pending (SLUICE_FUSE_RESIDUAL=0: never)
   backend::WeightView rope_freqs_;  // in this backend's memory
   KvCache kv_;
   // Activations, [max_batch rows, width] each.

@@ -346,6 +346,7 @@ class LlamaFamilyModel final : public Model {
         e->mirror_kv(e == &main_ ? *host_ : main_, l, n, segs, handoff_);
       }
       if (on_layer_ || (gate_.watches(n) && gate_.wants(l))) {
+        e->flush(n);
         hidden_.resize(size_t(n * cfg_.n_embd));
         e->backend().download(e->x(n), hidden_.data());
         if (on_layer_) on_layer_(l, hidden_);
@@ -355,6 +356,7 @@ class LlamaFamilyModel final : public Model {
       if (src.release_needs_sync()) e->backend().sync();
       src.release(l);
     }
+    cur->flush(n);  // the last layer's residual add (a pending add never outlives its pass)
     if (cur != &main_) cur->move_x(main_, n, handoff_);
     if (!out) {
       if (step) be.end_step();
