@@ -53,6 +53,8 @@ class Executor {
   // hand-offs between executors, the output head) and at the end of every pass.
   // SLUICE_FUSE_RESIDUAL=0 (read at init; A/B runs) adds at once instead.
   void flush(int64_t n);
+  // A new pass: a residual add left pending by a pass that ended early (an error) is dropped.
+  void begin_pass() { pending_add_ = false; }
 
   // x += attention block + feed-forward block of `L` for the pass's n tokens, the sequences'
   // segments covering rows [0, n) in order. Each segment's K/V rows are stored into this

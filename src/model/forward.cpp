@@ -295,6 +295,8 @@ class LlamaFamilyModel final : public Model {
     const float eps = cfg_.rms_eps;
 
     SLUICE_RETURN_IF_ERROR(src.begin_pass(int(n)));
+    main_.begin_pass();
+    if (host_) host_->begin_pass();
     // A decode pass of one sequence over resident weights repeats the same ops every token: one
     // replayable step. Not for mixtures of experts: routing downloads the router's logits in
     // every layer. Not for a sequence with a row map (it changes as the sequence grows). Not
