@@ -20,7 +20,6 @@ Status Executor::init(backend::Backend& be, const Config& cfg, int pool_rows, in
   rope_freqs_ = rope_freqs;
   const char* fuse = std::getenv("SLUICE_FUSE_RESIDUAL");  // A/B runs: 0 adds the residual at once
   defer_add_ = !(fuse != nullptr && std::string(fuse) == "0");
-  pending_add_ = false;
   SLUICE_RETURN_IF_ERROR(kv_.init(be, cfg.n_layer, pool_rows, cfg.n_embd_k(), cfg.n_embd_v(), map_rows, kv_layers));
   auto f32 = [&](int64_t cols) { return be.alloc(backend::DType::kF32, cols, max_batch); };
   SLUICE_ASSIGN_OR_RETURN(x_, f32(cfg.n_embd));

@@ -273,8 +273,10 @@ Result<std::unique_ptr<ExpertStreamer>> ExpertStreamer::create(const gguf::File&
   s->stats_.decode_layer_hits.assign(n_layer, 0);
   s->mark_.assign(size_t(w.n_expert), false);
   s->held_.assign(n_layer, 0);
-  s->decode_uses_.assign(keys, 0.0);
-  if (s->layer_quotas_) s->quota_ = plan_expert_quotas(s->decode_uses_, int(n_layer), w.n_expert, s->slots_.size());
+  if (s->layer_quotas_) {
+    s->decode_uses_.assign(keys, 0.0);
+    s->quota_ = plan_expert_quotas(s->decode_uses_, int(n_layer), w.n_expert, s->slots_.size());
+  }
   // Initial contents: the same number of experts in every layer (expert-major), until routing
   // statistics say otherwise.
   size_t next = 0;
@@ -327,7 +329,7 @@ model::ExpertPlacement::Site ExpertStreamer::slot_site(const Slot& slot, int key
 int ExpertStreamer::victim(int layer) const {
   // Without quotas, or when no slot qualifies under them (the layer's own slots are all read by
   // this pass, e.g. a prefill using more experts than its quota): any slot.
-  const bool quotas = layer_quotas_ && !quota_.empty();
+  const bool quotas = layer_quotas_;  // quota_ is planned at creation
   const bool own = quotas && held_[size_t(layer)] >= quota_[size_t(layer)];
   for (const bool restrict : {quotas, false}) {
     int best = -1;
@@ -411,7 +413,7 @@ Status ExpertStreamer::place(int layer, int n_tokens, std::span<const model::Exp
   for (size_t i = 0; i < batches.size(); ++i) {
     const int key = layer * n_expert_ + batches[i].expert;
     freq_[size_t(key)] += 1;
-    if (decode) decode_uses_[size_t(key)] += 1;
+    if (decode && layer_quotas_) decode_uses_[size_t(key)] += 1;
     last_use_[size_t(key)] = stamp_;
     const HostExpert h = host_expert(key);
     const uint64_t bytes = h.bytes();

@@ -197,7 +197,7 @@ class ExpertStreamer final : public model::LayerSource, public model::ExpertPlac
   int quota_period_ = 16;
   std::vector<int> quota_;                       // layer -> slots it may hold (layer_quotas_)
   std::vector<int> held_;                        // layer -> slots holding one of its experts
-  std::vector<double> decode_uses_;              // key -> uses in decode passes (quota planning)
+  std::vector<double> decode_uses_;              // key -> uses in decode passes (layer_quotas_ only)
   int decode_passes_since_quota_ = 0;
   uint64_t stamp_ = 0;                           // increases every place()
   backend::Backend::Mark newest_mark_ = 0;       // the latest mark a slot holds

@@ -94,7 +94,6 @@ struct Bandwidths {
   double split_seconds = 1.0e-3;
 };
 
-
 // Which hybrid placements the planner scores (allow_cpu_executor): whole B units alternating
 // between the executors, B units split by rows, or both (the faster prediction wins).
 enum class HybridMode { kAuto, kAlternate, kSplit };

@@ -205,7 +205,9 @@ TEST(StreamExperts, LayerQuotasDecideWhoIsEvicted) {
     ASSERT_TRUE(p.model && p.streamer);
     ExpertStreamer& s = *p.streamer;
     EXPECT_EQ(s.layer_cached(), (std::vector<int>{2, 2, 2}));
-    if (quotas) EXPECT_EQ(s.quotas(), (std::vector<int>{2, 2, 2}));
+    if (quotas) {
+      EXPECT_EQ(s.quotas(), (std::vector<int>{2, 2, 2}));
+    }
     for (int i = 0; i < 4; ++i) pass(s, {{0, 1}, {0}, {0}});
     EXPECT_EQ(s.stats().copy_misses, 0u);
     pass(s, {{0, 1}, {0}, {0, 2}});  // the quotas are re-planned at this pass's start
