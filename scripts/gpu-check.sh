@@ -20,7 +20,7 @@
 #   --bench-arg A   pass A to bench_gpu_gemv (e.g. --variants; repeatable).
 #   --out DIR       logs, CSV and the summary (default: $OUT if set, else out/gpu-check).
 #   --skip STEP     skip a step: build, test, memcheck, bench, model, profile, cpu, hybrid, moe, serve, spec,
-#                   stream, real (repeatable).
+#                   stream, real, golden (repeatable).
 #
 # On the lent GPU machine (no package registry) the measured runs used scripts/gpu-kit.sh: `pack`
 # here (Debian build deps as .deb, fio, llama.cpp's source), `build` there (static sluice, GPU
@@ -389,6 +389,24 @@ step_real() {
   if grep -q "FAILED" "$OUT_DIR/real.log"; then record real FAIL "$OUT_DIR/real.log"; else record real ok "$OUT_DIR/real.log"; fi
 }
 
+# The synthetic golden models (every architecture x format, MoE included) on CUDA, against
+# llama.cpp's CUDA fixtures (tests/fixtures/golden-cuda, made by tools/golden/make_fixtures.sh with
+# BACKEND=cuda); the summary sums agreement over all fixtures next to llama.cpp's own CPU-vs-CUDA
+# agreement.
+step_golden() {
+  local b; b=$(dirname "$(dirname "$SLUICE_BIN")")
+  [[ -f "$b/CMakeCache.txt" ]] && ninja -C "$b" golden_golden_llama_cpp_test >"$OUT_DIR/golden.log" 2>&1
+  [[ -x "$b/tests/golden_golden_llama_cpp_test" ]] || { record golden skipped "no golden test in $b"; return; }
+  SLUICE_GOLDEN_BACKEND=cuda "$b/tests/golden_golden_llama_cpp_test" --gtest_filter='Models/GoldenSynth.*:GoldenCuda*' \
+    >>"$OUT_DIR/golden.log" 2>&1
+  local sums
+  sums=$(awk '/CPU backend agrees with its CUDA backend at/ { split($11, a, "/"); llama += a[1] }
+              /teacher-forced greedy agreement/ { split($7, b, "/"); ours += b[1]; n += b[2] }
+              END { printf "ours %d/%d, llama.cpp CPU vs CUDA %d/%d", ours, n, llama, n }' "$OUT_DIR/golden.log")
+  if grep -q "^\[  FAILED" "$OUT_DIR/golden.log"; then record golden FAIL "$sums; $OUT_DIR/golden.log"
+  else record golden ok "$sums"; fi
+}
+
 # Mixtures of experts (docs/STREAMING.md, "Mixture of experts"): Mixtral-8x7B shape with 12 GiB
 # free and Qwen3-30B-A3B shape with 8 GiB free, sluice's miss policies against llama.cpp's
 # --n-cpu-moe; the Qwen3 shape CPU only; a Zipf 1.0 router with the expert cache capped; eviction
@@ -515,7 +533,7 @@ if [[ -n "$CARRIED" ]]; then
   mkdir -p "$PREBUILT" && tar -C "$PREBUILT" -xJf "$CARRIED/bins.tar.xz" && cp "$CARRIED"/*.gguf "$CARRIED"/*.tar.xz "$PREBUILT"/ 2>/dev/null
 fi
 
-STEPS=(build test memcheck bench model profile cpu hybrid moe serve spec stream real)
+STEPS=(build test memcheck bench model profile cpu hybrid moe serve spec stream real golden)
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader 2>&1 |
   tee "$OUT_DIR/gpu.txt"
 # cuBLAS (prefill GEMMs) is a shared library: the toolkit's, else the one the Python stack ships.

@@ -11,11 +11,21 @@
 // recorded as "self_noise". Two correct implementations can disagree on the greedy token where
 // the top-2 gap is within that noise.
 //
+// With LLAMA_FIXTURE_NGL=N (N > 0; a llama.cpp build with a GPU backend) the greedy run and the
+// flash-attention replay offload N layers to the GPU: the fixture then describes llama.cpp's GPU
+// backend, for comparing sluice's CUDA backend with it. The noise recorded is then the larger of
+// two of llama.cpp's own disagreements at each position: GPU flash attention on vs off
+// ("fa_noise"), and its CPU backend (no offload, same tokens teacher-forced) vs its GPU backend
+// ("backend_noise"): the GPU sums dot products in other orders and quantizes activations per 32
+// values, so two correct implementations differ by that much there. "backend_agree" counts the
+// positions where the CPU backend's teacher-forced top-1 equals the GPU's greedy token.
+//
 // usage: llama_fixture MODEL PROMPTS.txt N_GEN OUT.json OUT_LOGITS.f32
 //   PROMPTS.txt: one prompt per line; "\n" inside a line stands for a newline.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -55,6 +65,42 @@ std::string json_escape(const std::string& s) {
   return out;
 }
 
+// Logits of `ctx` at every generated position for the sequence prompt + gen[0..n-2] fed as one
+// batch (teacher forcing); for each position, the largest |difference| from `top8` over its ids;
+// `agree`: the positions whose top-1 is gen's token.
+bool replay_noise(llama_context* ctx, const std::vector<llama_token>& ids, const std::vector<llama_token>& gen,
+                  const std::vector<std::vector<std::pair<int, float>>>& top8, std::vector<float>& noise, int& agree) {
+  noise.assign(gen.size(), 0.0f);
+  agree = 0;
+  llama_memory_clear(llama_get_memory(ctx), true);
+  std::vector<llama_token> seq = ids;
+  seq.insert(seq.end(), gen.begin(), gen.end() - 1);
+  llama_batch b = llama_batch_init(int(seq.size()), 0, 1);
+  for (size_t i = 0; i < seq.size(); ++i) {
+    b.token[i] = seq[i];
+    b.pos[i] = int(i);
+    b.n_seq_id[i] = 1;
+    b.seq_id[i][0] = 0;
+    b.logits[i] = i + 1 >= ids.size();
+  }
+  b.n_tokens = int(seq.size());
+  const bool ok = llama_decode(ctx, b) == 0;
+  if (ok) {
+    for (size_t step = 0; step < gen.size(); ++step) {
+      const float* lf = llama_get_logits_ith(ctx, int(ids.size() - 1 + step));
+      for (const auto& [id, v] : top8[step]) noise[step] = std::max(noise[step], std::fabs(lf[id] - v));
+      agree += std::max_element(lf, lf + llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(ctx)))) - lf == gen[step];
+    }
+  }
+  llama_batch_free(b);
+  return ok;
+}
+
+void write_floats(std::FILE* js, const char* key, const std::vector<float>& v) {
+  std::fprintf(js, "],\n     \"%s\": [", key);
+  for (size_t i = 0; i < v.size(); ++i) std::fprintf(js, "%s%.6g", i ? ", " : "", v[i]);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -72,11 +118,19 @@ int main(int argc, char** argv) {
       if (!line.empty()) prompts.push_back(unescape(line));
     }
   }
+  const char* ngl_env = std::getenv("LLAMA_FIXTURE_NGL");
+  const int ngl = ngl_env ? std::atoi(ngl_env) : 0;
   llama_backend_init();
   llama_model_params mp = llama_model_default_params();
-  mp.n_gpu_layers = 0;
+  mp.n_gpu_layers = ngl;
   llama_model* model = llama_model_load_from_file(model_path, mp);
-  if (!model) {
+  // The CPU model sees no GPU at all (an empty device list), and its context offloads no op.
+  llama_model_params mp_cpu = mp;
+  mp_cpu.n_gpu_layers = 0;
+  ggml_backend_dev_t no_devices[1] = {nullptr};
+  mp_cpu.devices = no_devices;
+  llama_model* model_cpu = ngl > 0 ? llama_model_load_from_file(model_path, mp_cpu) : nullptr;
+  if (!model || (ngl > 0 && !model_cpu)) {
     std::fprintf(stderr, "cannot load %s\n", model_path);
     return 1;
   }
@@ -94,7 +148,11 @@ int main(int argc, char** argv) {
   llama_context_params cp_fa = cp;
   cp_fa.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
   llama_context* ctx_fa = llama_init_from_model(model, cp_fa);
-  if (!ctx || !ctx_fa) {
+  llama_context_params cp_cpu = cp;
+  cp_cpu.offload_kqv = false;
+  cp_cpu.op_offload = false;
+  llama_context* ctx_cpu = model_cpu ? llama_init_from_model(model_cpu, cp_cpu) : nullptr;
+  if (!ctx || !ctx_fa || (model_cpu && !ctx_cpu)) {
     std::fprintf(stderr, "cannot create context\n");
     return 1;
   }
@@ -105,8 +163,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "cannot open outputs\n");
     return 1;
   }
-  std::fprintf(js, "{\n  \"model\": \"%s\",\n  \"n_vocab\": %d,\n  \"n_gen\": %d,\n  \"flash_attn\": false,\n  \"cases\": [\n",
-               json_escape(model_path).c_str(), n_vocab, n_gen);
+  std::fprintf(js, "{\n  \"model\": \"%s\",\n  \"n_vocab\": %d,\n  \"n_gen\": %d,\n  \"flash_attn\": false,\n  \"backend\": \"%s\",\n  \"n_gpu_layers\": %d,\n  \"cases\": [\n",
+               json_escape(model_path).c_str(), n_vocab, n_gen, ngl > 0 ? "gpu" : "cpu", ngl);
   for (size_t p = 0; p < prompts.size(); ++p) {
     llama_memory_clear(llama_get_memory(ctx), true);
     std::vector<llama_token> ids(prompts[p].size() + 16);
@@ -146,40 +204,31 @@ int main(int argc, char** argv) {
       top8.push_back(t8);
       batch = llama_batch_get_one(&gen.back(), 1);
     }
-    // Teacher-forced replay with flash attention: logits at every generated position.
-    std::vector<float> noise(gen.size(), 0.0f);
-    {
-      llama_memory_clear(llama_get_memory(ctx_fa), true);
-      std::vector<llama_token> seq = ids;
-      seq.insert(seq.end(), gen.begin(), gen.end() - 1);
-      llama_batch b = llama_batch_init(int(seq.size()), 0, 1);
-      for (size_t i = 0; i < seq.size(); ++i) {
-        b.token[i] = seq[i];
-        b.pos[i] = int(i);
-        b.n_seq_id[i] = 1;
-        b.seq_id[i][0] = 0;
-        b.logits[i] = i + 1 >= ids.size();
-      }
-      b.n_tokens = int(seq.size());
-      if (llama_decode(ctx_fa, b) != 0) {
-        std::fprintf(stderr, "decode (flash attention) failed\n");
-        return 1;
-      }
-      for (size_t step = 0; step < gen.size(); ++step) {
-        const float* lf = llama_get_logits_ith(ctx_fa, int(ids.size() - 1 + step));
-        for (const auto& [id, v] : top8[step]) noise[step] = std::max(noise[step], std::fabs(lf[id] - v));
-      }
-      llama_batch_free(b);
+    // Teacher-forced replays: flash attention on (and, with offload, the CPU backend).
+    std::vector<float> fa_noise, backend_noise;
+    int fa_agree = 0, backend_agree = 0;
+    if (!replay_noise(ctx_fa, ids, gen, top8, fa_noise, fa_agree) ||
+        (ctx_cpu && !replay_noise(ctx_cpu, ids, gen, top8, backend_noise, backend_agree))) {
+      std::fprintf(stderr, "decode (teacher-forced replay) failed\n");
+      return 1;
     }
+    std::vector<float> noise = fa_noise;
+    for (size_t i = 0; i < backend_noise.size(); ++i) noise[i] = std::max(noise[i], backend_noise[i]);
     std::fprintf(js, "    {\"prompt\": \"%s\",\n     \"prompt_ids\": [", json_escape(prompts[p]).c_str());
     for (size_t i = 0; i < ids.size(); ++i) std::fprintf(js, "%s%d", i ? ", " : "", ids[i]);
     std::fprintf(js, "],\n     \"tokens\": [");
     for (size_t i = 0; i < gen.size(); ++i) std::fprintf(js, "%s%d", i ? ", " : "", gen[i]);
     std::fprintf(js, "],\n     \"top2_gap\": [");
     for (size_t i = 0; i < gaps.size(); ++i) std::fprintf(js, "%s%.6g", i ? ", " : "", gaps[i]);
-    std::fprintf(js, "],\n     \"self_noise\": [");
-    for (size_t i = 0; i < noise.size(); ++i) std::fprintf(js, "%s%.6g", i ? ", " : "", noise[i]);
-    std::fprintf(js, "],\n     \"top8\": [");
+    write_floats(js, "self_noise", noise);
+    if (ctx_cpu) {
+      write_floats(js, "fa_noise", fa_noise);
+      write_floats(js, "backend_noise", backend_noise);
+      std::fprintf(js, "],\n     \"backend_agree\": %d", backend_agree);
+      std::fprintf(js, ",\n     \"top8\": [");
+    } else {
+      std::fprintf(js, "],\n     \"top8\": [");
+    }
     for (size_t i = 0; i < top8.size(); ++i) {
       std::fprintf(js, "%s[", i ? ", " : "");
       for (size_t k = 0; k < top8[i].size(); ++k) std::fprintf(js, "%s[%d, %.6g]", k ? ", " : "", top8[i][k].first, top8[i][k].second);
@@ -192,6 +241,8 @@ int main(int argc, char** argv) {
   std::fclose(logits_out);
   llama_free(ctx);
   llama_free(ctx_fa);
+  if (ctx_cpu) llama_free(ctx_cpu);
+  if (model_cpu) llama_model_free(model_cpu);
   llama_model_free(model);
   return 0;
 }

@@ -14,6 +14,10 @@
 #   made once, on one machine: regenerating a set on another CPU changes llama.cpp's f32 order.
 # ONLY=REGEX regenerates only the fixtures whose name matches (e.g. ONLY='moe' for the MoE models),
 # leaving the others as committed.
+# BACKEND=cuda (on the GPU machine, LLAMA_CPP_BUILD a llama.cpp build with -DGGML_CUDA=ON) makes
+# the synthetic models' fixtures with every layer offloaded to the GPU, into
+# tests/fixtures/golden-cuda/ (what sluice's CUDA backend is compared with; llama_fixture.cpp says
+# how their noise is measured). scripts/gpu-check.sh step golden-cuda does this.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -21,18 +25,30 @@ src=${1:?llama.cpp source dir}
 bld=${2:?llama.cpp build dir}
 sluice=${3:-$root/build/bin/sluice}
 which=${4:-all}
+backend=${BACKEND:-cpu}
 out=$root/tests/fixtures/golden
+[ "$backend" = cuda ] && out=$root/tests/fixtures/golden-cuda
 mkdir -p "$out"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 tool=$tmp/llama_fixture  # not in the llama.cpp build: several checkouts may share one build
 libs=$(find "$bld" -name 'libllama.a' -o -name 'libggml*.a' | sort -r | tr '\n' ' ')
+extra=""
+if [ "$backend" = cuda ]; then
+  # The CUDA runtime libraries exactly as llama.cpp's own llama-bench links them.
+  extra=$(ninja -C "$bld" -t commands bin/llama-bench | tail -1 | tr ' ' '\n' |
+    grep -E '^-L|^-l|^-Wl,-rpath|^/.*\.so(\.[0-9]+)*$|^/.*\.a$' | grep -v "^$bld\|libllama\|libggml\|libcommon\|libmtmd" | tr '\n' ' ') || true
+  [ -n "$which" ] && [ "$which" != all ] && [ "$which" != synth ] && { echo "BACKEND=cuda makes only the synth fixtures" >&2; exit 2; }
+  which=synth
+  export LLAMA_FIXTURE_NGL=99
+fi
+# shellcheck disable=SC2086
 g++ -O2 -std=c++17 -I"$src/include" -I"$src/ggml/include" "$here/llama_fixture.cpp" \
-  -Wl,--start-group $libs -Wl,--end-group -fopenmp -lpthread -ldl -o "$tool"
+  -Wl,--start-group $libs -Wl,--end-group $extra -fopenmp -lpthread -ldl -o "$tool"
 
 gen() {  # gen NAME MODEL PROMPTS N_GEN
   if [ -n "${ONLY:-}" ] && ! [[ $1 =~ $ONLY ]]; then return 0; fi
-  "$tool" "$2" "$3" "$4" "$out/$1.json" "$out/$1.logits.f32" 2>/dev/null
+  "$tool" "$2" "$3" "$4" "$out/$1.json" "$out/$1.logits.f32" 2>"$tmp/$1.log" || { tail -20 "$tmp/$1.log" >&2; exit 1; }
   sha=$(sha256sum "$2" | cut -d' ' -f1)
   python3 - "$out/$1.json" "$sha" "$(basename "$2")" <<'PY'
 import json, sys
@@ -106,11 +122,16 @@ while read -r name args; do
   # shellcheck disable=SC2086
   "$sluice" synth $args -o "$tmp/$name.gguf" >/dev/null
   gen "$name" "$tmp/$name.gguf" "$here/prompts_synth.txt" 64
-  python3 - "$out/$name.json" "$args" <<'PY'
+  gpu=""
+  [ "$backend" = cuda ] && gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+  python3 - "$out/$name.json" "$args" "$gpu" <<'PY'
 import json, sys
-p, args = sys.argv[1:]
+p, args, gpu = sys.argv[1:]
 d = json.load(open(p))
 d["synth_args"] = args
+if gpu:
+    d["gpu"] = gpu
+    d["command"] = "LLAMA_FIXTURE_NGL=99 llama_fixture MODEL tools/golden/prompts_synth.txt 64 (llama.cpp CUDA build)"
 json.dump(d, open(p, "w"), separators=(",", ":"))
 PY
 done < "$here/synth_models.txt"

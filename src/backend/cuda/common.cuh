@@ -135,14 +135,15 @@ __device__ __forceinline__ int sub_bytes(uint32_t q, uint32_t k4) {
 }
 
 // The int8 activation of 32 consecutive values held one per lane of a warp (every lane takes
-// part), exactly as gemv.cu's quantize_q8_kernel makes it: d = max|v| / 127,
-// q = rne(v * 127 / max|v|), ds = (d, d * sum q). q points at the block's first byte, ds at its
-// entry. The fused decode ops (norm, SwiGLU, attention combine) write their output's activation
-// with it, so the GEMV that reads it needs no quantize launch.
+// part): d = max|v| / 127 rounded to f16 (the precision GGUF's Q8_0 and Q8_1 activation blocks
+// carry, as on the CPU path and in llama.cpp's CUDA backend), q = rne(v * 127 / max|v|),
+// ds = (d, d * sum q). q points at the block's first byte, ds at its entry. gemv.cu's quantize
+// kernel and the fused decode ops (norm, SwiGLU, attention combine) write activations with it, so
+// the GEMV that reads one needs no quantize launch.
 __device__ __forceinline__ void q8_block(float v, int8_t* q, float2* ds) {
   const int lane = threadIdx.x % kWarpSize;
   const float amax = warp_max(fabsf(v));
-  const float d = __fdiv_rn(amax, 127.0f);
+  const float d = __half2float(__float2half_rn(__fdiv_rn(amax, 127.0f)));
   const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
   const int qi = __float2int_rn(__fmul_rn(v, id));
   q[lane] = int8_t(qi);

@@ -86,8 +86,9 @@ Q8Activation q8_activation_view(void* buffer, int64_t cols, int tokens) {
 
 namespace {
 
-// One warp per 32-element block: lane i owns element i. The arithmetic matches the CPU path's
-// round-to-nearest-even activation quantizer bit for bit (IEEE division and multiply, rint).
+// One warp per 32-element block: lane i owns element i (q8_block, common.cuh). The arithmetic
+// matches the CPU path's round-to-nearest-even activation quantizer bit for bit (IEEE division
+// and multiply, rint, f16 d).
 __global__ void quantize_q8_kernel(const float* __restrict__ x, int8_t* __restrict__ q, float2* __restrict__ ds,
                                    int64_t nblocks) {
   pdl_wait();
@@ -96,14 +97,7 @@ __global__ void quantize_q8_kernel(const float* __restrict__ x, int8_t* __restri
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarpSize);
   for (int64_t blk = int64_t(blockIdx.x) * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize; blk < nblocks;
        blk += warps) {
-    const float v = x[blk * 32 + lane];
-    const float amax = warp_max(fabsf(v));
-    const float d = __fdiv_rn(amax, 127.0f);
-    const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
-    const int qi = __float2int_rn(__fmul_rn(v, id));
-    q[blk * 32 + lane] = int8_t(qi);
-    const int sum = warp_sum_int(qi);
-    if (lane == 0) ds[blk] = make_float2(d, __fmul_rn(d, float(sum)));
+    q8_block(x[blk * 32 + lane], q + blk * 32, ds + blk);
   }
 }
 
