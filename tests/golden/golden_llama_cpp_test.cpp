@@ -149,9 +149,21 @@ bool golden_on_cuda() {
   return b != nullptr && std::string(b) == "cuda";
 }
 
+// What one fixture's comparison counted (teacher-forced positions).
+struct GoldenTally {
+  int agree = 0, positions = 0;
+  int backend_agree = -1;  // llama.cpp's CPU-vs-CUDA agreement recorded in a CUDA fixture, else -1
+};
+
+// min_agreement: the per-fixture floor on teacher-forced agreement (lowered further to llama.cpp's
+// own CPU-vs-CUDA agreement where the fixture records it). flips_within_observed: a greedy flip is
+// also a near-tie where llama.cpp's top-2 gap is below twice the top-8 difference measured at that
+// position, itself held to the prompt's bound (the MoE models on CUDA: a router switch at an
+// earlier position changes the cached K/V, which llama.cpp's per-position noise never sees).
 void check_model_against_golden(const std::string& path, const Golden& g, bool check_tokenizer,
                                 std::string literal_exemption, float tol_factor = 2.0f,
-                                int allowed_logit_outliers = 0) {
+                                int allowed_logit_outliers = 0, double min_agreement = kMinAgreement,
+                                bool flips_within_observed = false, GoldenTally* tally = nullptr) {
   if (golden_on_cuda() && literal_exemption.empty()) {
     literal_exemption = "CUDA backend: its kernels sum in their own order, not llama.cpp CPU's";
   }
@@ -207,6 +219,7 @@ void check_model_against_golden(const std::string& path, const Golden& g, bool c
       EXPECT_LT(c.gaps[0], std::max(kNearTie, 2 * c.noise[0]))
           << "first-position top-1 differs where llama.cpp's top-2 gap " << c.gaps[0] << " is not a near-tie";
     }
+    std::vector<float> d8s(c.tokens.size(), 0.0f);  // top-8 difference per teacher-forced position
     for (size_t step = 0; step < c.tokens.size(); ++step) {
       if (step > 0) {
         const int32_t prev = c.tokens[step - 1];
@@ -217,6 +230,7 @@ void check_model_against_golden(const std::string& path, const Golden& g, bool c
       float d8 = 0;
       for (const auto& [id, v] : c.top8[step]) d8 = std::max(d8, std::fabs(logits[size_t(id)] - v));
       worst_top8 = std::max(worst_top8, d8);
+      d8s[step] = d8;
       worst_ratio = std::max(worst_ratio, d8 / std::max(noise, 1e-6f));
       bool router_flip = false;
       if (d8 > std::max(kMinLogitTol, tol) && logit_outliers++ < allowed_logit_outliers) {
@@ -234,7 +248,7 @@ void check_model_against_golden(const std::string& path, const Golden& g, bool c
         ++near_tie_flips;  // the position whose experts switched (above): its token may switch too
       } else {
         ++near_tie_flips;
-        EXPECT_LT(c.gaps[step], std::max(kNearTie, 2 * noise))
+        EXPECT_LT(c.gaps[step], std::max({kNearTie, 2 * noise, flips_within_observed ? 2 * d8 : 0.0f}))
             << "position " << step << ": greedy token differs (ours " << ours << ", llama.cpp " << c.tokens[step]
             << ") where llama.cpp's top-2 gap " << c.gaps[step] << " exceeds twice its own noise " << noise
             << ": not a near-tie, so this is a bug";
@@ -261,7 +275,9 @@ void check_model_against_golden(const std::string& path, const Golden& g, bool c
       char buf[64];
       std::snprintf(buf, sizeof buf, "%s#%zu@%zu %.3g", gap_list.empty() ? "" : ", ", ci, same, double(gap));
       gap_list += buf;
-      EXPECT_LT(gap, std::max(kNearTie, 2 * noise))
+      // Up to the divergence the free run fed the same tokens, so the teacher-forced top-8
+      // difference at that position is the one the free run saw.
+      EXPECT_LT(gap, std::max({kNearTie, 2 * noise, flips_within_observed ? 2 * d8s[same] : 0.0f}))
           << "free-running continuation diverges at position " << same << " where llama.cpp's top-2 gap " << gap
           << " is not a near-tie (its own noise there " << noise << ")";
       if (literal_exemption.empty()) {
@@ -275,7 +291,7 @@ void check_model_against_golden(const std::string& path, const Golden& g, bool c
   }
   // Against a CUDA fixture the floor is also no higher than llama.cpp's own agreement between its
   // CPU and CUDA backends on the same tokens: two correct implementations of that backend pair.
-  double floor = kMinAgreement * positions;
+  double floor = min_agreement * positions;
   int backend_agree = 0;
   for (const GoldenCase& c : g.cases) backend_agree = c.backend_agree < 0 || backend_agree < 0 ? -1 : backend_agree + c.backend_agree;
   if (backend_agree >= 0) {
@@ -284,6 +300,7 @@ void check_model_against_golden(const std::string& path, const Golden& g, bool c
                 backend_agree, positions, floor);
   }
   EXPECT_GE(agree, floor) << "greedy agreement with llama.cpp";
+  if (tally) *tally = GoldenTally{agree, positions, backend_agree};
   std::printf("[golden] %s (%s): teacher-forced greedy agreement %d/%d positions (%d flips at near-ties); "
               "top-8 logits max|d| %.3g (worst %.2gx llama.cpp's own noise at that position); first-position RMS max %.3g, "
               "max|d| over the vocabulary %.3g, top-1 %d/%zu; "
@@ -437,15 +454,23 @@ std::string synth_fixture_dir(const std::string& name) {
   return "golden";
 }
 
-TEST_P(GoldenSynth, MatchesLlamaCpp) {
-  const std::string dir = synth_fixture_dir(GetParam());
-  std::printf("[golden] %s: fixture %s/\n", GetParam().c_str(), dir.c_str());
-  Golden g = load_golden(GetParam(), dir);
+// Against llama.cpp's CUDA fixtures the per-fixture floor is 90%: which near-ties flip differs from
+// one correct implementation to the next by several positions per fixture (measured, H200: sluice's
+// CUDA backend, sluice's CPU backend and llama.cpp's CPU backend each agree with llama.cpp's CUDA
+// backend at 4293-4296 of 4416 positions in all, with per-fixture counts 7 apart), so agreement is
+// held to llama.cpp's own over all fixtures at once (GoldenSynthCuda below).
+constexpr double kCudaFixtureMinAgreement = 0.90;
+
+// Writes the fixture's model with `sluice synth`, checks it is the file llama.cpp ran, compares.
+void check_synth_fixture(const std::string& name, GoldenTally* tally) {
+  const std::string dir = synth_fixture_dir(name);
+  std::printf("[golden] %s: fixture %s/\n", name.c_str(), dir.c_str());
+  Golden g = load_golden(name, dir);
   ASSERT_FALSE(g.synth_args.empty());
   ASSERT_FALSE(g.cases.empty());
   const std::string tmp = (std::filesystem::temp_directory_path() / ("sluice-golden-" + std::to_string(::getpid()))).string();
   std::filesystem::create_directories(tmp);
-  const std::string path = tmp + "/" + GetParam() + ".gguf";
+  const std::string path = tmp + "/" + name + ".gguf";
   std::vector<std::string> args{"synth"};
   std::istringstream in(g.synth_args);
   for (std::string a; in >> a;) args.push_back(a);
@@ -457,9 +482,38 @@ TEST_P(GoldenSynth, MatchesLlamaCpp) {
   ASSERT_EQ(sha256_of(path), g.model_sha256) << "sluice synth " << g.synth_args
                                              << " no longer writes the file the fixture was made from; regenerate "
                                                 "fixtures with tools/golden/make_fixtures.sh";
-  const int outliers = GetParam().rfind("moe-", 0) == 0 ? kMoeRouterFlipPositions : 0;
-  check_model_against_golden(path, g, /*check_tokenizer=*/true, literal_exemption(GetParam()), 2.0f, outliers);
+  const bool moe = name.rfind("moe-", 0) == 0, cuda_fixture = dir == "golden-cuda";
+  check_model_against_golden(path, g, /*check_tokenizer=*/true, literal_exemption(name), 2.0f,
+                             moe ? kMoeRouterFlipPositions : 0, cuda_fixture ? kCudaFixtureMinAgreement : kMinAgreement,
+                             /*flips_within_observed=*/moe && cuda_fixture, tally);
   std::filesystem::remove_all(tmp);
+}
+
+TEST_P(GoldenSynth, MatchesLlamaCpp) { check_synth_fixture(GetParam(), nullptr); }
+
+std::vector<std::string> synth_fixtures();
+
+// On CUDA, over every synthetic fixture at once: sluice's CUDA backend agrees with llama.cpp's
+// CUDA backend at least as often as llama.cpp's own CPU backend does, less two standard
+// deviations of that count (sqrt of llama.cpp's own disagreements, Poisson).
+TEST(GoldenSynthCuda, AgreesWithLlamaCppAsOftenAsItsCpuBackend) {
+  if (!golden_on_cuda()) GTEST_SKIP() << "SLUICE_GOLDEN_BACKEND=cuda runs this (GPU machine)";
+  int agree = 0, positions = 0, backend_agree = 0, fixtures = 0;
+  for (const std::string& name : synth_fixtures()) {
+    if (synth_fixture_dir(name) != "golden-cuda") continue;
+    GoldenTally t;
+    check_synth_fixture(name, &t);
+    ASSERT_GE(t.backend_agree, 0) << name << ": the CUDA fixture lacks backend_agree";
+    agree += t.agree;
+    positions += t.positions;
+    backend_agree += t.backend_agree;
+    ++fixtures;
+  }
+  ASSERT_GT(fixtures, 0) << "no CUDA fixtures";
+  const double slack = 2 * std::sqrt(double(positions - backend_agree));
+  std::printf("[golden] all %d CUDA fixtures: ours %d/%d, llama.cpp CPU vs CUDA %d/%d (floor %.1f)\n", fixtures, agree,
+              positions, backend_agree, positions, backend_agree - slack);
+  EXPECT_GE(agree, backend_agree - slack);
 }
 
 // The CUDA fixtures (checked on the GPU machine only) describe the same models and prompts as the
