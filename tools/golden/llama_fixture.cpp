@@ -68,7 +68,7 @@ std::string json_escape(const std::string& s) {
 // Logits of `ctx` at every generated position for the sequence prompt + gen[0..n-2] fed as one
 // batch (teacher forcing); for each position, the largest |difference| from `top8` over its ids;
 // `agree`: the positions whose top-1 is gen's token.
-bool replay_noise(llama_context* ctx, const std::vector<llama_token>& ids, const std::vector<llama_token>& gen,
+bool replay_noise(llama_context* ctx, int n_vocab, const std::vector<llama_token>& ids, const std::vector<llama_token>& gen,
                   const std::vector<std::vector<std::pair<int, float>>>& top8, std::vector<float>& noise, int& agree) {
   noise.assign(gen.size(), 0.0f);
   agree = 0;
@@ -89,7 +89,7 @@ bool replay_noise(llama_context* ctx, const std::vector<llama_token>& ids, const
     for (size_t step = 0; step < gen.size(); ++step) {
       const float* lf = llama_get_logits_ith(ctx, int(ids.size() - 1 + step));
       for (const auto& [id, v] : top8[step]) noise[step] = std::max(noise[step], std::fabs(lf[id] - v));
-      agree += std::max_element(lf, lf + llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(ctx)))) - lf == gen[step];
+      agree += std::max_element(lf, lf + n_vocab) - lf == gen[step];
     }
   }
   llama_batch_free(b);
@@ -207,8 +207,8 @@ int main(int argc, char** argv) {
     // Teacher-forced replays: flash attention on (and, with offload, the CPU backend).
     std::vector<float> fa_noise, backend_noise;
     int fa_agree = 0, backend_agree = 0;
-    if (!replay_noise(ctx_fa, ids, gen, top8, fa_noise, fa_agree) ||
-        (ctx_cpu && !replay_noise(ctx_cpu, ids, gen, top8, backend_noise, backend_agree))) {
+    if (!replay_noise(ctx_fa, n_vocab, ids, gen, top8, fa_noise, fa_agree) ||
+        (ctx_cpu && !replay_noise(ctx_cpu, n_vocab, ids, gen, top8, backend_noise, backend_agree))) {
       std::fprintf(stderr, "decode (teacher-forced replay) failed\n");
       return 1;
     }

@@ -17,7 +17,8 @@
 # BACKEND=cuda (on the GPU machine, LLAMA_CPP_BUILD a llama.cpp build with -DGGML_CUDA=ON) makes
 # the synthetic models' fixtures with every layer offloaded to the GPU, into
 # tests/fixtures/golden-cuda/ (what sluice's CUDA backend is compared with; llama_fixture.cpp says
-# how their noise is measured). scripts/gpu-check.sh step golden-cuda does this.
+# how their noise is measured). scripts/gpu-check.sh step golden compares sluice's CUDA backend
+# with them.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -41,6 +42,7 @@ if [ "$backend" = cuda ]; then
   [ -n "$which" ] && [ "$which" != all ] && [ "$which" != synth ] && { echo "BACKEND=cuda makes only the synth fixtures" >&2; exit 2; }
   which=synth
   export LLAMA_FIXTURE_NGL=99
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 fi
 # shellcheck disable=SC2086
 g++ -O2 -std=c++17 -I"$src/include" -I"$src/ggml/include" "$here/llama_fixture.cpp" \
@@ -122,9 +124,7 @@ while read -r name args; do
   # shellcheck disable=SC2086
   "$sluice" synth $args -o "$tmp/$name.gguf" >/dev/null
   gen "$name" "$tmp/$name.gguf" "$here/prompts_synth.txt" 64
-  gpu=""
-  [ "$backend" = cuda ] && gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-  python3 - "$out/$name.json" "$args" "$gpu" <<'PY'
+  python3 - "$out/$name.json" "$args" "${gpu:-}" <<'PY'
 import json, sys
 p, args, gpu = sys.argv[1:]
 d = json.load(open(p))
