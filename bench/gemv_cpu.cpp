@@ -58,7 +58,7 @@ int tile_ab(int64_t n_tok, int runs) {
     const quant::Kernels& wk = quant::kernels(t);
     const bool has_cols = wk.vec_dot_cols != nullptr && wk.vec_dot_cols_isa == wk.vec_dot_isa;
     const bool has_tile = wk.vec_dot_tile != nullptr && wk.vec_dot_tile_isa == wk.vec_dot_isa;
-    const bool has_packed = wk.vec_dot_packed != nullptr && wk.vec_dot_packed_isa == wk.vec_dot_isa;
+    const bool has_packed = wk.vec_dot_packed != nullptr && wk.vec_dot_packed_isa >= wk.vec_dot_isa;
     for (const Shape& sh : shapes) {
       const auto w = make_weights(t, sh.rows, sh.k, rng);
       const int64_t w_row = quant::row_bytes(t, sh.k);

@@ -242,10 +242,17 @@ void vec_dot_packed(int64_t n, const void* w, int n_groups, const void* a, int64
 
 }  // namespace
 
+PackedFn avx512_packed(Type t) {
+  switch (t) {
+    case Type::kQ4_K: return vec_dot_packed<BlockQ4_Kx16, Q4Tile>;
+    case Type::kQ6_K: return vec_dot_packed<BlockQ6_Kx16, Q6Tile>;
+    case Type::kQ8_0: return vec_dot_packed<BlockQ8_0x16, Q8Tile, kQK>;
+    default: return nullptr;
+  }
+}
+
 void install_avx512_packed(Kernels* t) {
-  t[int(Type::kQ4_K)].vec_dot_packed = vec_dot_packed<BlockQ4_Kx16, Q4Tile>;
-  t[int(Type::kQ6_K)].vec_dot_packed = vec_dot_packed<BlockQ6_Kx16, Q6Tile>;
-  t[int(Type::kQ8_0)].vec_dot_packed = vec_dot_packed<BlockQ8_0x16, Q8Tile, kQK>;
+  for (Type type : {Type::kQ4_K, Type::kQ6_K, Type::kQ8_0}) t[int(type)].vec_dot_packed = avx512_packed(type);
 }
 
 }  // namespace sluice::quant::detail
@@ -254,6 +261,7 @@ void install_avx512_packed(Kernels* t) {
 
 namespace sluice::quant::detail {
 void install_avx512_packed(Kernels*) {}
+PackedFn avx512_packed(Type) { return nullptr; }
 }  // namespace sluice::quant::detail
 
 #endif

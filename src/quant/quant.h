@@ -53,8 +53,11 @@ int64_t row_bytes(Type t, int64_t n);
 // as a programming error (SLUICE_CHECK abort), so validate lengths that come from files first.
 Status validate_row(Type t, int64_t n);
 
-// Instruction set a kernel table was built for. kRef is the scalar specification.
-enum class Isa { kRef = 0, kAvx2 = 1, kAvx512 = 2 };
+// Instruction set a kernel table was built for. kRef is the scalar specification. kAmx is the
+// AVX-512 table with an AMX-INT8 tile kernel for Q8_0's vec_dot_packed (batches of 16+ tokens);
+// its other entries are the AVX-512 ones. The order is the order of capability (a table of a higher ISA
+// starts from the lower one's kernels).
+enum class Isa { kRef = 0, kAvx2 = 1, kAvx512 = 2, kAmx = 3 };
 const char* isa_name(Isa isa);
 Isa best_isa();  // detected once from cpuid (immutable afterwards)
 

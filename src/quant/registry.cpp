@@ -3,6 +3,10 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include <array>
 #include <cctype>
@@ -111,6 +115,29 @@ bool cpu_has_f16c() {
 }
 #endif
 
+#if defined(SLUICE_QUANT_X86)
+// AMX-TILE and AMX-INT8 (CPUID leaf 7: EDX bits 24 and 25), the OS saving the tile state (XCR0
+// bits 17 and 18), and, on Linux, this process's permission to use it: the kernel hands out the
+// 8 KB tile data state only on request (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA);
+// without it the first tile instruction faults. Asked once, when the kernel tables are built.
+bool cpu_has_amx_int8() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  if ((edx & (1u << 24)) == 0 || (edx & (1u << 25)) == 0) return false;
+  unsigned c1 = 0, d1 = 0, a1 = 0, b1 = 0;
+  if (!__get_cpuid(1, &a1, &b1, &c1, &d1) || (c1 & (1u << 27)) == 0) return false;  // OSXSAVE
+  unsigned lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  if ((lo & (3u << 17)) != (3u << 17)) return false;
+#if defined(__linux__)
+  constexpr long kArchReqXcompPerm = 0x1023;
+  constexpr long kXfeatureXtiledata = 18;
+  if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) return false;
+#endif
+  return true;
+}
+#endif
+
 bool cpu_has(Isa isa) {
 #if defined(SLUICE_QUANT_X86)
   switch (isa) {
@@ -125,6 +152,8 @@ bool cpu_has(Isa isa) {
       return cpu_has(Isa::kAvx2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
              __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bf16");
+    case Isa::kAmx:
+      return cpu_has(Isa::kAvx512) && cpu_has_amx_int8();
   }
   return false;
 #else
@@ -144,8 +173,8 @@ void mark_isa(const Table& before, Table& after, Isa isa) {
 
 // Tables for each ISA the CPU has; a higher ISA starts from the lower one's kernels.
 struct Tables {
-  Table ref, avx2, avx512;
-  bool has_avx2 = false, has_avx512 = false;
+  Table ref, avx2, avx512, amx;
+  bool has_avx2 = false, has_avx512 = false, has_amx = false;
 };
 
 const Tables& tables() {
@@ -175,6 +204,12 @@ const Tables& tables() {
       detail::install_avx512_tile(t.avx512.data());
       detail::install_avx512_packed(t.avx512.data());
       mark_isa(before, t.avx512, Isa::kAvx512);
+    }
+    t.amx = t.avx512;
+    if (t.has_avx512 && cpu_has(Isa::kAmx)) {
+      const Table before = t.amx;
+      t.has_amx = detail::install_amx_packed(t.amx.data());
+      mark_isa(before, t.amx, Isa::kAmx);
     }
     return t;
   }();
@@ -227,6 +262,8 @@ const char* isa_name(Isa isa) {
       return "avx2";
     case Isa::kAvx512:
       return "avx512";
+    case Isa::kAmx:
+      return "amx";
   }
   return "?";
 }
@@ -236,10 +273,11 @@ const char* isa_name(Isa isa) {
 Isa best_isa() {
   static const Isa kBest = [] {
     const Tables& t = tables();
-    Isa best = t.has_avx512 ? Isa::kAvx512 : t.has_avx2 ? Isa::kAvx2 : Isa::kRef;
+    Isa best = t.has_amx ? Isa::kAmx : t.has_avx512 ? Isa::kAvx512 : t.has_avx2 ? Isa::kAvx2 : Isa::kRef;
     if (const char* cap = std::getenv("SLUICE_QUANT_ISA")) {
       if (std::strcmp(cap, "ref") == 0) best = Isa::kRef;
-      if (std::strcmp(cap, "avx2") == 0 && best == Isa::kAvx512) best = Isa::kAvx2;
+      if (std::strcmp(cap, "avx2") == 0 && best > Isa::kAvx2) best = Isa::kAvx2;
+      if (std::strcmp(cap, "avx512") == 0 && best > Isa::kAvx512) best = Isa::kAvx512;
     }
     return best;
   }();
@@ -257,6 +295,8 @@ const Kernels* kernels_for(Type t, Isa isa) {
       return tb.has_avx2 ? &tb.avx2[id] : nullptr;
     case Isa::kAvx512:
       return tb.has_avx512 ? &tb.avx512[id] : nullptr;
+    case Isa::kAmx:
+      return tb.has_amx ? &tb.amx[id] : nullptr;
   }
   return nullptr;
 }

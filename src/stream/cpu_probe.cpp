@@ -28,12 +28,18 @@ std::string CpuProbe::describe() const {
     std::snprintf(buf, sizeof buf, "%s%s on %d threads (0: all cores): %.1f GB/s", quant::type_name(type),
                   packed ? " packed" : "", threads, alone / 1e9);
   }
-  return buf;
+  std::string s = buf;
+  if (flops > 0) {
+    std::snprintf(buf, sizeof buf, "; %d tokens %.2f Tops/s (%s kernels)", batch_tokens, flops / 1e12,
+                  quant::isa_name(quant::kernels(type).vec_dot_packed_isa));
+    s += buf;
+  }
+  return s;
 }
 
 Result<CpuProbe> probe_cpu(backend::Backend& cpu, int threads, const CpuProbeOptions& opts,
                            const std::function<Result<double>(uint64_t, const std::function<void()>&)>& copy_during) {
-  if (opts.ne0 <= 0 || opts.reps < 1) return invalid_argument("cpu probe: bad options");
+  if (opts.ne0 <= 0 || opts.reps < 1 || opts.batch_tokens < 0) return invalid_argument("cpu probe: bad options");
   const quant::Kernels& k = quant::kernels(opts.type);
   if (!k.vec_dot || !k.quantize_row || !quant::validate_row(opts.type, opts.ne0).is_ok()) {
     return invalid_argument(std::string("cpu probe: no product kernel for ") + quant::type_name(opts.type) +
@@ -87,6 +93,25 @@ Result<CpuProbe> probe_cpu(backend::Backend& cpu, int threads, const CpuProbeOpt
   p.threads = threads;
   p.packed = wv.packed;
   p.alone = time_products();
+  if (opts.batch_tokens > 0) {
+    // The first rows of the same matrix (whole packed groups are a packed matrix of their own).
+    const backend::WeightView wb = wv.rows(0, std::clamp<int64_t>(int64_t(opts.batch_bytes / uint64_t(rb)) / 16 * 16, 16, rows));
+    SLUICE_ASSIGN_OR_RETURN(backend::Tensor xb, cpu.alloc(backend::DType::kF32, opts.ne0, opts.batch_tokens));
+    SLUICE_ASSIGN_OR_RETURN(backend::Tensor yb, cpu.alloc(backend::DType::kF32, wb.ne1, opts.batch_tokens));
+    std::vector<float> xs(size_t(opts.ne0) * size_t(opts.batch_tokens));
+    for (size_t i = 0; i < xs.size(); ++i) xs[i] = float(int(i % 17) - 8) * 0.0625f;
+    cpu.upload(xb, xs.data());
+    std::vector<double> rates;
+    for (int i = 0; i <= opts.reps; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      cpu.matmul(wb, xb, yb);
+      cpu.sync();
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (i > 0) rates.push_back(2.0 * double(opts.batch_tokens) * double(opts.ne0) * double(wb.ne1) / std::max(s, 1e-9));
+    }
+    p.flops = median(rates);
+    p.batch_tokens = opts.batch_tokens;
+  }
   if (copy_during) {
     // Copies sized to last about as long as the products (at a nominal 50 GB/s), so both run
     // together for most of the window.

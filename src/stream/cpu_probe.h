@@ -19,16 +19,24 @@ struct CpuProbeOptions {
   int64_t ne0 = 4096;                     // row length (the model's n_embd)
   uint64_t bytes = 512ull << 20;          // weights per product: far beyond the last-level cache
   int reps = 5;                           // median of this many products
+  // The batched rate (Bandwidths::cpu_flops): products of batch_tokens tokens over the first
+  // batch_bytes of the same matrix, which are compute-bound (each weight serves every token).
+  // batch_tokens = 0: not measured.
+  int batch_tokens = 32;
+  uint64_t batch_bytes = 64ull << 20;
 };
 
 struct CpuProbe {
   double alone = 0;       // bytes/s of weights, the CPU computing with nothing else reading DRAM
   double shared = 0;      // bytes/s while the copy engine streams pinned memory (0: not measured)
   double h2d_shared = 0;  // the copy engine's bytes/s meanwhile (0: not measured)
+  double flops = 0;       // ops/s (2 per multiply-add) at batch_tokens tokens (0: not measured)
+  int batch_tokens = 0;
   int threads = 0;
   quant::Type type = quant::Type::kQ4_K;
   bool packed = false;    // timed on the backend's packed layout (what hybrid layers use)
-  std::string describe() const;  // "Q4_K on 16 threads: 61.2 GB/s alone, 50.3 GB/s + H2D 47.9 GB/s together"
+  // "Q4_K on 16 threads: 61.2 GB/s alone, 50.3 GB/s + H2D 47.9 GB/s together; 32 tokens 2.1 Tops/s"
+  std::string describe() const;
 };
 
 // Times `cpu` (a CPU backend) computing y = W x for one token over a synthetic matrix of

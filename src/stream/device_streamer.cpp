@@ -988,6 +988,9 @@ std::string measure_hybrid_bandwidths(const gguf::File& file, DeviceStreamOption
   } else {
     opts.bw.cpu = p->alone;
   }
+  // Batched passes (serving, prefill chunks): the CPU's rate on many tokens decides how many
+  // layers it can take from the copy engine (plan.h, exec_seconds).
+  if (p->flops > 0) opts.bw.cpu_flops = p->flops;
   return p->describe();
 }
 

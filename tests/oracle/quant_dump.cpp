@@ -72,6 +72,7 @@ int main(int argc, char** argv) {
       const std::string s = argv[6];
       if (s == "avx2") isa = Isa::kAvx2;
       else if (s == "avx512") isa = Isa::kAvx512;
+      else if (s == "amx") isa = Isa::kAmx;
       else if (s != "ref") return fail("unknown isa " + s);
     }
     const auto* k = sluice::quant::kernels_for(*type, isa);

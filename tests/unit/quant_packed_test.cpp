@@ -7,6 +7,9 @@
 //    the kernels' 8-token tile, padded activation strides and an output stride wider than the
 //    rows; outputs outside the rows x tokens block must stay untouched.
 //  - A planted bug (one output taken from the wrong token) must fail the same check.
+//  - AMX (Q8_0; 16-token tiles, the rest through AVX-512): its f32 steps are the AVX-512
+//    kernel's, so its outputs must equal the AVX-512 kernel's bit for bit, at token counts below,
+//    at and above one and two tiles.
 #include <cmath>
 #include <vector>
 
@@ -43,7 +46,8 @@ struct Outcome {
   bool wrote_outside = false;
 };
 
-Outcome run_case(const Kernels& k, Type t, Isa isa, const Case& tc, uint64_t salt, PackedFn fn) {
+Outcome run_case(const Kernels& k, Type t, Isa isa, const Case& tc, uint64_t salt, PackedFn fn,
+                 PackedFn bit_reference = nullptr) {
   const int rows = tc.groups * k.packed_rows;
   const int64_t rb = row_bytes(t, tc.n);
   const auto w = weight_rows(t, tc.n, rows, rb, salt);
@@ -61,6 +65,11 @@ Outcome run_case(const Kernels& k, Type t, Isa isa, const Case& tc, uint64_t sal
   const int64_t out_stride = rows + 5;
   std::vector<float> out(size_t(out_stride * (tc.cols + 1)), kSentinel);
   fn(tc.n, packed.data(), tc.groups, act.data(), a_stride, tc.cols, out.data(), out_stride);
+  std::vector<float> bit_ref;
+  if (bit_reference != nullptr) {
+    bit_ref.assign(out.size(), kSentinel);
+    bit_reference(tc.n, packed.data(), tc.groups, act.data(), a_stride, tc.cols, bit_ref.data(), out_stride);
+  }
 
   Outcome o;
   std::vector<float> got, want;
@@ -72,7 +81,8 @@ Outcome run_case(const Kernels& k, Type t, Isa isa, const Case& tc, uint64_t sal
         continue;
       }
       float ref = NAN;
-      kernels_for(t, Isa::kRef)->vec_dot(tc.n, w.data() + r * rb, act.data() + c * a_stride, &ref);
+      if (bit_reference != nullptr) ref = bit_ref[size_t(c * out_stride + r)];
+      else kernels_for(t, Isa::kRef)->vec_dot(tc.n, w.data() + r * rb, act.data() + c * a_stride, &ref);
       o.bit_equal &= std::memcmp(&v, &ref, sizeof v) == 0;
       got.push_back(v);
       want.push_back(ref);
@@ -84,7 +94,8 @@ Outcome run_case(const Kernels& k, Type t, Isa isa, const Case& tc, uint64_t sal
 std::vector<Case> cases() {
   std::vector<Case> cs;
   for (int64_t n : {256, 768, 2048})
-    for (auto [g, c] : {std::pair{1, 1}, {1, 8}, {2, 3}, {1, 2}, {3, 9}, {2, 16}, {5, 13}, {1, 4}, {2, 0}, {0, 3}})
+    for (auto [g, c] : {std::pair{1, 1}, {1, 8}, {2, 3}, {1, 2}, {3, 9}, {2, 16}, {5, 13}, {1, 4}, {2, 0}, {0, 3},
+                        {1, 15}, {2, 32}, {3, 17}, {1, 35}})
       cs.push_back({n, g, c});
   return cs;
 }
@@ -113,11 +124,14 @@ TEST_P(QuantPacked, VecDotPackedMatchesReference) {
     }
   }
   // The reference specifies the packed layouts of Q4_K, Q6_K (the formats of Q4_K_M files) and
-  // Q8_0; AVX-512 has kernels for all three, AVX2 none (yet).
+  // Q8_0; AVX-512 has kernels for all three, AVX2 none (yet); the AMX table has its own for Q8_0
+  // and keeps AVX-512's for the others (cpu_amx_packed.cpp says why).
   EXPECT_EQ(tested, isa == Isa::kAvx2 ? 0 : 3) << isa_name(isa);
   if (isa != Isa::kAvx2)
-    for (Type t : {Type::kQ4_K, Type::kQ6_K, Type::kQ8_0})
-      EXPECT_EQ(kernels_for(t, isa)->vec_dot_packed_isa, isa) << type_name(t);
+    for (Type t : {Type::kQ4_K, Type::kQ6_K, Type::kQ8_0}) {
+      const Isa want = isa == Isa::kAmx && t != Type::kQ8_0 ? Isa::kAvx512 : isa;
+      EXPECT_EQ(kernels_for(t, isa)->vec_dot_packed_isa, want) << type_name(t);
+    }
 }
 
 // The ISA's kernel with a planted bug: the last row's output for the last token is that row's
@@ -138,18 +152,40 @@ TEST_P(QuantPacked, PlantedBugIsCaught) {
     const Kernels* k = kernels_for(t, isa);
     auto pick = [t](PackedFn q4, PackedFn q6, PackedFn q8) { return t == Type::kQ4_K ? q4 : t == Type::kQ6_K ? q6 : q8; };
     const PackedFn bugged =
-        isa == Isa::kRef
-            ? pick(planted_bug<Isa::kRef, Type::kQ4_K>, planted_bug<Isa::kRef, Type::kQ6_K>, planted_bug<Isa::kRef, Type::kQ8_0>)
-            : pick(planted_bug<Isa::kAvx512, Type::kQ4_K>, planted_bug<Isa::kAvx512, Type::kQ6_K>,
-                   planted_bug<Isa::kAvx512, Type::kQ8_0>);
-    const Case tc{2048, 5, 13};  // the largest case of the main test: the wrong output is diluted most
+        isa == Isa::kRef   ? pick(planted_bug<Isa::kRef, Type::kQ4_K>, planted_bug<Isa::kRef, Type::kQ6_K>,
+                                  planted_bug<Isa::kRef, Type::kQ8_0>)
+        : isa == Isa::kAmx ? pick(planted_bug<Isa::kAmx, Type::kQ4_K>, planted_bug<Isa::kAmx, Type::kQ6_K>,
+                                  planted_bug<Isa::kAmx, Type::kQ8_0>)
+                           : pick(planted_bug<Isa::kAvx512, Type::kQ4_K>, planted_bug<Isa::kAvx512, Type::kQ6_K>,
+                                  planted_bug<Isa::kAvx512, Type::kQ8_0>);
+    // The largest case of the main test (the wrong output is diluted most), with 32 tokens on AMX
+    // so that the bug lands in a tile product.
+    const Case tc{2048, 5, isa == Isa::kAmx ? 32 : 13};
     const Outcome o = run_case(*k, t, isa, tc, 99, bugged);
     EXPECT_GT(o.err, 1e-5) << isa_name(isa) << " " << type_name(t);
     EXPECT_FALSE(o.bit_equal) << isa_name(isa) << " " << type_name(t);
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllIsas, QuantPacked, ::testing::Values(Isa::kRef, Isa::kAvx2, Isa::kAvx512),
+// AMX against AVX-512, bit for bit (file comment).
+TEST(QuantPackedAmx, EqualsAvx512BitForBit) {
+  if (kernels_for(Type::kQ4_K, Isa::kAmx) == nullptr) GTEST_SKIP() << "this CPU lacks AMX-INT8; its kernels are not tested here";
+  for (Type t : {Type::kQ8_0}) {
+    const Kernels* k = kernels_for(t, Isa::kAmx);
+    ASSERT_EQ(k->vec_dot_packed_isa, Isa::kAmx) << type_name(t);
+    uint64_t salt = 1000;
+    for (const Case& tc : cases()) {
+      const Outcome o = run_case(*k, t, Isa::kAmx, tc, salt++, k->vec_dot_packed, kernels_for(t, Isa::kAvx512)->vec_dot_packed);
+      const std::string what = std::string(type_name(t)) + " n=" + std::to_string(tc.n) + " groups=" +
+                               std::to_string(tc.groups) + " cols=" + std::to_string(tc.cols) + " seed " +
+                               std::to_string(test::test_seed());
+      EXPECT_TRUE(o.bit_equal) << what << " (normalized error " << o.err << ")";
+      EXPECT_FALSE(o.wrote_outside) << what;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllIsas, QuantPacked, ::testing::Values(Isa::kRef, Isa::kAvx2, Isa::kAvx512, Isa::kAmx),
                          [](const auto& info) { return std::string(isa_name(info.param)); });
 
 }  // namespace

@@ -129,6 +129,7 @@ TEST_P(QuantTile, PlantedBugIsCaught) {
       case Isa::kRef: return t == Type::kQ4_K ? planted_bug<Isa::kRef, Type::kQ4_K> : planted_bug<Isa::kRef, Type::kQ6_K>;
       case Isa::kAvx2: return t == Type::kQ4_K ? planted_bug<Isa::kAvx2, Type::kQ4_K> : planted_bug<Isa::kAvx2, Type::kQ6_K>;
       case Isa::kAvx512:
+      case Isa::kAmx:  // the AMX table's tile kernels are the AVX-512 ones
         return t == Type::kQ4_K ? planted_bug<Isa::kAvx512, Type::kQ4_K> : planted_bug<Isa::kAvx512, Type::kQ6_K>;
     }
     return planted_bug<Isa::kRef, Type::kQ4_K>;

@@ -59,9 +59,9 @@ struct Part {
   int64_t group_bytes;  // packed: bytes per group of wk->packed_rows rows
 };
 
-// The format's packed kernel runs on this CPU at the ISA of its vec_dot.
+// The format's packed kernel runs on this CPU at the ISA of its vec_dot or above (AMX tiles).
 bool packable(const quant::Kernels& wk) {
-  return wk.vec_dot_packed != nullptr && wk.vec_dot_packed_isa == wk.vec_dot_isa && wk.packed_rows > 0;
+  return wk.vec_dot_packed != nullptr && wk.vec_dot_packed_isa >= wk.vec_dot_isa && wk.packed_rows > 0;
 }
 
 void check_shapes(const WeightView& w, const Tensor& x, const Tensor& y) {
