@@ -412,6 +412,20 @@ Status finish_stream(FILE* out, LoadedModel& lm, const decode::Timings& t) {
                  s.copy_seconds > 0 ? double(s.copy_bytes_timed) / s.copy_seconds / 1e9 : 0.0,
                  s.copy_seconds / double(std::max<uint64_t>(s.passes, 1)) * 1e3, "pass", stall * 1e3, per,
                  s.device_timed ? "" : " (not timed)", disk_wait * 1e3, per, s.staging_wait_seconds * 1e3);
+    if (!decode && s.cpu_bytes > 0 && s.cpu_seconds > 0) {
+      // Batched passes with CPU layers (bench --batch-seqs, serving): the CPU's measured rate on
+      // them against the rate its plan assumed (bytes of its units over its predicted seconds).
+      const stream::DevicePlan& dp = ds.plan();
+      double planned_bytes = 0;
+      for (size_t i = 0; i < dp.plan.units.size() && i < dp.input.units.size(); ++i)
+        if (dp.plan.units[i].exec == stream::Executor::kCpu) planned_bytes += double(dp.input.units[i].bytes);
+      std::fprintf(out,
+                   "hybrid:  CPU layers of the %d-token passes: %.1f GB in %.2f s = %.1f GB/s measured; planned %.1f GB/s "
+                   "(%.1f MB in %.2f ms a pass, predicted pass %.2f ms); %s\n",
+                   dp.input.batch, double(s.cpu_bytes) / 1e9, s.cpu_seconds, double(s.cpu_bytes) / s.cpu_seconds / 1e9,
+                   p.t_cpu > 0 ? planned_bytes / p.t_cpu / 1e9 : 0.0, planned_bytes / 1e6, p.t_cpu * 1e3,
+                   p.token_seconds * 1e3, ds.cpu_probe().c_str());
+    }
     if (decode && t.n_decode > 0) {
       const double tok_ms = t.decode_s / t.n_decode * 1e3;
       const stream::Bandwidths& bw = ds.plan().input.bw;

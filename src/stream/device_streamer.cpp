@@ -988,9 +988,12 @@ std::string measure_hybrid_bandwidths(const gguf::File& file, DeviceStreamOption
   } else {
     opts.bw.cpu = p->alone;
   }
-  // Batched passes (serving, prefill chunks): the CPU's rate on many tokens decides how many
-  // layers it can take from the copy engine (plan.h, exec_seconds).
-  if (p->flops > 0) opts.bw.cpu_flops = p->flops;
+  // The batched rate (p->flops) is reported, not planned with. Measured on the H200 host (16
+  // cores, 2026-11-27, 70B Q4_K_M, 16 GiB free, 32-token passes forced hybrid): a bare 32-token
+  // product reached 2.6-3.0 Tops/s, but the CPU's whole layers in a pass ran at 17.9 GB/s of
+  // weights, which the default Bandwidths::cpu_flops (2e12) predicts (18.3 GB/s); the bare rate
+  // would promise ~1.5x that (attention, norms and activation quantization of 32 rows are not in
+  // it). Row-split layers at 32 tokens ran 879 ms a pass against 448 predicted.
   return p->describe();
 }
 
