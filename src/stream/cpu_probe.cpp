@@ -77,17 +77,20 @@ Result<CpuProbe> probe_cpu(backend::Backend& cpu, int threads, const CpuProbeOpt
     std::vector<uint8_t>().swap(w);
   }
   const double bytes = double(rb) * double(rows);
-  auto time_products = [&] {
+  // Median of opts.reps products of `work` units each, in units per second (the first product
+  // warms up and is not counted).
+  auto rate_of = [&](const backend::WeightView& wt, const backend::Tensor& x, const backend::Tensor& y, double work) {
     std::vector<double> rates;
     for (int i = 0; i <= opts.reps; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
-      cpu.matmul(wv, xt, yt);
+      cpu.matmul(wt, x, y);
       cpu.sync();
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (i > 0) rates.push_back(bytes / std::max(s, 1e-9));  // the first one warms up
+      if (i > 0) rates.push_back(work / std::max(s, 1e-9));
     }
     return median(rates);
   };
+  auto time_products = [&] { return rate_of(wv, xt, yt, bytes); };
   CpuProbe p;
   p.type = opts.type;
   p.threads = threads;
@@ -101,15 +104,7 @@ Result<CpuProbe> probe_cpu(backend::Backend& cpu, int threads, const CpuProbeOpt
     std::vector<float> xs(size_t(opts.ne0) * size_t(opts.batch_tokens));
     for (size_t i = 0; i < xs.size(); ++i) xs[i] = float(int(i % 17) - 8) * 0.0625f;
     cpu.upload(xb, xs.data());
-    std::vector<double> rates;
-    for (int i = 0; i <= opts.reps; ++i) {
-      const auto t0 = std::chrono::steady_clock::now();
-      cpu.matmul(wb, xb, yb);
-      cpu.sync();
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (i > 0) rates.push_back(2.0 * double(opts.batch_tokens) * double(opts.ne0) * double(wb.ne1) / std::max(s, 1e-9));
-    }
-    p.flops = median(rates);
+    p.flops = rate_of(wb, xb, yb, 2.0 * double(opts.batch_tokens) * double(opts.ne0) * double(wb.ne1));
     p.batch_tokens = opts.batch_tokens;
   }
   if (copy_during) {
