@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -44,7 +45,9 @@ inline __m512i bcast32(const void* p) {
   return _mm512_set1_epi32(v);
 }
 
-template <int T>
+// kPrefetch: each sub-block step asks for 5 lines of the super-block two ahead (2368-byte blocks,
+// contiguous across groups), so the stream stays ahead while the copy engine shares DRAM.
+template <int T, bool kPrefetch>
 void tile_q4_k(int64_t nb, const BlockQ4_Kx16* w, const uint8_t* a, int64_t a_stride, float* out,
                int64_t out_stride) {
   constexpr int kChains = T >= 4 ? 1 : (T == 1 ? 4 : 2);
@@ -59,6 +62,10 @@ void tile_q4_k(int64_t nb, const BlockQ4_Kx16* w, const uint8_t* a, int64_t a_st
     __m512i imin[T];
     for (int t = 0; t < T; ++t) imin[t] = _mm512_setzero_si512();
     for (int j = 0; j < 8; ++j) {
+      if constexpr (kPrefetch) {
+        const char* ahead = reinterpret_cast<const char*>(&p + 2) + 320 * j;
+        for (int l = 0; l < 5; ++l) _mm_prefetch(ahead + 64 * l, _MM_HINT_T0);
+      }
       const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p.sc[j]));
       const __m128i mn8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p.mn[j]));
       const __m512 scd = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc8)), dv);
@@ -201,10 +208,20 @@ constexpr std::array<TileFn<Block>, kMaxCols> tile_table(std::integer_sequence<i
   return {&Tile<I + 1>::run...};
 }
 
+// SLUICE_CPU_PREFETCH=0 turns the Q4_K prefetch off (read once; A/B benchmarks).
+bool q4_prefetch() {
+  static const bool kOn = [] {
+    const char* e = std::getenv("SLUICE_CPU_PREFETCH");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  }();
+  return kOn;
+}
+
 template <int T>
 struct Q4Tile {
   static void run(int64_t nb, const BlockQ4_Kx16* w, const uint8_t* a, int64_t as, float* o, int64_t os) {
-    tile_q4_k<T>(nb, w, a, as, o, os);
+    if (q4_prefetch()) tile_q4_k<T, true>(nb, w, a, as, o, os);
+    else tile_q4_k<T, false>(nb, w, a, as, o, os);
   }
 };
 template <int T>
