@@ -174,7 +174,7 @@ bool install_amx_packed(Kernels* t) {
 
 }  // namespace sluice::quant::detail
 
-#else  // not compiled for AMX: never installed (cpu_has(Isa::kAmx) cannot be true for this build)
+#else  // not compiled for AMX: nothing installed, and the registry then has no AMX table
 
 namespace sluice::quant::detail {
 bool install_amx_packed(Kernels*) { return false; }
