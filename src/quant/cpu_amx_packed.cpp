@@ -139,36 +139,31 @@ void amx_q8_0(int64_t nb, const BlockQ8_0x16* w, const uint8_t* a, int64_t a_str
   for (int t = 0; t < kTileTokens; ++t) _mm512_storeu_ps(out + t * out_stride, acc[t]);
 }
 
-template <class Block>
-using GroupFn = void (*)(int64_t, const Block*, const uint8_t*, int64_t, float*, int64_t);
-
 // Whole 16-token tiles on AMX (token tiles outside, groups inside, as the AVX-512 kernel walks
-// them), the rest of the tokens through the AVX-512 kernel. (Templated on the format: Q4_K and
-// Q6_K ran through it too, see the top.)
-template <class Block, GroupFn<Block> kGroup, Type kType, int kKBytes, int64_t kBlockElems>
-void vec_dot_packed(int64_t n, const void* w, int n_groups, const void* a, int64_t a_stride, int n_cols, float* out,
-                    int64_t out_stride) {
+// them), the rest of the tokens through the AVX-512 kernel.
+void vec_dot_packed_q8_0(int64_t n, const void* w, int n_groups, const void* a, int64_t a_stride, int n_cols,
+                         float* out, int64_t out_stride) {
   SLUICE_CHECK(n_groups >= 0 && n_cols >= 0, "vec_dot_packed: negative group or column count");
-  static constexpr TileConfig kConfig = make_config(kKBytes);
-  const int64_t nb = n / kBlockElems;
-  const auto* wp = static_cast<const Block*>(w);
+  static constexpr TileConfig kConfig = make_config(kQK);
+  const int64_t nb = n / kQK;
+  const auto* wp = static_cast<const BlockQ8_0x16*>(w);
   const auto* ab = static_cast<const uint8_t*>(a);
   const int whole = nb > 0 && n_groups > 0 ? n_cols / kTileTokens * kTileTokens : 0;
   if (whole > 0) {
     const TileScope scope(kConfig);
     for (int c = 0; c < whole; c += kTileTokens)
       for (int g = 0; g < n_groups; ++g)
-        kGroup(nb, wp + g * nb, ab + c * a_stride, a_stride, out + c * out_stride + g * kGroupRows, out_stride);
+        amx_q8_0(nb, wp + g * nb, ab + c * a_stride, a_stride, out + c * out_stride + g * kGroupRows, out_stride);
   }
   if (whole < n_cols)
-    avx512_packed(kType)(n, w, n_groups, ab + whole * a_stride, a_stride, n_cols - whole, out + whole * out_stride,
-                         out_stride);
+    avx512_packed(Type::kQ8_0)(n, w, n_groups, ab + whole * a_stride, a_stride, n_cols - whole,
+                               out + whole * out_stride, out_stride);
 }
 
 }  // namespace
 
 bool install_amx_packed(Kernels* t) {
-  t[int(Type::kQ8_0)].vec_dot_packed = vec_dot_packed<BlockQ8_0x16, amx_q8_0, Type::kQ8_0, 32, kQK>;
+  t[int(Type::kQ8_0)].vec_dot_packed = vec_dot_packed_q8_0;
   return true;
 }
 
