@@ -365,8 +365,9 @@ Result<double> cuda_copy_bandwidth(int device);
 // measured now. Error without CUDA or a device.
 Result<double> cuda_h2d_bandwidth(int device);
 // The same copies (about `bytes` in all, from pinned memory) while `during` runs on the calling
-// thread: the H2D bytes/s when the CPU reads DRAM at the same time (hybrid execution's planner).
-// Waits for both. Error without CUDA or a device.
+// thread: the H2D bytes/s when the CPU reads DRAM at the same time (hybrid execution's planner),
+// over the copies done by the time `during` returns (all of them if fewer than two were). Waits
+// for both. Error without CUDA or a device.
 Result<double> cuda_h2d_bandwidth_during(int device, uint64_t bytes, const std::function<void()>& during);
 
 }  // namespace sluice::backend

@@ -108,10 +108,13 @@ Result<CpuProbe> probe_cpu(backend::Backend& cpu, int threads, const CpuProbeOpt
     p.batch_tokens = opts.batch_tokens;
   }
   if (copy_during) {
-    // Copies sized to last about as long as the products (at a nominal 50 GB/s), so both run
-    // together for most of the window.
+    // Copies sized to outlast the products (three times their time alone, at a nominal 50 GB/s),
+    // so every timed product shares DRAM with them; copy_during counts only the copies done
+    // while the products ran. (Sized to the products' time alone, the copies ended first once
+    // they slowed the products, and the last repetitions ran alone: on the H200 host the 70B's
+    // CPU layers then ran at 64-70 GB/s in a token against 97-103 "together" from the probe.)
     const double cpu_s = bytes / p.alone * double(opts.reps + 1);
-    const uint64_t copy_bytes = uint64_t(std::clamp(cpu_s * 50e9, 256.0 * (1 << 20), 8.0 * (1ull << 30)));
+    const uint64_t copy_bytes = uint64_t(std::clamp(3.0 * cpu_s * 50e9, 256.0 * (1 << 20), 8.0 * (1ull << 30)));
     double shared = 0;
     auto h2d = copy_during(copy_bytes, [&] { shared = time_products(); });
     if (h2d.is_ok()) {

@@ -1,7 +1,9 @@
 // The start-up CPU probe (stream/cpu_probe.h) on this machine's CPU backend, small sizes: the
 // one-token rate and the batched rate (the planner's cpu_flops) are measured, positive and
 // finite, and the description names the batched rate and the kernels behind it.
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <string>
 
 #include "backend/backend.h"
@@ -50,6 +52,31 @@ TEST(CpuProbe, BatchedRateIsOptional) {
   EXPECT_GT(p->alone, 0.0);
   EXPECT_EQ(p->flops, 0.0);
   EXPECT_EQ(p->describe().find("Tops/s"), std::string::npos) << p->describe();
+}
+
+// The copies asked for while the products are timed again must outlast them even when sharing
+// DRAM slows the products down (here: up to 3x their time alone, at the nominal 50 GB/s the
+// probe sizes them by), so no timed repetition runs without them; the shared rates are the
+// products' timed inside copy_during and the H2D rate it returns.
+TEST(CpuProbe, CopiesOutlastTheSharedProducts) {
+  backend::CpuOptions co;
+  co.n_threads = 1;
+  const auto cpu = backend::make_cpu_backend(co);
+  CpuProbeOptions o = small(quant::Type::kQ4_K, 0);
+  o.bytes = 64ull << 20;  // products long enough that the copies' 256 MiB floor does not decide
+  uint64_t asked = 0;
+  auto copy = [&](uint64_t bytes, const std::function<void()>& during) -> Result<double> {
+    asked = bytes;
+    during();
+    return 42e9;
+  };
+  auto p = probe_cpu(*cpu, 1, o, copy);
+  ASSERT_TRUE(p.is_ok()) << p.status().message();
+  EXPECT_GT(p->shared, 0.0);
+  EXPECT_EQ(p->h2d_shared, 42e9);
+  const double alone_s = double(o.bytes) / p->alone * double(o.reps + 1);  // ~ the probe's own estimate
+  const double want = std::min(2.9 * alone_s * 50e9, 8.0 * double(1ull << 30));
+  EXPECT_GE(double(asked), std::max(want, 256.0 * (1 << 20))) << "copies of " << asked << " bytes";
 }
 
 TEST(CpuProbe, RejectsBadOptions) {
