@@ -403,9 +403,9 @@ Status finish_stream(FILE* out, LoadedModel& lm, const decode::Timings& t) {
     const double cpu = double(decode ? s.decode_cpu_bytes : s.cpu_bytes) / n;
     std::fprintf(out,
                  "stream:  device pipeline, %d slots of %.1f MB; per %s: VRAM-resident %.1f MB, pinned RAM copied %.1f MB, "
-                 "computed by the CPU %.1f MB, disk %.1f MB; pinned %.1f MB\n",
+                 "computed by the CPU %.1f MB, disk %.1f MB; pinned %.1f MB; layers found in their slots %.2f per pass\n",
                  p.n_slots, double(p.slot_bytes) / 1e6, per, vram / 1e6, ram / 1e6, cpu / 1e6, disk / 1e6,
-                 double(ds.pinned_bytes()) / 1e6);
+                 double(ds.pinned_bytes()) / 1e6, double(s.kept_hits) / double(std::max<uint64_t>(s.passes, 1)));
     std::fprintf(out,
                  "copies:  %.2f GB/s while copying (%.1f ms per %s), compute waiting for copies %.2f ms per %s%s; host "
                  "waits: disk %.2f ms per %s, staging %.2f ms in all\n",
@@ -431,20 +431,26 @@ Status finish_stream(FILE* out, LoadedModel& lm, const decode::Timings& t) {
       const stream::Bandwidths& bw = ds.plan().input.bw;
       std::fprintf(out,
                    "plan:    predicted %.2f ms/token (bound by %s), measured %.2f ms/token; planned with H2D %.1f GB/s, "
-                   "CPU %.1f GB/s, DRAM %.1f GB/s, VRAM %.0f GB/s\n",
-                   p.token_seconds * 1e3, p.bound.c_str(), tok_ms, bw.h2d / 1e9, bw.cpu / 1e9, bw.dram / 1e9, bw.vram / 1e9);
+                   "CPU %.1f GB/s (%.1f with no copies), DRAM %.1f GB/s, VRAM %.0f GB/s\n",
+                   p.token_seconds * 1e3, p.bound.c_str(), tok_ms, bw.h2d / 1e9, bw.cpu / 1e9,
+                   (bw.cpu_alone > 0 ? bw.cpu_alone : bw.cpu) / 1e9, bw.dram / 1e9, bw.vram / 1e9);
       if (s.decode_cpu_bytes > 0) {
         // Predicted vs measured per executor: the CPU's layers (host time), the rest of the token
         // (GPU layers, waiting for copies, hand-offs) and the copy engine.
         const double cpu_ms = s.decode_cpu_seconds / n * 1e3;
         const double pred_cpu_ms = p.t_cpu * 1e3;  // the plan's own CPU share of t_exec
+        // The CPU's planned rate: its units' bytes over their predicted time (between the rate
+        // with copies running and the rate alone, by how long the copies run).
+        double planned_bytes = 0;
+        for (size_t i = 0; i < p.units.size() && i < ds.plan().input.units.size(); ++i)
+          if (p.units[i].exec == stream::Executor::kCpu) planned_bytes += double(ds.plan().input.units[i].bytes);
         std::fprintf(out,
                      "hybrid:  CPU computes %.1f MB/token: %.2f ms/token = %.1f GB/s (predicted %.2f ms at %.1f GB/s); "
                      "GPU, copies and hand-offs %.2f ms/token (predicted %.2f ms: h2d %.2f, exec on GPU %.2f); "
                      "%s\n",
                      double(s.decode_cpu_bytes) / n / 1e6, cpu_ms,
                      cpu_ms > 0 ? double(s.decode_cpu_bytes) / n / (cpu_ms * 1e-3) / 1e9 : 0.0, pred_cpu_ms,
-                     ds.plan().input.bw.cpu / 1e9, tok_ms - cpu_ms, p.token_seconds * 1e3 - pred_cpu_ms, p.t_h2d * 1e3,
+                     p.t_cpu > 0 ? planned_bytes / p.t_cpu / 1e9 : 0.0, tok_ms - cpu_ms, p.token_seconds * 1e3 - pred_cpu_ms, p.t_h2d * 1e3,
                      p.t_exec * 1e3 - pred_cpu_ms, ds.cpu_probe().c_str());
       }
       if (s.decode_split_cpu_bytes > 0) {

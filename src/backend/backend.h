@@ -129,7 +129,9 @@ class Backend {
 
   // Buffers. Memory stays valid until the backend is destroyed. kOutOfMemory on failure.
   virtual Result<Tensor> alloc(DType dtype, int64_t cols, int64_t rows) = 0;
-  // Host <-> tensor copies of all rows of `t` (f32 on the host side; rows*cols floats).
+  // Host <-> tensor copies of all rows of `t` (f32 on the host side; rows*cols floats). upload is
+  // ordered with the ops issued before and after it, and `src` may be reused once it returns (the
+  // host need not wait for the transfer); download returns with the rows in `dst`.
   virtual void upload(const Tensor& dst, const float* src) = 0;
   // Host -> an I32 tensor (rows*cols ints, dst.stride == dst.cols), ordered with the ops issued
   // before and after it; `src` may be reused once it returns.

@@ -465,8 +465,6 @@ Result<std::unique_ptr<DeviceStreamer>> DeviceStreamer::create(const std::string
     }
   }
   SLUICE_RETURN_IF_ERROR(s->plan_split(file, w));
-  // Most passes decode; a long prompt restarts the ring on the other sequence.
-  s->list_ = s->host_be_ ? &s->list_hybrid_ : &s->list_all_;
 
   // Slots: the ring every streamed layer passes through, and each (layer, slot) view prepared
   // now so the hot path allocates nothing.
@@ -477,9 +475,13 @@ Result<std::unique_ptr<DeviceStreamer>> DeviceStreamer::create(const std::string
     if (reinterpret_cast<uintptr_t>(p) % kWeightAlign != 0) {
       return internal_error(std::string("the ") + be.name() + " backend returned a slot that is not 16-byte aligned");
     }
-    s->slots_.push_back({p, 0, 0, 0});
+    Slot sl;
+    sl.base = p;
+    s->slots_.push_back(sl);
     s->slot_lanes_.push_back("h2d slot " + std::to_string(k));
   }
+  // Most passes decode; a long prompt restarts the ring on the other sequence.
+  s->set_list(s->host_be_ ? &s->list_hybrid_ : &s->list_all_);
   s->slot_views_.resize(s->streamed_.size() * size_t(n_slots));
   s->split_views_.resize(s->streamed_.size() * size_t(n_slots));
   for (size_t j = 0; j < s->streamed_.size(); ++j) {
@@ -688,8 +690,17 @@ Status DeviceStreamer::issue_copy(uint64_t seq, bool may_block, bool* issued) {
   // A split layer in a hybrid pass: only its GPU rows (and its vectors) go to the slot.
   const bool split = list_ == &list_hybrid_ && !split_ranges_[j].empty();
   const uint64_t bytes = split ? split_copy_bytes_[j] : u.bytes;
-  const size_t slot_k = size_t(seq % slots_.size());
+  const size_t slot_k = size_t(seq % ring_);
   Slot& sl = slots_[slot_k];
+  // Still there from an earlier pass (a whole copy also holds a split layer's GPU rows): nothing
+  // to copy, and the compute waits on the copy that put it there.
+  sl.kept = !disk && sl.holds == int(j) && (sl.holds_whole || split);
+  if (sl.kept) {
+    sl.seq = seq;
+    ++copied_;
+    *issued = true;
+    return Status::ok();
+  }
   CopyRecord rec;
   rec.bytes = bytes;
   rec.layer = layer;
@@ -731,6 +742,8 @@ Status DeviceStreamer::issue_copy(uint64_t seq, bool may_block, bool* issued) {
   newest_mark_ = std::max(newest_mark_, end);
   sl.copy_mark = end;
   sl.seq = seq;
+  sl.holds = int(j);
+  sl.holds_whole = !split;
   last_copy_ = end;
   if (disk) {
     st->copy_mark = end;
@@ -747,7 +760,7 @@ Status DeviceStreamer::pump(int64_t need) {
   if (!failed_.is_ok()) return failed_;
   ++pump_id_;
   SLUICE_RETURN_IF_ERROR(submit_reads(-1));
-  while (copied_ < released_ + slots_.size()) {
+  while (copied_ < released_ + ring_) {
     const bool required = need >= 0 && copied_ <= uint64_t(need);
     bool issued = false;
     SLUICE_RETURN_IF_ERROR(issue_copy(copied_, required, &issued));
@@ -771,12 +784,20 @@ Status DeviceStreamer::restart_ring(const std::vector<int>* list) {
   }
   if (!st.is_ok()) return fail(std::move(st));
   if (last_copy_ != 0) be_.host_wait(last_copy_);
-  for (Slot& sl : slots_) sl.seq = UINT64_MAX;
+  for (Slot& sl : slots_) sl.seq = UINT64_MAX;  // what they hold stays: the new list may find it
   acquired_ = released_ = copied_ = 0;
   c_copied_ = c_read_ = 0;
-  list_ = list;
+  set_list(list);
   ++stats_.phase_changes;
   return Status::ok();
+}
+
+void DeviceStreamer::set_list(const std::vector<int>* list) {
+  list_ = list;
+  ring_ = slots_.size();
+  if (list->empty() || list->size() > slots_.size()) return;
+  if (std::any_of(list->begin(), list->end(), [&](int j) { return is_disk(size_t(j)); })) return;
+  ring_ = list->size();
 }
 
 bool DeviceStreamer::hybrid_for(int n_tokens) {
@@ -838,7 +859,7 @@ Result<const model::LayerWeights*> DeviceStreamer::acquire(int layer) {
   SLUICE_CHECK(acquired_ == released_, "stream: acquire before the previous streamed layer was released");
   SLUICE_RETURN_IF_ERROR(pump(int64_t(acquired_)));
   SLUICE_CHECK(copied_ > acquired_, "stream: the copy of the layer to compute was not issued");
-  const size_t k = size_t(acquired_ % slots_.size());
+  const size_t k = size_t(acquired_ % ring_);
   Slot& sl = slots_[k];
   SLUICE_CHECK(sl.seq == acquired_, "stream: slot does not hold the layer to compute");
   const bool disk = is_disk(size_t(idx));
@@ -858,7 +879,19 @@ Result<const model::LayerWeights*> DeviceStreamer::acquire(int layer) {
     be_.compute_wait(sl.copy_mark);
   }
   const bool split = split_host(layer) != nullptr;
-  if (disk) {
+  if (sl.kept) {
+    // Read in place, as a resident layer (a split layer's CPU rows are still read from DRAM).
+    const uint64_t in_place = split ? split_copy_bytes_[size_t(idx)] : bytes;
+    const uint64_t cpu = split ? split_cpu_bytes_[size_t(idx)] : 0;
+    ++stats_.kept_hits;
+    stats_.vram_bytes += in_place;
+    stats_.split_cpu_bytes += cpu;
+    stats_.split_layers += split;
+    if (decode_pass_) {
+      stats_.decode_vram_bytes += in_place;
+      stats_.decode_split_cpu_bytes += cpu;
+    }
+  } else if (disk) {
     stats_.disk_bytes += bytes;
     if (decode_pass_) stats_.decode_disk_bytes += bytes;
   } else {
@@ -893,7 +926,7 @@ void DeviceStreamer::release(int layer) {
   if (stream_index_[size_t(layer)] < 0) return;
   if (acquired_ != released_ + 1) return;  // its acquire failed; the error is already sticky
   SLUICE_CHECK(streamed_[size_t((*list_)[released_ % list_->size()])] == layer, "stream: layers must be released in order");
-  Slot& sl = slots_[released_ % slots_.size()];
+  Slot& sl = slots_[released_ % ring_];
   // The next copy into this slot starts once the compute issued so far (this layer) is done.
   sl.free_mark = be_.compute_mark();
   newest_mark_ = std::max(newest_mark_, sl.free_mark);
@@ -983,6 +1016,7 @@ std::string measure_hybrid_bandwidths(const gguf::File& file, DeviceStreamOption
     // with the rates they reach together (the planner would otherwise stop handing layers to the
     // CPU as soon as the copies fit at the H2D rate of an idle DRAM).
     opts.bw.cpu = p->shared;
+    opts.bw.cpu_alone = p->alone;  // for the part of its work the copies do not overlap
     opts.bw.h2d = std::min(opts.bw.h2d, p->h2d_shared);
     opts.bw.dram = p->shared + p->h2d_shared;
   } else {

@@ -145,6 +145,9 @@ struct DeviceStreamStats {
   double copy_seconds = 0;
   uint64_t copy_bytes_timed = 0;
   uint64_t copies = 0;
+  // Streamed layers whose slot still held them (kept in their slots), so nothing was copied;
+  // their bytes count as read in place (vram_bytes).
+  uint64_t kept_hits = 0;
   // Stall estimate: compute waiting for copies (time between the compute marks around each
   // compute_wait), and the host blocked on disk reads or on copies still reading staging.
   double compute_stall_seconds = 0, decode_compute_stall_seconds = 0;
@@ -216,6 +219,12 @@ class DeviceStreamer final : public model::LayerSource {
     backend::Backend::Mark free_mark = 0;  // compute mark at the release of its last layer
     backend::Backend::Mark copy_mark = 0;  // end of the copy of its current layer
     uint64_t seq = 0;
+    // What its bytes are (kept across ring restarts): the streamed index whose copy it holds
+    // (-1: none), whole or only a split layer's GPU rows; and whether sequence `seq` found it
+    // there and copied nothing (a layer kept in its slot).
+    int holds = -1;
+    bool holds_whole = false;
+    bool kept = false;
   };
   struct Staging {
     uint8_t* base = nullptr;
@@ -256,6 +265,10 @@ class DeviceStreamer final : public model::LayerSource {
   // Switches the streamed sequence to `list` (a pass of another phase): waits for the reads and
   // copies in flight, then restarts the ring at sequence 0.
   Status restart_ring(const std::vector<int>* list);
+  // Runs the ring on `list`: with no more layers than slots and none from disk, each layer gets
+  // a slot of its own (ring size = the list's length) and stays there from pass to pass (copied
+  // only when its slot holds something else: Plan::kept_units); else every slot takes turns.
+  void set_list(const std::vector<int>* list);
   Status issue_copy(uint64_t seq, bool may_block, bool* issued);
   void trace_mark_span(backend::Backend::Mark anchor, int64_t anchor_us, backend::Backend::Mark from,
                        backend::Backend::Mark to, TraceEvent e);
@@ -280,6 +293,7 @@ class DeviceStreamer final : public model::LayerSource {
   // host). list_ points at the one the ring is running.
   std::vector<int> list_all_, list_hybrid_;
   const std::vector<int>* list_ = nullptr;
+  size_t ring_ = 0;  // slots the ring on list_ uses (set_list): sequence s goes to slot s % ring_
   bool hybrid_pass_ = false;
   int prefill_batch_ = 32;
   // Per pass size n < prefill_batch: 1 where the cost model predicts the hybrid placement faster

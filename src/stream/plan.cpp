@@ -140,6 +140,25 @@ double copy_bytes(const PlanInput& in, const Plan& p, size_t i) {
 // The executor holding the residual stream around unit i: a split unit's stays on the GPU.
 Executor stream_side(Executor e) { return e == Executor::kSplit ? Executor::kGpu : e; }
 
+// A unit the GPU computes from a slot: not resident, not computed by the CPU.
+bool gpu_streamed(const Plan& p, const std::vector<Executor>& exec, size_t i) {
+  return p.units[i].home != Home::kVram && exec[i] != Executor::kCpu;
+}
+
+// Units kept in their slots (plan.h, Plan::kept_units): with a GPU, when the units it computes
+// from slots are no more than the slots and none comes from disk, each keeps a slot of its own
+// and is copied once, not every pass. Returns their count, or 0 when that does not hold.
+int kept_in_slots(const PlanInput& in, const Plan& p, const std::vector<Executor>& exec) {
+  if (!in.has_gpu) return 0;
+  int m = 0;
+  for (size_t i = 0; i < in.units.size(); ++i) {
+    if (!gpu_streamed(p, exec, i)) continue;
+    if (p.units[i].home == Home::kDisk) return 0;
+    ++m;
+  }
+  return m <= p.n_slots ? m : 0;
+}
+
 // Steady-state seconds per pass of the in-order schedule (plan.h top): compute in layer order,
 // copies in order on one engine, each streamed unit's copy waiting for the slot that the unit
 // n_slots earlier in the stream releases, disk reads in order into 2 staging buffers (with a GPU:
@@ -154,7 +173,8 @@ double pipeline_period(const PlanInput& in, const Plan& p, const std::vector<Exe
   std::vector<char> streamed(n, 0);
   size_t m = 0;
   for (size_t i = 0; i < n; ++i) {
-    streamed[i] = in.has_gpu ? (p.units[i].home != Home::kVram && exec[i] != Executor::kCpu) : p.units[i].home == Home::kDisk;
+    // Units kept in their slots are read in place, like resident ones.
+    streamed[i] = in.has_gpu ? (gpu_streamed(p, exec, i) && p.kept_units == 0) : p.units[i].home == Home::kDisk;
     m += streamed[i];
   }
   const size_t slots = size_t(std::max(1, p.n_slots));
@@ -209,13 +229,26 @@ void score(const PlanInput& in, Plan& p) {
   std::vector<Executor> exec(n);
   for (size_t i = 0; i < n; ++i) exec[i] = in.has_gpu ? p.units[i].exec : Executor::kCpu;
   double h2d = 0, disk = 0, dram = 0;
+  p.kept_units = kept_in_slots(in, p, exec);
+  // The copies first: how long they run decides the CPU's rate (Bandwidths::cpu_alone).
+  double cpu_bytes = 0;
+  for (size_t i = 0; i < n && in.has_gpu; ++i) {
+    if (exec[i] == Executor::kCpu) cpu_bytes += double(in.units[i].bytes);
+    if (exec[i] == Executor::kSplit) cpu_bytes += double(in.units[i].bytes) - copy_bytes(in, p, i);
+    if (gpu_streamed(p, exec, i) && p.kept_units == 0) h2d += copy_bytes(in, p, i);
+  }
+  Bandwidths bw = in.bw;
+  const double copy_s = h2d / in.bw.h2d;
+  if (in.has_gpu && bw.cpu_alone > 0 && cpu_bytes > bw.cpu * copy_s) {
+    bw.cpu = cpu_bytes / (copy_s + (cpu_bytes - bw.cpu * copy_s) / bw.cpu_alone);
+  }
   p.unit_seconds.assign(n, 0.0);
   p.t_cpu = p.t_gpu = p.t_split = 0;
   p.n_switches = 0;
   for (size_t i = 0; i < n; ++i) {
     const double b = double(in.units[i].bytes);
     const UnitPlan& u = p.units[i];
-    p.unit_seconds[i] = exec_seconds(in.units[i], exec[i], in.batch, in.bw, u.cpu_share);
+    p.unit_seconds[i] = exec_seconds(in.units[i], exec[i], in.batch, bw, u.cpu_share);
     (exec[i] == Executor::kCpu ? p.t_cpu : exec[i] == Executor::kSplit ? p.t_split : p.t_gpu) += p.unit_seconds[i];
     // With a GPU a pass starts and ends there (embedding rows land in its activations, the output
     // head runs there): a CPU unit first or last costs a hand-off too. A split unit keeps the
@@ -227,8 +260,9 @@ void score(const PlanInput& in, Plan& p) {
     if (!in.has_gpu) continue;
     if (exec[i] == Executor::kCpu) {
       dram += b;
+    } else if (u.home != Home::kVram && p.kept_units > 0) {
+      dram += b - copy_bytes(in, p, i);  // kept in its slot: a split unit's CPU share still reads DRAM
     } else if (u.home != Home::kVram) {
-      h2d += copy_bytes(in, p, i);
       dram += b;  // a split unit: its GPU share through the copy engine, the rest read by the CPU
     }
   }
@@ -466,6 +500,13 @@ std::string Plan::describe(const PlanInput& in) const {
       out += line;
       i = j;
     }
+  }
+  if (kept_units > 0) {
+    std::snprintf(line, sizeof line,
+                  "  %d streamed unit%s kept in %s slot%s: copied once, then read in place every pass (a pass that "
+                  "streams more units through the slots copies them again once)\n",
+                  kept_units, kept_units > 1 ? "s" : "", kept_units > 1 ? "their" : "its", kept_units > 1 ? "s" : "");
+    out += line;
   }
   std::snprintf(line, sizeof line,
                 "  resident %s, pinned RAM %s, disk %s, staging %s, %d slots of %s, CPU computes %s\n",

@@ -10,6 +10,10 @@
 // rows of each matrix from a slot holding only those (copied each token), the CPU the rest where
 // they lie, both at once. Streamed bytes and CPU reads share DRAM bandwidth.
 //
+// Units kept in slots: when the GPU-computed streamed units of a placement are no more than the
+// ring's slots (and none is on disk), each stays in its slot from pass to pass and costs what a
+// resident unit costs (Plan::kept_units).
+//
 // Cost model of one forward pass of `batch` tokens (every stage overlapped by the pipeline,
 // layers in order):
 //   exec(u) = max(bytes / vram, batch * 2 * params / gpu_flops)   GPU-executed
@@ -74,6 +78,11 @@ struct Bandwidths {
   double cpu = 50.0e9;     // CPU computing quantized GEMV on weights in DRAM, all threads:
                            // probe_cpu at load (device pipeline: its rate while the copy engine
                            // runs, as in a hybrid token); CPU-only plans: default
+  // The CPU's rate with no copies running (probe_cpu alone; 0: cpu). A placement whose copies
+  // take t_h2d a pass has the CPU at `cpu` for that long and at cpu_alone for the rest of its
+  // work: a plan that copies nothing (every non-resident unit on the CPU, or kept in slots) gets
+  // the CPU's whole rate.
+  double cpu_alone = 0;
   double dram = 90.0e9;    // DRAM total when DMA and CPU read at once (probe_cpu: the two rates
                            // measured together, summed; default where not measured)
   double cpu_flops = 2.0e12;   // CPU ops/s on quantized weights with many tokens (prefill GEMM
@@ -130,6 +139,13 @@ struct UnitPlan {
 struct Plan {
   std::vector<UnitPlan> units;  // parallel to PlanInput::units
   int n_slots = 0;              // VRAM (GPU) or RAM (CPU-only) ring slots for streamed units
+  // With a GPU: the units it computes from slots (not resident, not on the CPU) when they are at
+  // most n_slots and none comes from disk, else 0. Each then keeps a slot of its own: copied in
+  // the first pass, read in place after that (no H2D, no DRAM), like a resident unit. A pass that
+  // streams more units through the ring (a prefill streaming every unit) overwrites them, and the
+  // next pass of this placement copies them once again. So a hybrid plan that computes all but
+  // n_slots of its pinned-RAM units on the CPU uses the slots prefill needs as resident memory.
+  int kept_units = 0;
   uint64_t slot_bytes = 0;      // size of one slot: the largest streamed unit
   uint64_t resident_bytes = 0;  // A bytes
   uint64_t ram_bytes = 0;       // B bytes (host copies)

@@ -197,11 +197,10 @@ TEST(StreamPlan, HybridChoosesTwoOfFourSpreadEvenly) {
   // (embedding rows, output head), so a CPU unit first or last costs a switch too:
   //   c=0: exec 4 x 1 ms = 0.004, h2d 4 x 1 s = 4                     -> 4 s
   //   c=1: [G G C G]: exec 1 + 0.003 + 2 switches = 1.023, h2d 3        -> 3 s
-  //   c=2: [G C G C] (positions 1, 3): exec 2 + 0.002 + 4 switches 0.04 = 2.042, h2d 2 -> 2.042 s
+  //   c=2: [G C G C] (positions 1, 3): exec 2 + 0.002 + 4 switches 0.04 = 2.042; its two GPU
+  //        units are no more than the 2 slots, so each stays in its own (kept: no copies per
+  //        pass, DRAM only the CPU's 2e9 = 2 ms) -> 2.042 s
   //   c=3: [C G C C] (positions 0, 2, 3): exec >= 3 -> > 3 s;  c=4: exec 4 -> 4 s
-  // Schedule of c=2 (2 slots): copies G0 [0,1], G2 [1,2]; compute G0 [1,1.001], C1 [1.011,2.011],
-  // G2 [2.021,2.022], C3 [2.032,3.032], hand-off to the head until 3.042; next pass: copy G0'
-  // [2,3] (slot of G0 free at 1.001), G0' starts at 3.042: period 2.042 = t_exec, no prefetch stall.
   PlanInput in = four_streamed();
   auto p = make_plan(in);
   ASSERT_TRUE(p.is_ok()) << p.status().message();
@@ -211,8 +210,9 @@ TEST(StreamPlan, HybridChoosesTwoOfFourSpreadEvenly) {
   EXPECT_NEAR(p->t_cpu, 2.0, 1e-12);
   EXPECT_NEAR(p->t_gpu, 0.002, 1e-12);
   EXPECT_NEAR(p->t_exec, 2.042, 1e-12);
-  EXPECT_NEAR(p->t_h2d, 2.0, 1e-12);
-  EXPECT_NEAR(p->t_dram, 0.004, 1e-12);
+  EXPECT_EQ(p->kept_units, 2);
+  EXPECT_NEAR(p->t_h2d, 0.0, 1e-15);
+  EXPECT_NEAR(p->t_dram, 0.002, 1e-12);
   EXPECT_NEAR(p->t_pipeline, 2.042, 1e-9);
   EXPECT_NEAR(p->token_seconds, 2.042, 1e-9);
   EXPECT_EQ(p->bound, "compute");
@@ -239,7 +239,8 @@ TEST(StreamPlan, HybridChoosesTwoOfFourSpreadEvenly) {
 
 TEST(StreamPlan, SwitchesCountExecutorChangesOnly) {
   // score_plan on a forced placement: executors G C C G (A, B, B, B): 2 switches; exec =
-  // 1 ms + 1 s + 1 s + 1 ms + 2 x 10 ms = 2.022 s.
+  // 1 ms + 1 s + 1 s + 1 ms + 2 x 10 ms = 2.022 s. One slot: blk.3, the one unit the GPU
+  // computes from a slot, has it to itself and is kept there (no copies per pass).
   PlanInput in = four_streamed();
   Plan p;
   p.units = {{Home::kVram, Executor::kGpu}, {Home::kRam, Executor::kCpu}, {Home::kRam, Executor::kCpu},
@@ -249,9 +250,49 @@ TEST(StreamPlan, SwitchesCountExecutorChangesOnly) {
   score_plan(in, p);
   EXPECT_EQ(p.n_switches, 2);
   EXPECT_NEAR(p.t_exec, 2.022, 1e-12);
-  EXPECT_NEAR(p.t_h2d, 1.0, 1e-12);  // only blk.3 is copied
+  EXPECT_EQ(p.kept_units, 1);
+  EXPECT_NEAR(p.t_h2d, 0.0, 1e-15);
+  EXPECT_NEAR(p.t_dram, 0.002, 1e-12);  // the CPU's two units only
   EXPECT_EQ(p.resident_bytes, 1'000'000'000ull);
   EXPECT_EQ(p.cpu_exec_bytes, 2'000'000'000ull);
+
+  // G C G G: two GPU units through one slot take turns in it, so both are copied every pass
+  // (1 switch back after blk.1; exec 1 s + 3 ms + 2 x 10 ms).
+  p.units[2] = {Home::kRam, Executor::kGpu};
+  score_plan(in, p);
+  EXPECT_EQ(p.kept_units, 0);
+  EXPECT_EQ(p.n_switches, 2);
+  EXPECT_NEAR(p.t_exec, 1.023, 1e-12);
+  EXPECT_NEAR(p.t_h2d, 2.0, 1e-12);
+  EXPECT_NEAR(p.t_dram, 0.003, 1e-12);
+}
+
+TEST(StreamPlan, CpuRunsAtItsAloneRateOnceTheCopiesAreDone) {
+  // four_streamed with the CPU at 1e9 B/s while copies run and 2e9 alone.
+  PlanInput in = four_streamed();
+  in.bw.cpu_alone = 2e9;
+  Plan p;
+  p.units.assign(4, {Home::kRam, Executor::kCpu});
+  p.units[0].exec = p.units[1].exec = Executor::kGpu;  // G G C C, one slot: both copied
+  p.n_slots = 1;
+  p.slot_bytes = 1'000'000'000ull;
+  in.bw.h2d = 2e9;  // copies 2e9 / 2e9 = 1 s: the CPU's first 1e9 at 1e9 (1 s), the other 1e9
+                    // alone at 2e9 (0.5 s): 1.5 s for its two units
+  score_plan(in, p);
+  EXPECT_NEAR(p.t_h2d, 1.0, 1e-12);
+  EXPECT_NEAR(p.t_cpu, 1.5, 1e-12);
+  EXPECT_NEAR(p.unit_seconds[2], 0.75, 1e-12);
+  in.bw.h2d = 1e9;  // copies 2 s outlast the CPU's 2 s at the shared rate: no gain
+  score_plan(in, p);
+  EXPECT_NEAR(p.t_cpu, 2.0, 1e-12);
+  // Nothing copied (the GPU's units kept in two slots, or every B unit on the CPU): alone rate.
+  p.n_slots = 2;
+  score_plan(in, p);
+  EXPECT_EQ(p.kept_units, 2);
+  EXPECT_NEAR(p.t_cpu, 1.0, 1e-12);
+  in.bw.cpu_alone = 0;  // not measured: the CPU's one rate
+  score_plan(in, p);
+  EXPECT_NEAR(p.t_cpu, 2.0, 1e-12);
 }
 
 TEST(StreamPlan, LargeBatchKeepsTheCpuOut) {
@@ -412,18 +453,35 @@ TEST(StreamPlan, SplitUnitCostHandComputed) {
 }
 
 // Three streamed units (2.5e9 of VRAM: two slots, nothing resident). Alternating, c CPU units:
-//   c=0: 3 copies = 3 s;  c=1 [G C G]: exec 1.022, copies 2 s -> 2 s;  c=2 [C G C]: exec 2.041;
-//   c=3: 3.02. Split at share s (every unit): exec 3 (s + 0.05) (+ 3 x (1-s) ms of GPU, under the
-//   CPU's), copies 3 (1 - s): they balance at s = 0.475; of the k / 64 shares, k = 30 (0.46875):
-//   exec 1.556, copies 1.59375 -> 1.59375 s (k = 31: exec 1.603). The copies bound the schedule.
+//   c=0: 3 copies = 3 s;  c=1 [G C G]: its two GPU units are no more than the slots, so they stay
+//   in them (kept, no copies): exec 1 + 0.002 + 2 switches = 1.022 s;  c=2 [C G C]: 2.041;
+//   c=3: 3.02. Split at share s (every unit: three streamed units, not kept): exec 3 (s + 0.05)
+//   (+ 3 x (1-s) ms of GPU, under the CPU's), copies 3 (1 - s): they balance at s = 0.475; of the
+//   k / 64 shares, k = 30 (0.46875): exec 1.556, copies 1.59375 -> 1.59375 s (k = 31: exec
+//   1.603). The copies bound the schedule.
 PlanInput three_streamed() {
   PlanInput in = four_streamed();
   in.units.pop_back();
   return in;
 }
 
-TEST(StreamPlan, SplitBalancesCpuAgainstCopiesAndBeatsAlternating) {
+TEST(StreamPlan, SplitBalancesCpuAgainstCopies) {
   PlanInput in = three_streamed();
+  // The faster placement: alternating, its GPU units kept in the two slots.
+  auto a = make_plan(in);
+  ASSERT_TRUE(a.is_ok()) << a.status().message();
+  EXPECT_EQ(cpu_positions(*a), (std::vector<int>{1}));
+  EXPECT_EQ(a->kept_units, 2);
+  EXPECT_NEAR(a->token_seconds, 1.022, 1e-9);
+  EXPECT_NEAR(a->t_h2d, 0.0, 1e-15);
+  EXPECT_NEAR(a->split_seconds, 1.59375, 1e-9);
+  EXPECT_NEAR(a->alternating_seconds, 1.022, 1e-9);
+  const std::string da = a->describe(in);
+  EXPECT_NE(da.find("hybrid (auto): alternating whole layers 1022.00 ms, row split 1593.75 ms"), std::string::npos) << da;
+  EXPECT_NE(da.find("2 streamed units kept in their slots"), std::string::npos) << da;
+
+  // The split itself (forced): balanced at k = 30.
+  in.hybrid_mode = HybridMode::kSplit;
   auto p = make_plan(in);
   ASSERT_TRUE(p.is_ok()) << p.status().message();
   for (const UnitPlan& u : p->units) {
@@ -431,21 +489,20 @@ TEST(StreamPlan, SplitBalancesCpuAgainstCopiesAndBeatsAlternating) {
     EXPECT_EQ(u.exec, Executor::kSplit);
     EXPECT_DOUBLE_EQ(u.cpu_share, 30.0 / 64);
   }
+  EXPECT_EQ(p->kept_units, 0);
   EXPECT_NEAR(p->t_exec, 3 * (30.0 / 64 + 0.05), 1e-9);
   EXPECT_NEAR(p->t_h2d, 3 * (34.0 / 64), 1e-9);
   EXPECT_NEAR(p->token_seconds, 1.59375, 1e-9);
   EXPECT_EQ(p->bound, "h2d");
   EXPECT_NEAR(p->split_seconds, 1.59375, 1e-9);
-  EXPECT_NEAR(p->alternating_seconds, 2.0, 1e-9);
-  const std::string d = p->describe(in);
-  EXPECT_NE(d.find("hybrid (auto): alternating whole layers 2000.00 ms, row split 1593.75 ms"), std::string::npos) << d;
+  EXPECT_EQ(p->alternating_seconds, 0.0);
 
-  // Forced modes: alternating only (c = 1, the middle unit on the CPU); split at a fixed share.
+  // Forced alternating: c = 1, the middle unit on the CPU; split at a fixed share.
   in.hybrid_mode = HybridMode::kAlternate;
   auto alt = make_plan(in);
   ASSERT_TRUE(alt.is_ok());
   EXPECT_EQ(cpu_positions(*alt), (std::vector<int>{1}));
-  EXPECT_NEAR(alt->token_seconds, 2.0, 1e-9);
+  EXPECT_NEAR(alt->token_seconds, 1.022, 1e-9);
   EXPECT_EQ(alt->split_seconds, 0.0);
   in.hybrid_mode = HybridMode::kSplit;
   in.split_share = 0.25;  // exec 0.9, copies 2.25

@@ -166,9 +166,17 @@ class CudaBackend final : public Backend {
   void upload(const Tensor& dst, const float* src) override {
     invalidate_q8();
     SLUICE_CHECK(dst.dtype == DType::kF32, "upload: f32 tensors only");
-    SLUICE_CUDA_CHECK(cudaMemcpy2DAsync(dst.data, size_t(dst.stride) * 4, src, size_t(dst.cols) * 4,
-                                        size_t(dst.cols) * 4, size_t(dst.rows), cudaMemcpyHostToDevice, stream_));
-    SLUICE_CUDA_CHECK(cudaStreamSynchronize(stream_));  // src is pageable and the caller's
+    // From pageable memory: the driver stages `src` before the call returns, so the caller may
+    // reuse it, and the transfer is ordered on the compute stream with the ops around it. The
+    // host does not wait for the transfer itself: behind a slot copy of a streamed layer (the
+    // copy engine busy for ~10 ms on a 70B layer) a hybrid token's CPU layers would otherwise
+    // wait for it at every KV mirror and hand-off.
+    if (dst.stride == dst.cols) {
+      SLUICE_CUDA_CHECK(cudaMemcpyAsync(dst.data, src, size_t(dst.rows * dst.cols) * 4, cudaMemcpyHostToDevice, stream_));
+    } else {
+      SLUICE_CUDA_CHECK(cudaMemcpy2DAsync(dst.data, size_t(dst.stride) * 4, src, size_t(dst.cols) * 4,
+                                          size_t(dst.cols) * 4, size_t(dst.rows), cudaMemcpyHostToDevice, stream_));
+    }
   }
 
   void upload_i32(const Tensor& dst, const int32_t* src) override {
@@ -1064,22 +1072,27 @@ Result<double> cuda_h2d_bandwidth_during(int device, uint64_t bytes, const std::
   SLUICE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
   const size_t chunk = size_t(64) << 20;
   const int n = int(std::max<uint64_t>(1, (bytes + chunk - 1) / chunk));
+  // The copies read a source larger than any last-level cache, chunk after chunk, as a token's
+  // copies read every streamed layer once; one 64 MiB chunk copied over and over could be served
+  // from a large last-level cache and leave DRAM to the CPU.
+  const int n_src = std::min(n, 8);  // 512 MiB
   ProbeResources r;
-  SLUICE_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&r.host, chunk, cudaHostAllocDefault));
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&r.host, chunk * size_t(n_src), cudaHostAllocDefault));
   SLUICE_CUDA_RETURN_IF_ERROR(cudaMalloc(&r.dev_a, chunk));
   SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&r.stream));
   SLUICE_CUDA_RETURN_IF_ERROR(cudaEventCreate(&r.start));
   SLUICE_CUDA_RETURN_IF_ERROR(cudaEventCreate(&r.stop));
   r.marks.assign(size_t(n), nullptr);
   for (cudaEvent_t& e : r.marks) SLUICE_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
-  std::memset(r.host, 1, chunk);
+  std::memset(r.host, 1, chunk * size_t(n_src));
   // Warm the path, then queue every copy before the host work starts: the copy engine runs
   // them back to back while `during` reads DRAM, each chunk followed by its mark.
   SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(r.dev_a, r.host, chunk, cudaMemcpyHostToDevice, r.stream));
   SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(r.stream));
   SLUICE_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.start, r.stream));
   for (int i = 0; i < n; ++i) {
-    SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(r.dev_a, r.host, chunk, cudaMemcpyHostToDevice, r.stream));
+    const char* src = static_cast<const char*>(r.host) + size_t(i % n_src) * chunk;
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(r.dev_a, src, chunk, cudaMemcpyHostToDevice, r.stream));
     SLUICE_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.marks[size_t(i)], r.stream));
   }
   SLUICE_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.stop, r.stream));
