@@ -879,29 +879,20 @@ Result<const model::LayerWeights*> DeviceStreamer::acquire(int layer) {
     be_.compute_wait(sl.copy_mark);
   }
   const bool split = split_host(layer) != nullptr;
-  if (sl.kept) {
-    // Read in place, as a resident layer (a split layer's CPU rows are still read from DRAM).
-    const uint64_t in_place = split ? split_copy_bytes_[size_t(idx)] : bytes;
-    const uint64_t cpu = split ? split_cpu_bytes_[size_t(idx)] : 0;
-    ++stats_.kept_hits;
-    stats_.vram_bytes += in_place;
-    stats_.split_cpu_bytes += cpu;
-    stats_.split_layers += split;
-    if (decode_pass_) {
-      stats_.decode_vram_bytes += in_place;
-      stats_.decode_split_cpu_bytes += cpu;
-    }
-  } else if (disk) {
+  if (disk) {
     stats_.disk_bytes += bytes;
     if (decode_pass_) stats_.decode_disk_bytes += bytes;
   } else {
-    const uint64_t copied = split ? split_copy_bytes_[size_t(idx)] : bytes;
+    // Copied from pinned RAM, or (kept) read in place as a resident layer; a split layer's CPU
+    // rows are read from DRAM either way.
+    const uint64_t gpu = split ? split_copy_bytes_[size_t(idx)] : bytes;
     const uint64_t cpu = split ? split_cpu_bytes_[size_t(idx)] : 0;
-    stats_.ram_bytes += copied;
+    stats_.kept_hits += sl.kept;
+    (sl.kept ? stats_.vram_bytes : stats_.ram_bytes) += gpu;
     stats_.split_cpu_bytes += cpu;
     stats_.split_layers += split;
     if (decode_pass_) {
-      stats_.decode_ram_bytes += copied;
+      (sl.kept ? stats_.decode_vram_bytes : stats_.decode_ram_bytes) += gpu;
       stats_.decode_split_cpu_bytes += cpu;
     }
   }

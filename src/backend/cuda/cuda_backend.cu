@@ -184,7 +184,7 @@ class CudaBackend final : public Backend {
     // Through a pinned buffer of the ring, without waiting for the transfer: in a hybrid token
     // the copy engine is busy with slot copies, and a CPU layer's KV mirror and hand-offs would
     // otherwise wait behind them (measured on the H200 host, 70B Q4_K_M at 32 GiB: the CPU's
-    // layers ran at 65 GB/s in a token, 82-93 without those waits).
+    // layers ran at 59-69 GB/s in a token, 80-99 without those waits).
     std::memcpy(b->host, src, bytes);
     SLUICE_CUDA_CHECK(cudaMemcpy2DAsync(dst.data, size_t(dst.stride) * 4, b->host, row, row, size_t(dst.rows),
                                         cudaMemcpyHostToDevice, stream_));
