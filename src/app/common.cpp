@@ -374,6 +374,17 @@ Result<LoadedModel> load_model(const ModelFlags& mf, const StreamFlags& sf) {
   return lm;
 }
 
+namespace {
+// Bytes of the layers a device plan gives the CPU whole (its hybrid layers).
+double cpu_unit_bytes(const stream::DevicePlan& dp) {
+  double bytes = 0;
+  for (size_t i = 0; i < dp.plan.units.size() && i < dp.input.units.size(); ++i) {
+    if (dp.plan.units[i].exec == stream::Executor::kCpu) bytes += double(dp.input.units[i].bytes);
+  }
+  return bytes;
+}
+}  // namespace
+
 Status finish_stream(FILE* out, LoadedModel& lm, const decode::Timings& t) {
   if (lm.expert_streamer) {
     std::fprintf(out, "%s\n%s\n%s\n", lm.expert_streamer->describe().c_str(), lm.expert_streamer->stats_line().c_str(),
@@ -416,9 +427,7 @@ Status finish_stream(FILE* out, LoadedModel& lm, const decode::Timings& t) {
       // Batched passes with CPU layers (bench --batch-seqs, serving): the CPU's measured rate on
       // them against the rate its plan assumed (bytes of its units over its predicted seconds).
       const stream::DevicePlan& dp = ds.plan();
-      double planned_bytes = 0;
-      for (size_t i = 0; i < dp.plan.units.size() && i < dp.input.units.size(); ++i)
-        if (dp.plan.units[i].exec == stream::Executor::kCpu) planned_bytes += double(dp.input.units[i].bytes);
+      const double planned_bytes = cpu_unit_bytes(ds.plan());
       std::fprintf(out,
                    "hybrid:  CPU layers of the %d-token passes: %.1f GB in %.2f s = %.1f GB/s measured; planned %.1f GB/s "
                    "(%.1f MB in %.2f ms a pass, predicted pass %.2f ms); %s\n",
@@ -441,9 +450,7 @@ Status finish_stream(FILE* out, LoadedModel& lm, const decode::Timings& t) {
         const double pred_cpu_ms = p.t_cpu * 1e3;  // the plan's own CPU share of t_exec
         // The CPU's planned rate: its units' bytes over their predicted time (between the rate
         // with copies running and the rate alone, by how long the copies run).
-        double planned_bytes = 0;
-        for (size_t i = 0; i < p.units.size() && i < ds.plan().input.units.size(); ++i)
-          if (p.units[i].exec == stream::Executor::kCpu) planned_bytes += double(ds.plan().input.units[i].bytes);
+        const double planned_bytes = cpu_unit_bytes(ds.plan());
         std::fprintf(out,
                      "hybrid:  CPU computes %.1f MB/token: %.2f ms/token = %.1f GB/s (predicted %.2f ms at %.1f GB/s); "
                      "GPU, copies and hand-offs %.2f ms/token (predicted %.2f ms: h2d %.2f, exec on GPU %.2f); "
