@@ -1,8 +1,9 @@
 // GEMV weight-read bandwidth per format and Llama-3-8B layer shape, against the device's own
 // copy bandwidth measured in the same run.
 //
-//   bench_gpu_gemv [--quick] [--variants] [--csv FILE]
+//   bench_gpu_gemv [--quick] [--variants | --variant N] [--formats a,b] [--shapes PREFIX,PREFIX] [--csv FILE]
 //
+// --shapes keeps the shapes whose names start with one of the prefixes (e.g. "gate+up,ffn_down").
 // Default: the launch shape gemv() picks (v = -1); --variants times every shape (0..3) instead.
 // Shapes with several parts are one gemv_group launch over several matrices (Q/K/V, gate/up).
 //
@@ -15,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -224,15 +226,25 @@ Result bench_case(const cu::DeviceInfo& dev, const Format& f, const Shape& s, in
 
 int main(int argc, char** argv) {
   bool quick = false, variants = false;
+  int one_variant = -2;  // --variant N: only launch shape N
   const char* csv_path = nullptr;
   std::string only;  // --formats a,b,c: only these formats
+  std::vector<std::string> shapes;  // --shapes p,q: only shapes whose names start with p or q
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--variants")) variants = true;
+    else if (!std::strcmp(argv[i], "--variant") && i + 1 < argc) one_variant = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) csv_path = argv[++i];
     else if (!std::strcmp(argv[i], "--formats") && i + 1 < argc) only = std::string(",") + argv[++i] + ",";
-    else {
-      std::fprintf(stderr, "usage: %s [--quick] [--variants] [--formats a,b] [--csv FILE]\n", argv[0]);
+    else if (!std::strcmp(argv[i], "--shapes") && i + 1 < argc) {
+      std::string list = argv[++i];
+      for (size_t b = 0; b <= list.size();) {
+        const size_t e = std::min(list.find(',', b), list.size());
+        if (e > b) shapes.push_back(list.substr(b, e - b));
+        b = e + 1;
+      }
+    } else {
+      std::fprintf(stderr, "usage: %s [--quick] [--variants | --variant N] [--formats a,b] [--shapes p,q] [--csv FILE]\n", argv[0]);
       return 2;
     }
   }
@@ -252,7 +264,14 @@ int main(int argc, char** argv) {
   std::mt19937_64 rng(12345);
   auto run = [&](const Format& f, const Shape& s, int tokens) {
     if (!only.empty() && only.find(std::string(",") + f.name + ",") == std::string::npos) return;
-    for (int variant = variants ? 0 : -1; variant <= (variants ? cu::kGemvVariants - 1 : -1); ++variant) {
+    if (!shapes.empty() && std::none_of(shapes.begin(), shapes.end(), [&](const std::string& p) {
+          return std::strncmp(s.name, p.c_str(), p.size()) == 0;
+        })) {
+      return;
+    }
+    int v_first = variants ? 0 : -1, v_last = variants ? cu::kGemvVariants - 1 : -1;
+    if (one_variant >= -1) v_first = v_last = one_variant;
+    for (int variant = v_first; variant <= v_last; ++variant) {
       const Result r = bench_case(*dev, f, s, tokens, variant, rng);
       std::printf("%-6s %-24s %3d %2d %9.2f %10.2f %9.0f %6.1f%%\n", f.name, s.name, tokens, variant,
                   double(r.bytes) / 1e6, r.us, r.gbs, 100.0 * r.gbs / copy_gbs);

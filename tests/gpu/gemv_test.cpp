@@ -146,6 +146,12 @@ std::vector<Param> params() {
         {"14336x4096", {14336, 4096, 1}},
         {"4096x14336", {4096, 14336, 1}},
         {"4096x4096_b4", {4096, 4096, 4}},
+        // The direct kernel's instantiations (Q4_K/Q5_K at 1..2 tokens): ring depth by row length
+        // (>= 12288 columns: long), rows of whole 2048-column steps or not, one or two tokens.
+        {"4096_b2", {300, 4096, 2}},
+        {"long_b2", {300, 14336, 2}},
+        {"long_part", {77, 12544, 1}},
+        {"long_part_b2", {77, 12544, 2}},
         // The second launch shape (4 warps, 4 KB stages).
         {"v1_odd_rows2", {1001, 1024, 1, 1}},
         {"v1_batch5", {129, 2048, 5, 1}},

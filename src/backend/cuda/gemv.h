@@ -59,7 +59,7 @@ bool gemv_supported(quant::Type type);
 // 1 = 4 warps x 4 KB stages (see gemv_kernel.cuh); 2 = the direct kernel (gemv_direct.cuh: Q4_K
 // and Q5_K, 1 or 2 tokens; other calls: the shape -1 would pick). 0..2 are for benchmarks and tests.
 // Results are identical up to f32 summation order.
-inline constexpr int kGemvVariants = 3;
+inline constexpr int kGemvVariants = 6;
 inline constexpr int kGemvDirect = 2;
 
 struct GemvArgs {

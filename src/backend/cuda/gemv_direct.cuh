@@ -5,8 +5,9 @@
 // Why a second kernel: the staged kernel (gemv_kernel.cuh) keeps 2 chunks per warp in flight and
 // each warp decodes a chunk before it issues the next copy, so on the 4096-column shapes, where a
 // warp gets only a few rows, the decode latency is not hidden (Q4_K 50-60% of the copy bound).
-// Here a lane keeps kDirectDepth row steps' loads in flight in a ring of registers, refilled as
-// each step is decoded, and nothing but occupancy bounds what is in flight.
+// Here a lane keeps kDepth row steps' loads in flight in a ring of registers, refilled as each
+// step is decoded, and nothing but occupancy bounds what is in flight. The depth is a trade of
+// registers (occupancy) against loads in flight per warp; launch_direct picks it per shape.
 //
 // Work split: a persistent grid; warp g of G takes rows g, g + G, ... of all the launch's matrices
 // (Segs, as in gemv_kernel.cuh); lane l decodes pieces l, l + 32, ... of a row. Weight loads bypass
@@ -23,7 +24,6 @@
 namespace sluice::backend::cuda::gemv_detail {
 
 inline constexpr int kDirectWarps = 4;  // warps per block
-inline constexpr int kDirectDepth = 4;  // row steps (32 pieces each) in flight per warp
 
 __device__ __forceinline__ uint4 ldg_stream_u128(const uint8_t* p) {
   uint4 v;
@@ -33,77 +33,126 @@ __device__ __forceinline__ uint4 ldg_stream_u128(const uint8_t* p) {
   return v;
 }
 
-// F: a format with kPieceWords / piece_word_offset / dot_words (FmtQ45_K). npieces = nb * 4.
+// F: a format with kPieceWords / piece_word_offset / dot_lane (FmtQ45_K). npieces = nb * 4.
 //
 // A warp walks its items, (row, step) pairs in order (row g: steps 0..steps-1, then row g + G, ...),
-// through a ring of kDirectDepth register slots: the loads of item j + kDirectDepth go into slot
-// j % kDirectDepth as soon as item j is decoded, so kDirectDepth - 1 items' loads stay in flight
-// across step and row boundaries (long rows, e.g. ffn_down's 14336 columns, have no bubble
-// between groups of steps). A row's warp reduction and store follow its last step.
-template <class F, int NT>
+// through a ring of kDepth register slots: the loads of item j + kDepth go into slot j % kDepth as
+// soon as item j is decoded, so kDepth - 1 items' loads stay in flight across step and row
+// boundaries (long rows, e.g. ffn_down's 14336 columns, have no bubble between groups of steps).
+// A row's warp reduction and store follow its last step.
+//
+// The per-piece bookkeeping stays out of the loop. A lane's piece index within a row step is constant
+// (pieces l, l + 32, ...: p % 4 == lane % 4, block (lane / 4) of the step), so its byte offsets
+// within a step, its scale-byte selectors (FmtQ45_K::dot_lane) and its activation offset
+// (lane * 64 elements) are computed once; a step moves the weight and activation pointers by
+// 8 blocks / 2048 elements; a warp's rows only grow, so the matrix a row belongs to is found by
+// moving forward from the last one. kFull: every row step has 32 pieces (cols a multiple of
+// 2048), no per-lane guard.
+// Needs: row_bytes and every weight pointer 16-byte aligned, activations as in dot_lane, rows < 2^31.
+template <class F, int NT, int kDepth, bool kFull>
 __global__ void __launch_bounds__(kDirectWarps * kWarpSize) gemv_direct_kernel(const __grid_constant__ Segs segs,
-                                                                                int64_t row_bytes, int npieces) {
+                                                                              int64_t row_bytes, int npieces) {
   constexpr int kW = F::kPieceWords;
   constexpr int kPiecesPerBlock = F::kBlockElems / F::kPieceElems;
+  static_assert(kWarpSize % kPiecesPerBlock == 0);
+  constexpr int kStepBytes = kWarpSize / kPiecesPerBlock * F::kBlockBytes;
+  constexpr int kStepElems = kWarpSize * F::kPieceElems;
   const int lane = threadIdx.x % kWarpSize;
-  const int64_t rows = segs.row0[segs.n];
-  const int64_t warps = int64_t(gridDim.x) * kDirectWarps;
-  const int steps = (npieces + kWarpSize - 1) / kWarpSize;  // row steps of 32 pieces
-  const int64_t row0 = int64_t(blockIdx.x) * kDirectWarps + threadIdx.x / kWarpSize;
+  const int pp = lane % kPiecesPerBlock;
+  // Row indices fit in int (launch_gemv checks).
+  const int rows = int(segs.row0[segs.n]);
+  const int warps = int(gridDim.x) * kDirectWarps;
+  const int steps = (npieces + kWarpSize - 1) / kWarpSize;
+  const int row0 = int(blockIdx.x) * kDirectWarps + int(threadIdx.x) / kWarpSize;
+  if (row0 >= rows) {
+    pdl_trigger();
+    return;
+  }
+  // Byte offsets of the lane's words: words 0..kW-3 at fixed offsets from its block (header, Q5_K's
+  // high bits), the last two (its 32 qs bytes) at qs_off, qs_off + 16.
+  const int blk_off = lane / kPiecesPerBlock * F::kBlockBytes;
+  const int qs_off = F::piece_word_offset(pp, kW - 2);
+  // After a row's steps, the weight pointer moves on to the warp's next row of the same matrix by
+  // row_skip bytes, the activation pointers back by `steps` steps.
+  const int64_t row_skip = int64_t(warps) * row_bytes - int64_t(steps) * kStepBytes;
+  const int64_t act_rewind = int64_t(steps) * kStepElems;
+  // The matrix of a row, moving forward only (a warp's rows grow).
+  auto advance_seg = [&](int r, int& m) {
+    while (m + 1 < segs.n && r >= segs.row0[m + 1]) ++m;
+  };
+  auto lane_base = [&](int r, int m) { return segs.w[m] + (r - segs.row0[m]) * row_bytes + blk_off; };
 
-  uint4 w[kDirectDepth][kW];
-  // The load cursor: the next item to load (row ld_row, step ld_step); rows >= `rows` load nothing.
-  int64_t ld_row = row0;
+  uint4 w[kDepth][kW];
+  int ld_row = row0, ld_m = 0;
+  advance_seg(ld_row, ld_m);
+  int ld_end = int(segs.row0[ld_m + 1]);  // first row past the load cursor's matrix
   int ld_step = 0;
+  const uint8_t* ld_ptr = lane_base(ld_row, ld_m);
   auto load_next = [&](int slot) {
     if (ld_row < rows) {
-      const int p = ld_step * kWarpSize + lane;
-      if (p < npieces) {
-        const int m = seg_of(segs, ld_row);
-        const uint8_t* b =
-            segs.w[m] + (ld_row - segs.row0[m]) * row_bytes + int64_t(p / kPiecesPerBlock) * F::kBlockBytes;
+      if (kFull || ld_step * kWarpSize + lane < npieces) {
 #pragma unroll
-        for (int i = 0; i < kW; ++i) w[slot][i] = ldg_stream_u128(b + F::piece_word_offset(p % kPiecesPerBlock, i));
+        for (int i = 0; i < kW - 2; ++i) w[slot][i] = ldg_stream_u128(ld_ptr + F::piece_word_offset(0, i));
+        const uint8_t* q = ld_ptr + qs_off;
+        w[slot][kW - 2] = ldg_stream_u128(q);
+        w[slot][kW - 1] = ldg_stream_u128(q + 16);
       }
+      ld_ptr += kStepBytes;
       if (++ld_step == steps) {
         ld_step = 0;
         ld_row += warps;
+        if (ld_row < ld_end) {
+          ld_ptr += row_skip;
+        } else if (ld_row < rows) {
+          advance_seg(ld_row, ld_m);
+          ld_end = int(segs.row0[ld_m + 1]);
+          ld_ptr = lane_base(ld_row, ld_m);
+        }
       }
     }
   };
 
   pdl_trigger();
-  // The first items' loads go out before the wait: weights are never written by kernels.
 #pragma unroll
-  for (int k = 0; k < kDirectDepth; ++k) load_next(k);
+  for (int k = 0; k < kDepth; ++k) load_next(k);
   pdl_wait();
 
-  // The decode cursor.
-  int64_t row = row0;
-  int step = 0;
+  int row = row0, m = 0;
+  advance_seg(row, m);
+  int seg_begin = int(segs.row0[m]), seg_end = int(segs.row0[m + 1]);
+  const int64_t cols = segs.a[0].cols;
+  const int8_t* xq = segs.a[m].q + lane * F::kPieceElems;
+  const float2* xds = segs.a[m].ds + lane * (F::kPieceElems / 32);
   float acc[NT];
 #pragma unroll
   for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+  int step = 0;
   while (row < rows) {
 #pragma unroll
-    for (int k = 0; k < kDirectDepth; ++k) {
+    for (int k = 0; k < kDepth; ++k) {
       if (row < rows) {  // warp-uniform
-        const int m = seg_of(segs, row);
-        const int p = step * kWarpSize + lane;
-        if (p < npieces) {
-          F::template dot_words<NT>(w[k], p % kPiecesPerBlock, int64_t(p) * F::kPieceElems, segs.a[m], acc);
-        }
+        if (kFull || step * kWarpSize + lane < npieces) F::template dot_lane<NT>(w[k], pp, xq, xds, cols, acc);
         load_next(k);  // slot k is free again
+        xq += kStepElems;
+        xds += kStepElems / 32;
         if (++step == steps) {
-          const int64_t seg_rows = segs.row0[m + 1] - segs.row0[m];
 #pragma unroll
           for (int t = 0; t < NT; ++t) {
             const float sum = warp_sum(acc[t]);
-            if (lane == 0) segs.y[m][int64_t(t) * seg_rows + (row - segs.row0[m])] = sum;
+            if (lane == 0) segs.y[m][int64_t(t) * (seg_end - seg_begin) + (row - seg_begin)] = sum;
             acc[t] = 0.0f;
           }
           step = 0;
           row += warps;
+          xq -= act_rewind;
+          xds -= act_rewind / 32;
+          if (row >= seg_end && row < rows) {
+            advance_seg(row, m);
+            seg_begin = int(segs.row0[m]);
+            seg_end = int(segs.row0[m + 1]);
+            xq = segs.a[m].q + lane * F::kPieceElems;
+            xds = segs.a[m].ds + lane * (F::kPieceElems / 32);
+          }
         }
       }
     }

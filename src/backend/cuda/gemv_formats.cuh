@@ -48,6 +48,12 @@ __device__ __forceinline__ uint32_t ub(const uint32_t* w, int n) {
 // Four bits t0..t3 moved to bit 4 of bytes 0..3 (the fifth bit of Q5 weights): the multiply
 // places copies of t at bits 0, 7, 14, 21, which do not overlap, so no carries.
 __device__ __forceinline__ uint32_t spread4_to_bit4(uint32_t t) { return (((t & 0xFu) * 0x00204081u) & 0x01010101u) << 4; }
+// dp4a of unsigned bytes a by signed bytes b, added to c.
+__device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c) {
+  int d;
+  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
 
 // ---- float formats ----------------------------------------------------------------------------
 
@@ -104,9 +110,17 @@ struct FmtQ8_0 {
   __device__ static void dot(const uint8_t* chunk, int p, int64_t e_chunk, const ActRef& a, float (&acc)[NT]) {
     const uint8_t* b = chunk + p * kBlockBytes;
     const float d = half_bits_to_float(lds_u16(b));
+    // The 32 qs bytes (2-byte aligned) as aligned words shifted into place: 9 shared loads, not
+    // 16. The ninth word is read only when the run is misaligned (it then ends inside it).
+    const uint32_t mis = uint32_t(reinterpret_cast<uintptr_t>(b + 2)) & 2u;  // 0 or 2
+    const uint32_t* q4 = reinterpret_cast<const uint32_t*>(b + 2 - mis);
+    uint32_t qw[9];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) qw[i] = q4[i];
+    qw[8] = mis ? q4[8] : 0u;
     int wq[8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) wq[j] = int(lds_u32_a2(b + 2 + 4 * j));
+    for (int j = 0; j < 8; ++j) wq[j] = int(__funnelshift_r(qw[j], qw[j + 1], 8 * mis));
     const int64_t e = e_chunk + 32 * p;
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
@@ -294,6 +308,17 @@ struct FmtQ45_K {
     if (kFive && i < 3) return 16 * i;
     return kQsOff + 32 * pp + 16 * (i - (kFive ? 3 : 1));
   }
+  // Q5_K: the fifth bits of the piece's values, from its two qh words, into bit 4 of each byte:
+  // sub-block 2pp into lo, 2pp + 1 into hi.
+  __device__ static void add_fifth_bits(const uint4 (&w)[kPieceWords], int pp, int (&lo)[8], int (&hi)[8]) {
+    const uint4 h0 = w[1], h1 = w[2];
+    const uint32_t qh[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      lo[j] |= int(((qh[j] >> (2 * pp)) & 0x01010101u) << 4);
+      hi[j] |= int(((qh[j] >> (2 * pp + 1)) & 0x01010101u) << 4);
+    }
+  }
   template <int NT>
   __device__ static void dot(const uint8_t* chunk, int p, int64_t e_chunk, const ActRef& a, float (&acc)[NT]) {
     const int blk = p >> 2, pp = p & 3;
@@ -320,15 +345,7 @@ struct FmtQ45_K {
       lo[j] = int(qw[j] & 0x0F0F0F0Fu);
       hi[j] = int((qw[j] >> 4) & 0x0F0F0F0Fu);
     }
-    if constexpr (kFive) {
-      const uint4 h0 = w[1], h1 = w[2];
-      const uint32_t qh[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        lo[j] |= int(((qh[j] >> (2 * pp)) & 0x01010101u) << 4);
-        hi[j] |= int(((qh[j] >> (2 * pp + 1)) & 0x01010101u) << 4);
-      }
-    }
+    if constexpr (kFive) add_fifth_bits(w, pp, lo, hi);
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
       int x0[8], x1[8];
@@ -344,7 +361,64 @@ struct FmtQ45_K {
       acc[t] += d * (float(sc0 * s0) * ds0.x + float(sc1 * s1) * ds1.x) - dmin * (float(mn0) * ds0.y + float(mn1) * ds1.y);
     }
   }
+  // Piece pp of a block for the direct GEMV (gemv_direct.cuh): the same arithmetic as
+  // dot_words (bit-identical sums), with fewer instructions. pp is the lane's constant piece
+  // index (lane & 3), so the scale bytes come from lane-constant shifts and selects (no branches
+  // on j); xq: the piece's 64 int8 activations of token 0 (64-byte aligned), xds: its two
+  // (d, d * sum) pairs (16-byte aligned); token t at xq + t * cols, xds + t * cols / 32. Q4_K's
+  // high nibbles enter dp4a in place (bytes 16 * q, unsigned) and the sum is shifted back: exact.
+  template <int NT>
+  __device__ static void dot_lane(const uint4 (&w)[kPieceWords], int pp, const int8_t* xq, const float2* xds,
+                                  int64_t cols, float (&acc)[NT]) {
+    const uint4 hd = w[0];
+    const float d = half_bits_to_float(hd.x & 0xFFFFu), dmin = half_bits_to_float(hd.x >> 16);
+    // Scale/min bytes of sub-blocks j = 2pp, 2pp + 1 (quant/blocks.h): for pp < 2 bytes j of
+    // scales[0..3] and scales[4..7], 6 bits each; for pp >= 2 the low 4 bits from scales[8..11]
+    // and the top 2 bits from bits 6..7 of scales[j - 4] and scales[j]. Both pairs sit at byte
+    // 2 * (pp & 1) of their word.
+    const int sh = 16 * (pp & 1);
+    const bool hi = pp >= 2;
+    const uint32_t A = (hd.y >> sh) & 0xFFFFu, B = (hd.z >> sh) & 0xFFFFu, C = (hd.w >> sh) & 0xFFFFu;
+    const uint32_t mask = hi ? 0x0F0Fu : 0x3F3Fu, top = hi ? 0x3030u : 0u;
+    const uint32_t sc = ((hi ? C : A) & mask) | ((A >> 2) & top);
+    const uint32_t mn = ((hi ? (C >> 4) : B) & mask) | ((B >> 2) & top);
+    const int sc0 = int(sc & 0xFFu), sc1 = int(sc >> 8), mn0 = int(mn & 0xFFu), mn1 = int(mn >> 8);
+    const uint4 q0 = w[kPieceWords - 2], q1 = w[kPieceWords - 1];
+    const uint32_t qw[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+    int lo[8], hi4[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      lo[j] = int(qw[j] & 0x0F0F0F0Fu);
+      if constexpr (kFive) {
+        hi4[j] = int((qw[j] >> 4) & 0x0F0F0F0Fu);
+      } else {
+        hi4[j] = int(qw[j] & 0xF0F0F0F0u);  // 16 * the high nibbles
+      }
+    }
+    if constexpr (kFive) add_fifth_bits(w, pp, lo, hi4);
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      const int4* xp = reinterpret_cast<const int4*>(xq + t * cols);
+      const int4 a0 = __ldg(xp), a1 = __ldg(xp + 1), b0 = __ldg(xp + 2), b1 = __ldg(xp + 3);
+      const float4 ds = __ldg(reinterpret_cast<const float4*>(xds + t * (cols / 32)));
+      const int x0[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+      const int x1[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+      int s0 = 0, s1 = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        s0 = __dp4a(lo[j], x0[j], s0);
+        if constexpr (kFive) {
+          s1 = __dp4a(hi4[j], x1[j], s1);
+        } else {
+          s1 = dp4a_us(uint32_t(hi4[j]), x1[j], s1);
+        }
+      }
+      if constexpr (!kFive) s1 >>= 4;  // exact: a multiple of 16
+      acc[t] += d * (float(sc0 * s0) * ds.x + float(sc1 * s1) * ds.z) - dmin * (float(mn0) * ds.y + float(mn1) * ds.w);
+    }
+  }
 };
+
 using FmtQ4_K = FmtQ45_K<false>;
 using FmtQ5_K = FmtQ45_K<true>;
 
@@ -364,11 +438,26 @@ struct FmtQ6_K {
     const uint32_t s_lo = lds_u16(b + 192 + 8 * h + 2 * kp), s_hi = lds_u16(b + 192 + 8 * h + 2 * kp + 4);
     const int sc00 = int(int8_t(s_lo & 0xFF)), sc01 = int(int8_t(s_lo >> 8));
     const int sc20 = int(int8_t(s_hi & 0xFF)), sc21 = int(int8_t(s_hi >> 8));
+    // The piece's 32 ql bytes and the half's 32 qh bytes are 2-byte aligned (blocks are 210 B):
+    // each run is read as 9 aligned words and shifted into place (half the shared loads of
+    // reading it 2 bytes at a time). Both runs share their offset mod 4 (they are 128 - 32h - 32kp
+    // bytes apart); the word past a run's end is still inside the block.
+    const uint8_t* pl = b + 64 * h + 32 * kp;
+    const uint8_t* ph = b + 128 + 32 * h;
+    const uint32_t mis = uint32_t(reinterpret_cast<uintptr_t>(pl)) & 2u;  // 0 or 2
+    const uint32_t* l4 = reinterpret_cast<const uint32_t*>(pl - mis);
+    const uint32_t* h4 = reinterpret_cast<const uint32_t*>(ph - mis);
+    uint32_t lw[9], hw[9];
+#pragma unroll
+    for (int i = 0; i < 9; ++i) {
+      lw[i] = l4[i];
+      hw[i] = h4[i];
+    }
     int wl[8], wh[8];  // group k = kp (low nibbles), k = kp + 2 (high nibbles)
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const uint32_t ql = lds_u32_a2(b + 64 * h + 32 * kp + 4 * j);
-      const uint32_t hq = lds_u32_a2(b + 128 + 32 * h + 4 * j) >> (2 * kp);
+      const uint32_t ql = __funnelshift_r(lw[j], lw[j + 1], 8 * mis);
+      const uint32_t hq = __funnelshift_r(hw[j], hw[j + 1], 8 * mis) >> (2 * kp);
       wl[j] = sub_bytes((ql & 0x0F0F0F0Fu) | ((hq << 4) & 0x30303030u), 0x20202020u);
       wh[j] = sub_bytes(((ql >> 4) & 0x0F0F0F0Fu) | (hq & 0x30303030u), 0x20202020u);
     }

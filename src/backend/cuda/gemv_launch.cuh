@@ -87,9 +87,9 @@ Status launch_tokens(int tokens, const DeviceInfo& dev, cudaStream_t stream, con
 
 // The direct kernel (gemv_direct.cuh): a persistent grid of kDirectWarps-warp blocks, one warp per
 // row at a time.
-template <class F, int NT>
-Status launch_direct(const DeviceInfo& dev, cudaStream_t stream, const Segs& segs, int64_t row_bytes, int nb) {
-  auto* kernel = gemv_direct_kernel<F, NT>;
+template <class F, int NT, int kDepth, bool kFull>
+Status launch_direct_k(const DeviceInfo& dev, cudaStream_t stream, const Segs& segs, int64_t row_bytes, int nb) {
+  auto* kernel = gemv_direct_kernel<F, NT, kDepth, kFull>;
   constexpr int kThreads = kDirectWarps * kWarpSize;
   static const int per_sm = blocks_per_sm(kernel, kThreads);  // immutable after initialization
   const int64_t rows = segs.row0[segs.n];
@@ -98,6 +98,22 @@ Status launch_direct(const DeviceInfo& dev, cudaStream_t stream, const Segs& seg
   SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(kernel, dim3(unsigned(grid)), dim3(kThreads), 0, stream, segs, row_bytes, npieces));
   SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("gemv_direct_kernel");
   return Status::ok();
+}
+// Ring depth by shape, measured on an H200 with bench_gpu_gemv (docs/CUDA.md): 3 row steps (80
+// registers for Q4_K, 6 blocks per SM) on rows of up to 8192 columns, where each warp gets many
+// rows; on long rows (ffn_down: 14336, 28672 columns; few rows per warp) more steps in flight
+// win: 6 for Q4_K, 4 for Q5_K (whose larger words cost more registers per step).
+template <class F, int NT>
+Status launch_direct(const DeviceInfo& dev, cudaStream_t stream, const Segs& segs, int64_t row_bytes, int nb) {
+  constexpr int kLongDepth = F::kPieceWords > 3 ? 4 : 6;
+  const bool full = nb * (F::kBlockElems / F::kPieceElems) % kWarpSize == 0;
+  const bool long_rows = int64_t(nb) * F::kBlockElems >= 12288;
+  if (long_rows) {
+    return full ? launch_direct_k<F, NT, kLongDepth, true>(dev, stream, segs, row_bytes, nb)
+                : launch_direct_k<F, NT, kLongDepth, false>(dev, stream, segs, row_bytes, nb);
+  }
+  return full ? launch_direct_k<F, NT, 3, true>(dev, stream, segs, row_bytes, nb)
+              : launch_direct_k<F, NT, 3, false>(dev, stream, segs, row_bytes, nb);
 }
 
 // The direct kernel is the default for the formats that have one, at 1..2 tokens: measured on an
@@ -140,6 +156,7 @@ Status launch_gemv(const DeviceInfo& dev, const GemvGroupArgs& g, cudaStream_t s
 
   Segs segs;
   bool aligned = row_bytes % 16 == 0;
+  bool ds16 = true;  // every activation's (d, d * sum) pairs 16-byte aligned (the direct kernel's float4 loads)
   for (int i = 0; i < g.n; ++i) {
     const GemvMatrix& mx = g.m[i];
     if (mx.rows < 0) return invalid_argument("gemv: negative row count");
@@ -157,6 +174,7 @@ Status launch_gemv(const DeviceInfo& dev, const GemvGroupArgs& g, cudaStream_t s
       }
     }
     aligned = aligned && reinterpret_cast<uintptr_t>(mx.w) % 16 == 0;
+    if constexpr (F::kQ8) ds16 = ds16 && reinterpret_cast<uintptr_t>(mx.xq.ds) % 16 == 0;
     segs.w[segs.n] = static_cast<const uint8_t*>(mx.w);
     segs.y[segs.n] = mx.y;
     segs.a[segs.n] = ActRef{mx.x, mx.xq.q, mx.xq.ds, g.cols};
@@ -178,7 +196,7 @@ Status launch_gemv(const DeviceInfo& dev, const GemvGroupArgs& g, cudaStream_t s
   const ChunkPlan plan = plan_chunks(nb, F::kBlockBytes, multiple, stage_bytes);
   if constexpr (HasDirectGemv<F>::value) {
     const bool direct = g.variant == kGemvDirect || (g.variant == -1 && gemv_direct_enabled());
-    if (aligned && direct && g.tokens <= 2) {
+    if (aligned && ds16 && rows <= INT32_MAX && direct && g.tokens <= 2) {
       return g.tokens == 1 ? launch_direct<F, 1>(dev, stream, segs, row_bytes, nb)
                            : launch_direct<F, 2>(dev, stream, segs, row_bytes, nb);
     }
