@@ -66,7 +66,18 @@ Status ModelDrafter::draft(std::span<const int32_t> seq, int k, Sampler& sampler
   k = std::min<int64_t>(k, int64_t(m_.n_ctx()) - int64_t(seq.size()) + 1);
   if (k <= 0) return Status::ok();
   logits_.resize(size_t(m_.n_vocab()));
-  SLUICE_RETURN_IF_ERROR(m_.eval(seq.subspan(size_t(m_.n_past())), logits_));
+  // Catch up as the target computed these positions: batches before invariant_from_, row-invariant
+  // passes from there on (target_row_invariant_from).
+  const int n_from = m_.n_past(), n_seq = int(seq.size());
+  const int split = std::clamp(invariant_from_, n_from, n_seq);
+  if (split > n_from) SLUICE_RETURN_IF_ERROR(m_.eval(seq.subspan(size_t(n_from), size_t(split - n_from)), logits_));
+  if (n_seq > split) {
+    const bool was_invariant = m_.row_invariant();
+    m_.set_row_invariant(true);
+    const Status s = m_.eval(seq.subspan(size_t(split)), logits_);
+    m_.set_row_invariant(was_invariant);
+    SLUICE_RETURN_IF_ERROR(s);
+  }
   Sampler hist = sampler;
   for (int i = 0; i < k; ++i) {
     const int32_t t = draft_one(logits_, hist, sampler, q);
@@ -188,6 +199,8 @@ Result<Generation> generate_speculative(model::Model& target, Drafter& drafter, 
   SpecStats st;
   std::vector<float> logits(nv);
   SLUICE_RETURN_IF_ERROR(prefill(target, sampler, prompt, logits, gen));
+  // From here on the target's passes are verification passes, row-invariant (below).
+  drafter.target_row_invariant_from(n_before + int(prompt.size()));
 
   model::Detokenizer detok(tokenizer);
   auto emit = [&](const std::string& piece) {

@@ -53,6 +53,11 @@ class Drafter {
   // Whether the drafter keeps its own context (a draft model) and so must see the whole sequence
   // from position 0; a self-draft shares the target's KV cache and continues from anywhere.
   virtual bool own_context() const { return true; }
+  // The target computes positions from `pos` on in row-invariant passes (verification: every row
+  // has a one-token pass's bits; Model::set_row_invariant), the ones before as batches (the
+  // prompt). A draft model computes its catch-up the same way, so that an identical draft model
+  // holds the target's bits at every position and proposes exactly the target's greedy tokens.
+  virtual void target_row_invariant_from(int pos) { (void)pos; }
   // Seconds spent drafting (passes of the draft), for the stats.
   double seconds = 0;
 };
@@ -66,10 +71,12 @@ class ModelDrafter final : public Drafter {
   Status draft(std::span<const int32_t> seq, int k, Sampler& sampler, std::vector<int32_t>& tokens,
                std::vector<std::vector<Candidate>>& q) override;
   void rollback(int n_valid) override;
+  void target_row_invariant_from(int pos) override { invariant_from_ = pos; }
 
  private:
   model::Model& m_;
   std::vector<float> logits_;
+  int invariant_from_ = 0;  // target_row_invariant_from
 };
 
 // Self-draft: the target itself, running only the layers of `run` (Model::set_layer_mask): its
