@@ -115,7 +115,8 @@ __device__ __forceinline__ int warp_sum_int(int v) {
 
 // ---- shared-memory loads of packed weight bytes ------------------------------------------------
 // Blocks of several formats are only 2-byte aligned (Q4_0 18 B, Q8_0 34 B, Q3_K 110 B, Q6_K 210 B),
-// so a 32-bit word at an even offset is assembled from two 16-bit loads.
+// so a 32-bit word at an even offset is assembled from two 16-bit loads (lds_u32_a2), or a whole
+// 32-byte run from aligned words (lds_run32_a2).
 __device__ __forceinline__ uint32_t lds_u16(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
 __device__ __forceinline__ uint32_t lds_u32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
 __device__ __forceinline__ uint32_t lds_u32_a2(const uint8_t* p) {
@@ -123,6 +124,19 @@ __device__ __forceinline__ uint32_t lds_u32_a2(const uint8_t* p) {
   return uint32_t(h[0]) | (uint32_t(h[1]) << 16);
 }
 __device__ __forceinline__ uint4 lds_u128(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
+// The 32 bytes at p (2-byte aligned) as 8 words: aligned 32-bit loads shifted into place, 9 loads
+// where 8 lds_u32_a2 calls make 16. The ninth word is read only when p is misaligned (the run then
+// ends inside it), so nothing past the run's last aligned word is touched.
+__device__ __forceinline__ void lds_run32_a2(const uint8_t* p, uint32_t (&out)[8]) {
+  const uint32_t mis = uint32_t(reinterpret_cast<uintptr_t>(p)) & 2u;  // 0 or 2
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(p - mis);
+  uint32_t v[9];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = w[i];
+  v[8] = mis ? w[8] : 0u;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) out[j] = __funnelshift_r(v[j], v[j + 1], 8 * mis);
+}
 
 __device__ __forceinline__ float half_bits_to_float(uint32_t h) { return __half2float(__ushort_as_half(uint16_t(h))); }
 __device__ __forceinline__ float bf16_bits_to_float(uint32_t h) { return __uint_as_float(h << 16); }

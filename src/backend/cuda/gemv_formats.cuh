@@ -110,17 +110,11 @@ struct FmtQ8_0 {
   __device__ static void dot(const uint8_t* chunk, int p, int64_t e_chunk, const ActRef& a, float (&acc)[NT]) {
     const uint8_t* b = chunk + p * kBlockBytes;
     const float d = half_bits_to_float(lds_u16(b));
-    // The 32 qs bytes (2-byte aligned) as aligned words shifted into place: 9 shared loads, not
-    // 16. The ninth word is read only when the run is misaligned (it then ends inside it).
-    const uint32_t mis = uint32_t(reinterpret_cast<uintptr_t>(b + 2)) & 2u;  // 0 or 2
-    const uint32_t* q4 = reinterpret_cast<const uint32_t*>(b + 2 - mis);
-    uint32_t qw[9];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) qw[i] = q4[i];
-    qw[8] = mis ? q4[8] : 0u;
+    uint32_t qw[8];
+    lds_run32_a2(b + 2, qw);  // the 32 qs bytes (2-byte aligned)
     int wq[8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) wq[j] = int(__funnelshift_r(qw[j], qw[j + 1], 8 * mis));
+    for (int j = 0; j < 8; ++j) wq[j] = int(qw[j]);
     const int64_t e = e_chunk + 32 * p;
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
@@ -438,26 +432,15 @@ struct FmtQ6_K {
     const uint32_t s_lo = lds_u16(b + 192 + 8 * h + 2 * kp), s_hi = lds_u16(b + 192 + 8 * h + 2 * kp + 4);
     const int sc00 = int(int8_t(s_lo & 0xFF)), sc01 = int(int8_t(s_lo >> 8));
     const int sc20 = int(int8_t(s_hi & 0xFF)), sc21 = int(int8_t(s_hi >> 8));
-    // The piece's 32 ql bytes and the half's 32 qh bytes are 2-byte aligned (blocks are 210 B):
-    // each run is read as 9 aligned words and shifted into place (half the shared loads of
-    // reading it 2 bytes at a time). Both runs share their offset mod 4 (they are 128 - 32h - 32kp
-    // bytes apart); the word past a run's end is still inside the block.
-    const uint8_t* pl = b + 64 * h + 32 * kp;
-    const uint8_t* ph = b + 128 + 32 * h;
-    const uint32_t mis = uint32_t(reinterpret_cast<uintptr_t>(pl)) & 2u;  // 0 or 2
-    const uint32_t* l4 = reinterpret_cast<const uint32_t*>(pl - mis);
-    const uint32_t* h4 = reinterpret_cast<const uint32_t*>(ph - mis);
-    uint32_t lw[9], hw[9];
-#pragma unroll
-    for (int i = 0; i < 9; ++i) {
-      lw[i] = l4[i];
-      hw[i] = h4[i];
-    }
+    // The piece's 32 ql bytes and the half's 32 qh bytes (2-byte aligned: blocks are 210 B).
+    uint32_t lw[8], hw[8];
+    lds_run32_a2(b + 64 * h + 32 * kp, lw);
+    lds_run32_a2(b + 128 + 32 * h, hw);
     int wl[8], wh[8];  // group k = kp (low nibbles), k = kp + 2 (high nibbles)
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const uint32_t ql = __funnelshift_r(lw[j], lw[j + 1], 8 * mis);
-      const uint32_t hq = __funnelshift_r(hw[j], hw[j + 1], 8 * mis) >> (2 * kp);
+      const uint32_t ql = lw[j];
+      const uint32_t hq = hw[j] >> (2 * kp);
       wl[j] = sub_bytes((ql & 0x0F0F0F0Fu) | ((hq << 4) & 0x30303030u), 0x20202020u);
       wh[j] = sub_bytes(((ql >> 4) & 0x0F0F0F0Fu) | (hq & 0x30303030u), 0x20202020u);
     }
