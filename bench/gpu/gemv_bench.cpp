@@ -6,6 +6,7 @@
 // --shapes keeps the shapes whose names start with one of the prefixes (e.g. "gate+up,ffn_down").
 // Default: the launch shape gemv() picks (v = -1); --variants times every shape (0..3) instead.
 // Shapes with several parts are one gemv_group launch over several matrices (Q/K/V, gate/up).
+// Format q6_kg: Q6_K in the grouped layout the CUDA backend uploads (backend/cuda/layout.h).
 //
 // Per case: a CUDA graph of N back-to-back gemv launches (decode runs them captured too), cycling
 // over enough copies of the matrix that they exceed 4x the L2 (each launch reads from DRAM, not
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "backend/cuda/gemv.h"
+#include "backend/cuda/layout.h"
 #include "core/status.h"
 #include "quant/quant.h"
 #include "quant/ref.h"
@@ -49,6 +51,7 @@ struct Format {
   const char* name;
   int block_elems, block_bytes;
   void (*quantize)(const float*, void*, int64_t);
+  bool grouped = false;  // Q6_K in the CUDA backend's grouped layout (backend/cuda/layout.h)
 };
 
 const Format kFormats[] = {
@@ -65,6 +68,7 @@ const Format kFormats[] = {
     {Type::kQ4_K, "q4_k", 256, 144, sluice::quant::ref::quantize_row_q4_k},
     {Type::kQ5_K, "q5_k", 256, 176, sluice::quant::ref::quantize_row_q5_k},
     {Type::kQ6_K, "q6_k", 256, 210, sluice::quant::ref::quantize_row_q6_k},
+    {Type::kQ6_K, "q6_kg", 256, 210, sluice::quant::ref::quantize_row_q6_k, true},
 };
 
 // One launch over one or more matrices of `cols` columns (gemv_group: Q/K/V or gate/up together).
@@ -156,6 +160,7 @@ Result bench_case(const cu::DeviceInfo& dev, const Format& f, const Shape& s, in
     BENCH_CHECK(cudaMemcpy(w + done, w, size_t(n), cudaMemcpyDeviceToDevice));
     done += n;
   }
+  if (f.grouped) BENCH_OK(cu::group_weight_blocks(f.type, w, rows * copies, s.cols, nullptr));
   float *x = nullptr, *y = nullptr;
   void* qbuf = nullptr;
   std::vector<float> hx(size_t(s.cols * tokens));
@@ -172,6 +177,7 @@ Result bench_case(const cu::DeviceInfo& dev, const Format& f, const Shape& s, in
   g.cols = s.cols;
   g.tokens = tokens;
   g.variant = variant;
+  g.grouped = f.grouped;
   cu::Q8Activation xq;
   if (cu::gemv_needs_q8(f.type)) {
     xq = cu::q8_activation_view(qbuf, s.cols, tokens);
@@ -264,6 +270,7 @@ int main(int argc, char** argv) {
   std::mt19937_64 rng(12345);
   auto run = [&](const Format& f, const Shape& s, int tokens) {
     if (!only.empty() && only.find(std::string(",") + f.name + ",") == std::string::npos) return;
+    if (f.grouped && !cu::groupable(f.type, s.cols)) return;
     if (!shapes.empty() && std::none_of(shapes.begin(), shapes.end(), [&](const std::string& p) {
           return std::strncmp(s.name, p.c_str(), p.size()) == 0;
         })) {

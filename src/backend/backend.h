@@ -33,6 +33,10 @@ struct WeightView {
   // The backend's row-interleaved layout (quant::Kernels::pack_rows; ne1 / packed_rows groups of
   // packed_bytes(ne0)), made by the CPU backend's upload_weight. Only matmul reads packed views.
   bool packed = false;
+  // The CUDA backend's grouped Q6_K layout (backend/cuda/layout.h: each run of 8 blocks of a row
+  // stored field by field, same size, rows row_bytes() apart), made by its upload_weight. Only
+  // the CUDA backend's kernels read grouped views.
+  bool grouped = false;
   int64_t row_bytes() const { return quant::row_bytes(type, ne0); }
   bool empty() const { return data == nullptr; }
   // Rows [first, first + n) as a matrix of their own (one expert of a stacked expert tensor). A
@@ -46,7 +50,7 @@ struct WeightView {
                    "packed weight cut inside a row group");
       offset = first / k.packed_rows * k.packed_bytes(ne0);
     }
-    return {type, ne0, n, static_cast<const uint8_t*>(data) + offset, packed};
+    return {type, ne0, n, static_cast<const uint8_t*>(data) + offset, packed, grouped};
   }
 };
 

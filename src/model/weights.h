@@ -29,18 +29,20 @@ struct TensorRef {
   const void* data = nullptr;     // into the file mapping; nullptr when absent (optional tensor)
   uint64_t nbytes = 0;
   bool packed = false;            // data is in the backend's packed layout (backend::WeightView)
+  bool grouped = false;           // data is in the CUDA backend's grouped Q6_K layout (backend::WeightView)
 
   bool present() const { return data != nullptr; }
   // The whole tensor as one matrix (stacked experts: ne1 * ne2 rows, expert after expert).
-  backend::WeightView view() const { return {type, ne0, ne1 * ne2, data, packed}; }
+  backend::WeightView view() const { return {type, ne0, ne1 * ne2, data, packed, grouped}; }
   // Expert e of a stacked expert tensor.
   backend::WeightView expert(int64_t e) const { return view().rows(e * ne1, ne1); }
   uint64_t expert_bytes() const { return nbytes / uint64_t(ne2); }
   // Points this tensor at the backend's copy returned by Backend::upload_weight (its memory, and
-  // possibly its packed layout).
+  // possibly a layout of its own).
   void adopt(const backend::WeightView& uploaded) {
     data = uploaded.data;
     packed = uploaded.packed;
+    grouped = uploaded.grouped;
   }
 };
 

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "backend/cuda/gemv.h"
+#include "backend/cuda/layout.h"
 #include "gpu/gpu_util.h"
 #include "quant/blocks.h"
 #include "quant/half.h"
@@ -38,7 +39,8 @@ struct Case {
   int64_t rows;
   int64_t cols;
   int tokens;
-  int variant = -1;  // GemvArgs::variant (launch shape; -1 = by shape)
+  int variant = -1;      // GemvArgs::variant (launch shape; -1 = by shape)
+  bool grouped = false;  // Q6_K rewritten into the grouped layout (backend/cuda/layout.h) on the device
 };
 
 struct Outcome {
@@ -61,6 +63,10 @@ Outcome run_case(const FormatRef& f, const Case& c, uint64_t salt, bool corrupt 
   dx.upload(x.data(), x.size() * 4);
   dy.poison();
   dq.poison();
+  if (c.grouped) {
+    const Status gs = cu::group_weight_blocks(f.type, w.get(), c.rows, c.cols, nullptr);
+    SLUICE_CHECK(gs.is_ok(), gs.message());
+  }
   if (corrupt) GPU_CHECK(cudaMemset(w.get(), 0x5A, m.bytes.size() / 2));
 
   cu::GemvArgs g;
@@ -70,6 +76,7 @@ Outcome run_case(const FormatRef& f, const Case& c, uint64_t salt, bool corrupt 
   g.cols = c.cols;
   g.tokens = c.tokens;
   g.variant = c.variant;
+  g.grouped = c.grouped;
   g.x = dx.get<float>();
   g.y = dy.get<float>();
   const bool q8 = cu::gemv_needs_q8(f.type);
@@ -160,6 +167,22 @@ std::vector<Param> params() {
         {"v0_14336x4096", {14336, 4096, 1, 0}},
     };
     for (const auto& [name, c] : shapes) out.push_back({f, name, c});
+    if (f.type != quant::Type::kQ6_K) continue;
+    // The grouped layout: the direct kernel (1..2 tokens; ring depth 3, or 4 from 12288 columns),
+    // the staged shapes (variants 0 and 1, 3+ tokens) reading whole groups from shared memory.
+    const std::vector<std::pair<std::string, Case>> grouped = {
+        {"grouped_small", {7, 2048, 1, -1, true}},
+        {"grouped_4096", {1001, 4096, 1, -1, true}},
+        {"grouped_4096_b2", {300, 4096, 2, -1, true}},
+        {"grouped_14336x4096", {14336, 4096, 1, -1, true}},
+        {"grouped_4096x14336", {4096, 14336, 1, -1, true}},
+        {"grouped_long_b2", {300, 14336, 2, -1, true}},
+        {"grouped_v0", {1001, 4096, 1, 0, true}},
+        {"grouped_v1_b2", {300, 14336, 2, 1, true}},
+        {"grouped_b3", {129, 2048, 3, -1, true}},
+        {"grouped_b8", {300, 4096, 8, -1, true}},
+    };
+    for (const auto& [name, c] : grouped) out.push_back({f, name, c});
   }
   return out;
 }
@@ -177,21 +200,26 @@ TEST(GemvGroup, MatchesScalarReferencePerMatrix) {
   SLUICE_SKIP_WITHOUT_GPU();
   Result<cu::DeviceInfo> dev = cu::query_device(0);
   ASSERT_TRUE(dev.is_ok());
-  const int64_t cols = 1024;
   const int64_t rows[] = {1001, 64, 257, 3};
   constexpr int kN = 4;
+  std::vector<std::pair<FormatRef, bool>> fmts;  // (format, grouped Q6_K layout)
   for (const FormatRef& f : weight_formats()) {
-    if (f.type != quant::Type::kQ4_K && f.type != quant::Type::kQ6_K && f.type != quant::Type::kQ8_0 &&
-        f.type != quant::Type::kF16 && f.type != quant::Type::kQ5_0) {
-      continue;
+    if (f.type == quant::Type::kQ4_K || f.type == quant::Type::kQ6_K || f.type == quant::Type::kQ8_0 ||
+        f.type == quant::Type::kF16 || f.type == quant::Type::kQ5_0) {
+      fmts.emplace_back(f, false);
     }
-    for (int tokens : {1, 3}) {
+    if (f.type == quant::Type::kQ6_K) fmts.emplace_back(f, true);
+  }
+  for (const auto& [f, grouped] : fmts) {
+    const int64_t cols = grouped ? 2048 : 1024;
+    for (int tokens : {1, 2, 3}) {
       for (int variant = -1; variant < cu::kGemvVariants; ++variant) {
         std::vector<QuantMatrix> ms;
         std::vector<std::vector<float>> xs, x_used(kN);
         std::vector<DeviceBuffer> w, dx, dy, dq;
         cu::GemvGroupArgs g;
         g.type = f.type;
+        g.grouped = grouped;
         g.cols = cols;
         g.tokens = tokens;
         g.variant = variant;
@@ -207,6 +235,7 @@ TEST(GemvGroup, MatchesScalarReferencePerMatrix) {
         }
         for (int i = 0; i < kN; ++i) {
           w[size_t(i)].upload(ms[size_t(i)].bytes.data(), ms[size_t(i)].bytes.size());
+          if (grouped) ASSERT_TRUE(cu::group_weight_blocks(f.type, w[size_t(i)].get(), rows[i], cols, nullptr).is_ok());
           dx[size_t(i)].upload(xs[size_t(i)].data(), xs[size_t(i)].size() * 4);
           dy[size_t(i)].poison();
           cu::GemvMatrix& m = g.m[g.n++];
@@ -235,14 +264,37 @@ TEST(GemvGroup, MatchesScalarReferencePerMatrix) {
           dy[size_t(i)].download(y.data(), y.size() * 4);
           bool finite = true;
           for (float v : y) finite = finite && std::isfinite(v);
-          EXPECT_TRUE(finite) << f.name << " matrix " << i << " variant " << variant;
+          EXPECT_TRUE(finite) << f.name << (grouped ? " grouped" : "") << " matrix " << i << " variant " << variant;
           const double err = normalized_error_d(y, ref_gemv(ms[size_t(i)].values, x_used[size_t(i)], rows[i], cols, tokens));
-          EXPECT_LE(err, kExactTolFew) << f.name << " matrix " << i << " tokens " << tokens << " variant " << variant
+          EXPECT_LE(err, kExactTolFew) << f.name << (grouped ? " grouped" : "") << " matrix " << i << " tokens " << tokens
+                                       << " variant " << variant
                                        << " seed " << test_seed();
         }
       }
     }
   }
+}
+
+// The device's grouping (layout.h) gives the host reference's bytes, group by group.
+TEST(Q6kGroups, DeviceMatchesHostLayout) {
+  SLUICE_SKIP_WITHOUT_GPU();
+  const FormatRef* q6 = nullptr;
+  for (const FormatRef& f : weight_formats()) {
+    if (f.type == quant::Type::kQ6_K) q6 = &f;
+  }
+  ASSERT_NE(q6, nullptr);
+  const int64_t rows = 37, cols = 6144;
+  const QuantMatrix m = make_matrix(*q6, rows, cols, 4242);
+  DeviceBuffer w(m.bytes.size());
+  w.upload(m.bytes.data(), m.bytes.size());
+  ASSERT_TRUE(cu::group_weight_blocks(q6->type, w.get(), rows, cols, nullptr).is_ok());
+  std::vector<uint8_t> got(m.bytes.size()), want(m.bytes.size());
+  w.download(got.data(), got.size());
+  for (size_t g = 0; g < want.size() / cu::kQ6kGroupBytes; ++g) {
+    cu::group_q6k_host(m.bytes.data() + g * cu::kQ6kGroupBytes, want.data() + g * cu::kQ6kGroupBytes);
+  }
+  EXPECT_EQ(got, want);
+  EXPECT_NE(got, m.bytes);  // the layout is not the GGUF order
 }
 
 // The comparison can fail: corrupted weights must be caught.

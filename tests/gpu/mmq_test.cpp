@@ -1,6 +1,6 @@
 // Parity of the int8 tensor-core small-batch products (backend/cuda/mmq.h) with quant/'s scalar
-// reference, for Q4_K, Q6_K and Q8_0 on odd, Llama-3-8B-layer and split-column shapes, 1..32
-// tokens, one matrix and several per launch.
+// reference, for Q4_K, Q6_K (GGUF order and the grouped layout of backend/cuda/layout.h) and Q8_0
+// on odd, Llama-3-8B-layer and split-column shapes, 1..32 tokens, one matrix and several per launch.
 //
 // The comparison is gemv_test's "exact" one: y_ref = (reference-dequantized W) . (the q8
 // activation the kernel multiplied, downloaded and expanded), in double; what is left is f32
@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/layout.h"
 #include "backend/cuda/mmq.h"
 #include "gpu/gpu_util.h"
 
@@ -98,7 +99,15 @@ struct Case {
   quant::Type type;
   int64_t rows, cols;
   int tokens;
+  bool grouped = false;  // Q6_K in the grouped layout (backend/cuda/layout.h)
 };
+
+// Rewrites a matrix's device copy into the grouped layout.
+void group_on_device(Mat& a, quant::Type t, int64_t cols) {
+  const Status st = cu::group_weight_blocks(t, a.w.get(), a.rows, cols, nullptr);
+  SLUICE_CHECK(st.is_ok(), st.message());
+  GPU_CHECK(cudaDeviceSynchronize());
+}
 
 class MmqParity : public ::testing::TestWithParam<Case> {};
 
@@ -109,8 +118,10 @@ TEST_P(MmqParity, MatchesScalarReference) {
   ASSERT_TRUE(cu::mmq_supported(c.type, c.cols));
   std::vector<Mat> mats;
   mats.emplace_back(f, c.rows, c.cols, c.tokens, uint64_t(c.rows * 7 + c.cols * 3 + c.tokens) ^ uint64_t(c.type));
+  if (c.grouped) group_on_device(mats[0], c.type, c.cols);
   cu::GemvGroupArgs g;
   g.type = c.type;
+  g.grouped = c.grouped;
   g.cols = c.cols;
   g.tokens = c.tokens;
   g.n = 1;
@@ -123,8 +134,8 @@ TEST_P(MmqParity, MatchesScalarReference) {
   const double err = normalized_error_d(y, ref_gemv(mats[0].m.values, mats[0].x_used, c.rows, c.cols, c.tokens));
   EXPECT_LE(err, c.rows * c.tokens < 64 ? kExactTolFew : kExactTol) << "seed " << test_seed();
   EXPECT_EQ(0, std::memcmp(y.data(), r.second[0].data(), y.size() * 4)) << "a second launch gave other bits";
-  std::printf("MMQ %-5s rows=%-6lld cols=%-6lld tokens=%-2d exact=%.3e\n", f.name, (long long)c.rows, (long long)c.cols,
-              c.tokens, err);
+  std::printf("MMQ %-5s%s rows=%-6lld cols=%-6lld tokens=%-2d exact=%.3e\n", f.name, c.grouped ? " grouped" : "",
+              (long long)c.rows, (long long)c.cols, c.tokens, err);
 }
 
 std::vector<Case> cases() {
@@ -137,12 +148,18 @@ std::vector<Case> cases() {
     };
     out.insert(out.end(), shapes.begin(), shapes.end());
   }
+  const quant::Type q6 = quant::Type::kQ6_K;
+  const std::vector<Case> grouped = {
+      {q6, 7, 2048, 3, true},       {q6, 300, 4096, 9, true},     {q6, 1001, 2048, 32, true},
+      {q6, 4096, 14336, 24, true},  {q6, 14336, 4096, 16, true},  {q6, 1024, 4096, 8, true},
+  };
+  out.insert(out.end(), grouped.begin(), grouped.end());
   return out;
 }
 
 std::string case_name(const ::testing::TestParamInfo<Case>& i) {
   return std::string(format(i.param.type).name) + "_" + std::to_string(i.param.rows) + "x" +
-         std::to_string(i.param.cols) + "_t" + std::to_string(i.param.tokens);
+         std::to_string(i.param.cols) + "_t" + std::to_string(i.param.tokens) + (i.param.grouped ? "_grouped" : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, MmqParity, ::testing::ValuesIn(cases()), case_name);
@@ -153,22 +170,27 @@ TEST(MmqGroup, MatchesScalarReferencePerMatrix) {
   SLUICE_SKIP_WITHOUT_GPU();
   const int64_t cols = 2048;
   const int64_t rows[] = {1001, 64, 257, 3};
-  for (quant::Type t : {quant::Type::kQ4_K, quant::Type::kQ6_K, quant::Type::kQ8_0}) {
+  for (int fi = 0; fi < 4; ++fi) {
+    const quant::Type t = fi == 0 ? quant::Type::kQ4_K : fi == 3 ? quant::Type::kQ8_0 : quant::Type::kQ6_K;
+    const bool grouped = fi == 2;
     for (int tokens : {13, 32}) {
       std::vector<Mat> mats;
       cu::GemvGroupArgs g;
       g.type = t;
+      g.grouped = grouped;
       g.cols = cols;
       g.tokens = tokens;
       for (int i = 0; i < 4; ++i) {
         mats.emplace_back(format(t), rows[i], cols, tokens, uint64_t(t) * 100 + uint64_t(i) * 10 + uint64_t(tokens));
+        if (grouped) group_on_device(mats.back(), t, cols);
       }
       for (Mat& a : mats) g.m[g.n++] = cu::GemvMatrix{a.w.get(), a.rows, nullptr, a.xq, a.dy.get<float>()};
       const Runs r = run(g, mats);
       for (size_t i = 0; i < mats.size(); ++i) {
         const double err = normalized_error_d(r.first[i], ref_gemv(mats[i].m.values, mats[i].x_used, mats[i].rows,
                                                                    cols, tokens));
-        EXPECT_LE(err, kExactTolFew) << format(t).name << " matrix " << i << " tokens " << tokens;
+        EXPECT_LE(err, kExactTolFew) << format(t).name << (grouped ? " grouped" : "") << " matrix " << i << " tokens "
+                                     << tokens;
         EXPECT_EQ(0, std::memcmp(r.first[i].data(), r.second[i].data(), r.first[i].size() * 4));
       }
     }
@@ -214,6 +236,9 @@ TEST(MmqArgs, RejectsWhatItCannotDo) {
   g.type = quant::Type::kQ5_0;
   EXPECT_FALSE(cu::mmq(*dev, g, {}, nullptr).is_ok());
   g.type = quant::Type::kQ4_K;
+  g.grouped = true;  // no grouped layout but Q6_K's
+  EXPECT_FALSE(cu::mmq(*dev, g, {}, nullptr).is_ok());
+  g.grouped = false;
   g.m[0].xq.q = nullptr;
   EXPECT_FALSE(cu::mmq(*dev, g, {}, nullptr).is_ok());
 }

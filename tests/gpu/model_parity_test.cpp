@@ -285,6 +285,8 @@ const std::vector<Case>& cases() {
       {"llama_f16_tied", "llama", "f16", 512, 8, 4, 0, 1024, 3, false, true},
       {"qwen2_q4km", "qwen2", "q4_k_m", 512, 4, 2, 128, 1024, 3},
       {"qwen3_q6k", "qwen3", "q6_k", 512, 4, 1, 128, 1024, 3},
+      // Rows of 2048 columns: every Q6_K matrix is uploaded in the grouped layout (backend/cuda/layout.h).
+      {"llama_q6k_grouped", "llama", "q6_k", 2048, 16, 4, 0, 2048, 2},
       {"llama_q4_0", "llama", "q4_0", 256, 4, 2, 0, 512, 2},
       {"llama_q4_1", "llama", "q4_1", 256, 4, 2, 0, 512, 2},
       {"llama_q5_0", "llama", "q5_0", 256, 4, 2, 0, 512, 2},

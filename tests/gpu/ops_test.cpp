@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cuda/layout.h"
 #include "backend/cuda/ops.h"
 #include "gpu/gpu_util.h"
 #include "quant/half.h"
@@ -520,6 +521,7 @@ struct DequantCase {
   int64_t rows, cols;
   size_t w_offset = 0;    // bytes added to the weight pointer (float formats: the scalar path)
   size_t dst_offset = 0;  // bytes added to dst (2: the 2-byte store path)
+  bool grouped = false;   // Q6_K rewritten into the grouped layout (backend/cuda/layout.h) first
 };
 
 // Weights and their reference values. Block formats: random blocks from quant's reference
@@ -547,8 +549,9 @@ TEST_P(DequantF16, MatchesReferenceBitExact) {
   DeviceBuffer dw(m.bytes.size() + c.w_offset), dd(n * 2 + c.dst_offset);
   GPU_CHECK(cudaMemcpy(dw.get<uint8_t>() + c.w_offset, m.bytes.data(), m.bytes.size(), cudaMemcpyHostToDevice));
   dd.poison();
+  if (c.grouped) expect_ok(cu::group_weight_blocks(c.fmt.type, dw.get<uint8_t>() + c.w_offset, c.rows, c.cols, nullptr));
   expect_ok(cu::dequantize_to_f16(c.fmt.type, dw.get<uint8_t>() + c.w_offset, c.rows, c.cols,
-                                  dd.get<uint8_t>() + c.dst_offset, nullptr));
+                                  dd.get<uint8_t>() + c.dst_offset, nullptr, c.grouped));
   GPU_CHECK(cudaDeviceSynchronize());
   std::vector<uint16_t> got(n);
   GPU_CHECK(cudaMemcpy(got.data(), dd.get<uint8_t>() + c.dst_offset, n * 2, cudaMemcpyDeviceToHost));
@@ -580,6 +583,11 @@ std::vector<DequantCase> dequant_cases() {
     if (flt) {
       out.push_back({f, "odd_count", 3, 7});
       out.push_back({f, "w_offset", 9, 64, size_t(f.block_bytes), 0});
+    }
+    if (f.type == quant::Type::kQ6_K) {
+      out.push_back({f, "grouped_odd_rows", 7, 2048, 0, 0, true});
+      out.push_back({f, "grouped_llama8b_ffn_down", 4096, 14336, 0, 0, true});
+      out.push_back({f, "grouped_dst_offset", 5, 4096, 0, 2, true});
     }
   }
   return out;
@@ -664,6 +672,16 @@ TEST(OpsArgs, BadArgumentsReturnStatus) {
   EXPECT_EQ(code(cu::dequantize_to_f16(quant::Type::kQ4_K, reinterpret_cast<uint8_t*>(p) + 2, 1, 256, p, nullptr)),
             E::kInvalidArgument);  // Q4_K blocks are 4-byte aligned
   EXPECT_EQ(code(cu::dequantize_to_f16(quant::Type::kF32, p, 1, 32, nullptr, nullptr)), E::kInvalidArgument);
+  // The grouped layout (layout.h) exists for Q6_K rows of whole 2048-column groups only, 16-byte aligned.
+  EXPECT_EQ(code(cu::dequantize_to_f16(quant::Type::kQ4_K, p, 1, 2048, p, nullptr, true)), E::kInvalidArgument);
+  EXPECT_EQ(code(cu::dequantize_to_f16(quant::Type::kQ6_K, p, 1, 1024, p, nullptr, true)), E::kInvalidArgument);
+  EXPECT_EQ(code(cu::dequantize_to_f16(quant::Type::kQ6_K, reinterpret_cast<uint8_t*>(p) + 4, 1, 2048, p, nullptr, true)),
+            E::kInvalidArgument);
+  EXPECT_EQ(code(cu::group_weight_blocks(quant::Type::kQ4_K, p, 1, 2048, nullptr)), E::kInvalidArgument);
+  EXPECT_EQ(code(cu::group_weight_blocks(quant::Type::kQ6_K, p, 1, 4096 + 256, nullptr)), E::kInvalidArgument);
+  EXPECT_EQ(code(cu::group_weight_blocks(quant::Type::kQ6_K, reinterpret_cast<uint8_t*>(p) + 2, 1, 2048, nullptr)),
+            E::kInvalidArgument);
+  EXPECT_TRUE(cu::group_weight_blocks(quant::Type::kQ6_K, p, 0, 2048, nullptr).is_ok());
   // Empty work is a successful no-op (nothing is launched, so this holds without a GPU as well).
   EXPECT_TRUE(cu::dequantize_to_f16(quant::Type::kQ6_K, nullptr, 0, 256, nullptr, nullptr).is_ok());
   EXPECT_TRUE(cu::add(p, 4, p, 4, 0, 4, nullptr).is_ok());

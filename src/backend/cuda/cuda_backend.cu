@@ -31,6 +31,7 @@
 #include "backend/cuda/attention.h"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/gemv.h"
+#include "backend/cuda/layout.h"
 #include "backend/cuda/mmq.h"
 #include "backend/cuda/ops.h"
 #include "quant/quant.h"
@@ -150,12 +151,23 @@ class CudaBackend final : public Backend {
     return int64_t(free);
   }
 
+  // Q6_K matrices of whole 8-block groups are stored grouped (layout.h): their decode GEMV then
+  // loads 16-byte words straight from global memory. The copy and the regrouping are ordered on
+  // the compute stream (a plain cudaMemcpy from pageable memory may return before its DMA has
+  // landed, and the compute stream does not wait for the legacy stream), and the upload returns
+  // once both are done.
   Result<WeightView> upload_weight(const WeightView& host) override {
     const int64_t bytes = host.row_bytes() * host.ne1;
     SLUICE_ASSIGN_OR_RETURN(void* p, device_alloc(bytes));
-    SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpy(p, host.data, size_t(bytes), cudaMemcpyHostToDevice));
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(p, host.data, size_t(bytes), cudaMemcpyHostToDevice, stream_));
     WeightView v = host;
     v.data = p;
+    if (!host.packed && !host.grouped && groupable(host.type, host.ne0) && q6k_groups_enabled()) {
+      const Status st = group_weight_blocks(host.type, p, host.ne1, host.ne0, stream_);
+      if (!st.is_ok()) return st;
+      v.grouped = true;
+    }
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     return v;
   }
 
@@ -844,6 +856,7 @@ class CudaBackend final : public Backend {
   void gemv_grouped(std::span<const WeightView> ws, int tokens, Eligible&& eligible, Matrix&& matrix) {
     format_groups(ws, tokens, eligible, matrix, [&](const GemvGroupArgs& g) { must(gemv_group(dev_, g, stream_), "gemv"); });
   }
+  static bool same_layout(const WeightView& a, const WeightView& b) { return a.type == b.type && a.grouped == b.grouped; }
   // Calls launch(g) for the weights `eligible(i)` accepts, those of one format together
   // (kMaxGemvMatrices per call), matrix(i) describing each.
   template <class Eligible, class Matrix, class Launch>
@@ -851,14 +864,15 @@ class CudaBackend final : public Backend {
     for (size_t i = 0; i < ws.size(); ++i) {
       if (!eligible(i)) continue;
       bool first = true;  // the format's first eligible weight launches all of that format
-      for (size_t j = 0; j < i && first; ++j) first = !(eligible(j) && ws[j].type == ws[i].type);
+      for (size_t j = 0; j < i && first; ++j) first = !(eligible(j) && same_layout(ws[j], ws[i]));
       if (!first) continue;
       GemvGroupArgs g;
       g.type = ws[i].type;
+      g.grouped = ws[i].grouped;
       g.cols = ws[i].ne0;
       g.tokens = tokens;
       for (size_t j = i; j < ws.size(); ++j) {
-        if (!eligible(j) || ws[j].type != g.type) continue;
+        if (!eligible(j) || !same_layout(ws[j], ws[i])) continue;
         if (g.n == kMaxGemvMatrices) {
           launch(g);
           g.n = 0;
@@ -933,6 +947,7 @@ class CudaBackend final : public Backend {
         const Tensor xt = x.row_range(t, 1), yt = y.row_range(t, 1);
         GemvArgs a;
         a.type = w.type;
+        a.grouped = w.grouped;
         a.w = w.data;
         a.rows = w.ne1;
         a.cols = w.ne0;
@@ -966,7 +981,7 @@ class CudaBackend final : public Backend {
       const int64_t rb = w.row_bytes();
       for (int64_t r0 = 0; r0 < m; r0 += chunk) {
         const int64_t rows = std::min(chunk, m - r0);
-        must(dequantize_to_f16(w.type, static_cast<const uint8_t*>(w.data) + r0 * rb, rows, k, wh, stream_),
+        must(dequantize_to_f16(w.type, static_cast<const uint8_t*>(w.data) + r0 * rb, rows, k, wh, stream_, w.grouped),
              "dequantize_to_f16");
         SLUICE_CUBLAS_CHECK(blas_, blas_.gemm_ex(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), int(n), int(k), &alpha, wh,
                                          CUDA_R_16F, int(k), xh, CUDA_R_16F, int(k), &beta, f32(ys[i]) + r0,

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/layout.h"
 #include "backend/cuda/ops.h"
 
 namespace sluice::backend::cuda {
@@ -254,20 +255,39 @@ struct DecQ5_K {  // as Q4_K, bit 4 of element (p, hi, l) is bit 2p + hi = sub o
   }
 };
 
+// A Q6_K block from its four fields (ql, qh, scales, d), wherever they lie: in the GGUF block
+// (DecQ6_K) or in the CUDA backend's grouped layout (DecQ6_KG, layout.h). kAlign: of ql and qh.
+template <int kAlign>
+SLUICE_HD void decode_q6k(const uint8_t* ql_b, const uint8_t* qh_b, const uint8_t* sc_b, const uint8_t* d_p, int j,
+                          float (&v)[kGroup]) {
+  const int h = j >> 4, k = (j >> 2) & 3, l0 = 8 * (j & 3);
+  const float dl = f_mul(ld_f16(d_p), float(int8_t(ld_u8(sc_b + (j >> 1)))));
+  uint32_t ql[2], qh[2];
+  ld_8<kAlign>(ql_b + 64 * h + 32 * (k & 1) + l0, ql);  // ql[64h + 32 (k & 1) + l]
+  ld_8<kAlign>(qh_b + 32 * h + l0, qh);                 // qh[32h + l]
+  const int lshift = 4 * (k >> 1), hshift = 2 * k;
+  SLUICE_UNROLL
+  for (int e = 0; e < kGroup; ++e) {
+    const int q = int(((byte_of(ql, e) >> lshift) & 0xF) | (((byte_of(qh, e) >> hshift) & 3) << 4));
+    v[e] = f_mul(dl, float(q - 32));
+  }
+}
+
 struct DecQ6_K {  // x = (d * sc) * (q - 32)
   static constexpr int kElems = 256, kBytes = 210, kAlign = 2;
   SLUICE_HD static void decode(const uint8_t* b, int j, float (&v)[kGroup]) {
-    const int h = j >> 4, k = (j >> 2) & 3, l0 = 8 * (j & 3);
-    const float dl = f_mul(ld_f16(b + 208), float(int8_t(ld_u8(b + 192 + (j >> 1)))));
-    uint32_t ql[2], qh[2];
-    ld_8<kAlign>(b + 64 * h + 32 * (k & 1) + l0, ql);  // ql[64h + 32 (k & 1) + l]
-    ld_8<kAlign>(b + 128 + 32 * h + l0, qh);           // qh[32h + l]
-    const int lshift = 4 * (k >> 1), hshift = 2 * k;
-    SLUICE_UNROLL
-    for (int e = 0; e < kGroup; ++e) {
-      const int q = int(((byte_of(ql, e) >> lshift) & 0xF) | (((byte_of(qh, e) >> hshift) & 3) << 4));
-      v[e] = f_mul(dl, float(q - 32));
-    }
+    decode_q6k<kAlign>(b, b + 128, b + 192, b + 208, j, v);
+  }
+};
+
+// Grouped Q6_K (layout.h): block `blk` of the flat run (rows are whole groups) at group blk / 8.
+struct DecQ6_KG {
+  static constexpr int kElems = 256, kBytes = 210;
+  using Grouped = void;  // dequant_blocks_kernel calls decode_at
+  SLUICE_HD static void decode_at(const uint8_t* w, uint64_t blk, int j, float (&v)[kGroup]) {
+    const uint8_t* g = w + (blk / kQ6kGroupBlocks) * kQ6kGroupBytes;
+    const int b = int(blk % kQ6kGroupBlocks);
+    decode_q6k<4>(g + 128 * b, g + kQ6kGroupQh + 64 * b, g + kQ6kGroupScales + 16 * b, g + kQ6kGroupD + 2 * b, j, v);
   }
 };
 
@@ -299,7 +319,11 @@ __global__ void __launch_bounds__(kThreads)
   const uint64_t step = uint64_t(gridDim.x) * kThreads;
   for (uint64_t g = uint64_t(blockIdx.x) * kThreads + threadIdx.x; g < ngroups; g += step) {
     float v[kGroup];
-    F::decode(w + (g / kGroupsPerBlock) * F::kBytes, int(g % kGroupsPerBlock), v);
+    if constexpr (requires { typename F::Grouped; }) {
+      F::decode_at(w, g / kGroupsPerBlock, int(g % kGroupsPerBlock), v);
+    } else {
+      F::decode(w + (g / kGroupsPerBlock) * F::kBytes, int(g % kGroupsPerBlock), v);
+    }
     store_8<kVec>(dst + g * kGroup, v);
   }
 }
@@ -423,8 +447,13 @@ Layout layout_of(quant::Type type) {
 bool dequantize_supported(quant::Type type) { return layout_of(type).elems != 0; }
 
 Status dequantize_to_f16(quant::Type type, const void* w, int64_t rows, int64_t cols, void* dst,
-                         cudaStream_t stream) {
-  const Layout lay = layout_of(type);
+                         cudaStream_t stream, bool grouped) {
+  if (grouped && !groupable(type, cols)) {
+    return invalid_argument(std::string("dequantize_to_f16: no grouped layout for ") + gemv_type_name(type) +
+                            " rows of " + std::to_string(cols) + " columns");
+  }
+  // Grouped rows: whole 1680-byte groups, 16-byte aligned.
+  const Layout lay = grouped ? Layout{DecQ6_KG::kElems, DecQ6_KG::kBytes, 16} : layout_of(type);
   if (lay.elems == 0) {
     return unsupported(std::string("dequantize_to_f16: no CUDA kernel for format ") + gemv_type_name(type));
   }
@@ -457,7 +486,8 @@ Status dequantize_to_f16(quant::Type type, const void* w, int64_t rows, int64_t 
     case T::kQ3_K: return launch_blocks<DecQ3_K>(w, n, dst, stream);
     case T::kQ4_K: return launch_blocks<DecQ4_K>(w, n, dst, stream);
     case T::kQ5_K: return launch_blocks<DecQ5_K>(w, n, dst, stream);
-    case T::kQ6_K: return launch_blocks<DecQ6_K>(w, n, dst, stream);
+    case T::kQ6_K:
+      return grouped ? launch_blocks<DecQ6_KG>(w, n, dst, stream) : launch_blocks<DecQ6_K>(w, n, dst, stream);
     default: break;
   }
   return internal_error(what + "layout without a kernel");

@@ -4,6 +4,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/gemv.h"
+#include "backend/cuda/layout.h"
 #include "backend/cuda/gemv_launch.cuh"
 
 namespace sluice::backend::cuda {
@@ -139,12 +140,17 @@ Status gemv(const DeviceInfo& dev, const GemvArgs& args, cudaStream_t stream) {
   g.cols = args.cols;
   g.tokens = args.tokens;
   g.variant = args.variant;
+  g.grouped = args.grouped;
   g.n = 1;
   g.m[0] = GemvMatrix{args.w, args.rows, args.x, args.xq, args.y};
   return gemv_group(dev, g, stream);
 }
 
 Status gemv_group(const DeviceInfo& dev, const GemvGroupArgs& args, cudaStream_t stream) {
+  if (args.grouped && !groupable(args.type, args.cols)) {
+    return invalid_argument(std::string("gemv: no grouped layout for ") + gemv_type_name(args.type) + " rows of " +
+                            std::to_string(args.cols) + " columns");
+  }
   switch (args.type) {
     case quant::Type::kF32: case quant::Type::kF16: case quant::Type::kBF16:
       return gemv_float_formats(dev, args, stream);

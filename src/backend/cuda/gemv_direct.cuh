@@ -1,5 +1,5 @@
-// The direct GEMV: for block formats whose blocks are 16-byte aligned (Q4_K 144 B, Q5_K 176 B)
-// each lane loads its pieces' 16-byte words straight from global memory into registers, several
+// The direct GEMV: for block formats whose pieces are 16-byte aligned (Q4_K 144 B, Q5_K 176 B
+// blocks; Q6_K in the grouped layout of layout.h) each lane loads its pieces' 16-byte words straight from global memory into registers, several
 // pieces deep, and decodes them there (no shared-memory staging, no per-chunk warp sync).
 //
 // Why a second kernel: the staged kernel (gemv_kernel.cuh) keeps 2 chunks per warp in flight and
@@ -25,15 +25,10 @@ namespace sluice::backend::cuda::gemv_detail {
 
 inline constexpr int kDirectWarps = 4;  // warps per block
 
-__device__ __forceinline__ uint4 ldg_stream_u128(const uint8_t* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
-// F: a format with kPieceWords / piece_word_offset / dot_lane (FmtQ45_K). npieces = nb * 4.
+// F: a format with the lane API (DirectQ45_K, FmtQ6_KG): Lane lane_of(lane) (the lane's constant
+// offsets; .base: its first byte within a row step), Words (one row step's registers), load(p,
+// lane, words) from p = step start + base, dot_direct<NT>(words, lane, xq, xds, cols, acc).
+// npieces = nb * 4.
 //
 // A warp walks its items, (row, step) pairs in order (row g: steps 0..steps-1, then row g + G, ...),
 // through a ring of kDepth register slots: the loads of item j + kDepth go into slot j % kDepth as
@@ -43,8 +38,8 @@ __device__ __forceinline__ uint4 ldg_stream_u128(const uint8_t* p) {
 //
 // The per-piece bookkeeping stays out of the loop. A lane's piece index within a row step is constant
 // (pieces l, l + 32, ...: p % 4 == lane % 4, block (lane / 4) of the step), so its byte offsets
-// within a step, its scale-byte selectors (FmtQ45_K::dot_lane) and its activation offset
-// (lane * 64 elements) are computed once; a step moves the weight and activation pointers by
+// within a step (F::lane_of), its scale-byte selectors (FmtQ45_K::dot_lane) and its activation
+// offset (lane * 64 elements) are computed once; a step moves the weight and activation pointers by
 // 8 blocks / 2048 elements; a warp's rows only grow, so the matrix a row belongs to is found by
 // moving forward from the last one. kFull: every row step has 32 pieces (cols a multiple of
 // 2048), no per-lane guard.
@@ -52,13 +47,12 @@ __device__ __forceinline__ uint4 ldg_stream_u128(const uint8_t* p) {
 template <class F, int NT, int kDepth, bool kFull>
 __global__ void __launch_bounds__(kDirectWarps * kWarpSize) gemv_direct_kernel(const __grid_constant__ Segs segs,
                                                                               int64_t row_bytes, int npieces) {
-  constexpr int kW = F::kPieceWords;
   constexpr int kPiecesPerBlock = F::kBlockElems / F::kPieceElems;
   static_assert(kWarpSize % kPiecesPerBlock == 0);
   constexpr int kStepBytes = kWarpSize / kPiecesPerBlock * F::kBlockBytes;
   constexpr int kStepElems = kWarpSize * F::kPieceElems;
   const int lane = threadIdx.x % kWarpSize;
-  const int pp = lane % kPiecesPerBlock;
+  const typename F::Lane L = F::lane_of(lane);
   // Row indices fit in int (launch_gemv checks).
   const int rows = int(segs.row0[segs.n]);
   const int warps = int(gridDim.x) * kDirectWarps;
@@ -68,10 +62,6 @@ __global__ void __launch_bounds__(kDirectWarps * kWarpSize) gemv_direct_kernel(c
     pdl_trigger();
     return;
   }
-  // Byte offsets of the lane's words: words 0..kW-3 at fixed offsets from its block (header, Q5_K's
-  // high bits), the last two (its 32 qs bytes) at qs_off, qs_off + 16.
-  const int blk_off = lane / kPiecesPerBlock * F::kBlockBytes;
-  const int qs_off = F::piece_word_offset(pp, kW - 2);
   // After a row's steps, the weight pointer moves on to the warp's next row of the same matrix by
   // row_skip bytes, the activation pointers back by `steps` steps.
   const int64_t row_skip = int64_t(warps) * row_bytes - int64_t(steps) * kStepBytes;
@@ -80,9 +70,9 @@ __global__ void __launch_bounds__(kDirectWarps * kWarpSize) gemv_direct_kernel(c
   auto advance_seg = [&](int r, int& m) {
     while (m + 1 < segs.n && r >= segs.row0[m + 1]) ++m;
   };
-  auto lane_base = [&](int r, int m) { return segs.w[m] + (r - segs.row0[m]) * row_bytes + blk_off; };
+  auto lane_base = [&](int r, int m) { return segs.w[m] + (r - segs.row0[m]) * row_bytes + L.base; };
 
-  uint4 w[kDepth][kW];
+  typename F::Words w[kDepth];
   int ld_row = row0, ld_m = 0;
   advance_seg(ld_row, ld_m);
   int ld_end = int(segs.row0[ld_m + 1]);  // first row past the load cursor's matrix
@@ -90,13 +80,7 @@ __global__ void __launch_bounds__(kDirectWarps * kWarpSize) gemv_direct_kernel(c
   const uint8_t* ld_ptr = lane_base(ld_row, ld_m);
   auto load_next = [&](int slot) {
     if (ld_row < rows) {
-      if (kFull || ld_step * kWarpSize + lane < npieces) {
-#pragma unroll
-        for (int i = 0; i < kW - 2; ++i) w[slot][i] = ldg_stream_u128(ld_ptr + F::piece_word_offset(0, i));
-        const uint8_t* q = ld_ptr + qs_off;
-        w[slot][kW - 2] = ldg_stream_u128(q);
-        w[slot][kW - 1] = ldg_stream_u128(q + 16);
-      }
+      if (kFull || ld_step * kWarpSize + lane < npieces) F::load(ld_ptr, L, w[slot]);
       ld_ptr += kStepBytes;
       if (++ld_step == steps) {
         ld_step = 0;
@@ -131,7 +115,7 @@ __global__ void __launch_bounds__(kDirectWarps * kWarpSize) gemv_direct_kernel(c
 #pragma unroll
     for (int k = 0; k < kDepth; ++k) {
       if (row < rows) {  // warp-uniform
-        if (kFull || step * kWarpSize + lane < npieces) F::template dot_lane<NT>(w[k], pp, xq, xds, cols, acc);
+        if (kFull || step * kWarpSize + lane < npieces) F::template dot_direct<NT>(w[k], L, xq, xds, cols, acc);
         load_next(k);  // slot k is free again
         xq += kStepElems;
         xds += kStepElems / 32;
@@ -159,10 +143,18 @@ __global__ void __launch_bounds__(kDirectWarps * kWarpSize) gemv_direct_kernel(c
   }
 }
 
-// Formats with a direct kernel.
+// The direct kernel's format for a GEMV format (void: none).
 template <class F>
-struct HasDirectGemv : std::false_type {};
+struct DirectOf {
+  using type = void;
+};
 template <bool kFive>
-struct HasDirectGemv<FmtQ45_K<kFive>> : std::true_type {};
+struct DirectOf<FmtQ45_K<kFive>> {
+  using type = DirectQ45_K<kFive>;
+};
+template <>
+struct DirectOf<FmtQ6_KG> {
+  using type = FmtQ6_KG;
+};
 
 }  // namespace sluice::backend::cuda::gemv_detail

@@ -55,6 +55,26 @@ __device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c) {
   return d;
 }
 
+// Weight loads of the direct GEMV (gemv_direct.cuh): read-only, past L1 (ld.global.nc.L1::no_allocate),
+// so the activation, read by every warp, stays there.
+__device__ __forceinline__ uint4 ldg_stream_u128(const uint8_t* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint2 ldg_stream_u64(const uint8_t* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint32_t ldg_stream_u16(const uint8_t* p) {
+  unsigned short v;
+  asm volatile("ld.global.nc.L1::no_allocate.u16 %0, [%1];\n" : "=h"(v) : "l"(p));
+  return v;
+}
+
 // ---- float formats ----------------------------------------------------------------------------
 
 struct FmtF32 {
@@ -413,6 +433,39 @@ struct FmtQ45_K {
   }
 };
 
+// The direct kernel's lane API (gemv_direct.cuh) for Q4_K / Q5_K: lane l decodes piece pp = l % 4
+// of block l / 4 of each row step; its header words sit at fixed offsets from its block, its
+// two qs words at a lane-constant offset.
+template <bool kFive>
+struct DirectQ45_K : FmtQ45_K<kFive> {
+  using B = FmtQ45_K<kFive>;
+  static constexpr int kW = B::kPieceWords;
+  static constexpr int kDirectLongDepth = kFive ? 4 : 6;  // ring depth on long rows (launch_direct)
+  struct Lane {
+    int base;  // the lane's block within a row step
+    int qs;    // its qs words, from base
+    int pp;
+  };
+  __device__ static Lane lane_of(int l) {
+    const int pp = l % 4;
+    return Lane{l / 4 * B::kBlockBytes, B::piece_word_offset(pp, kW - 2), pp};
+  }
+  struct Words {
+    uint4 w[kW];
+  };
+  __device__ static void load(const uint8_t* p, const Lane& L, Words& w) {
+#pragma unroll
+    for (int i = 0; i < kW - 2; ++i) w.w[i] = ldg_stream_u128(p + B::piece_word_offset(0, i));
+    w.w[kW - 2] = ldg_stream_u128(p + L.qs);
+    w.w[kW - 1] = ldg_stream_u128(p + L.qs + 16);
+  }
+  template <int NT>
+  __device__ static void dot_direct(const Words& w, const Lane& L, const int8_t* xq, const float2* xds, int64_t cols,
+                                    float (&acc)[NT]) {
+    B::template dot_lane<NT>(w.w, L.pp, xq, xds, cols, acc);
+  }
+};
+
 using FmtQ4_K = FmtQ45_K<false>;
 using FmtQ5_K = FmtQ45_K<true>;
 
@@ -423,20 +476,8 @@ using FmtQ5_K = FmtQ45_K<true>;
 struct FmtQ6_K {
   static constexpr int kBlockElems = 256, kBlockBytes = 210, kPieceElems = 64;
   static constexpr bool kQ8 = true;
-  template <int NT>
-  __device__ static void dot(const uint8_t* chunk, int p, int64_t e_chunk, const ActRef& a, float (&acc)[NT]) {
-    const int blk = p >> 2, h = (p >> 1) & 1, kp = p & 1;
-    const uint8_t* b = chunk + blk * kBlockBytes;
-    const float d = half_bits_to_float(lds_u16(b + 208));
-    // scales of sub-blocks 8h + 2k + {0,1} for k = kp and kp + 2
-    const uint32_t s_lo = lds_u16(b + 192 + 8 * h + 2 * kp), s_hi = lds_u16(b + 192 + 8 * h + 2 * kp + 4);
-    const int sc00 = int(int8_t(s_lo & 0xFF)), sc01 = int(int8_t(s_lo >> 8));
-    const int sc20 = int(int8_t(s_hi & 0xFF)), sc21 = int(int8_t(s_hi >> 8));
-    // The piece's 32 ql bytes and the half's 32 qh bytes (2-byte aligned: blocks are 210 B).
-    uint32_t lw[8], hw[8];
-    lds_run32_a2(b + 64 * h + 32 * kp, lw);
-    lds_run32_a2(b + 128 + 32 * h, hw);
-    int wl[8], wh[8];  // group k = kp (low nibbles), k = kp + 2 (high nibbles)
+  // The piece's signed 6-bit values from its 32 ql bytes and its half's 32 qh bytes.
+  __device__ static void unpack(const uint32_t (&lw)[8], const uint32_t (&hw)[8], int kp, int (&wl)[8], int (&wh)[8]) {
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const uint32_t ql = lw[j];
@@ -444,13 +485,18 @@ struct FmtQ6_K {
       wl[j] = sub_bytes((ql & 0x0F0F0F0Fu) | ((hq << 4) & 0x30303030u), 0x20202020u);
       wh[j] = sub_bytes(((ql >> 4) & 0x0F0F0F0Fu) | (hq & 0x30303030u), 0x20202020u);
     }
-    const int64_t e_lo = e_chunk + int64_t(blk) * 256 + 128 * h + 32 * kp;  // group k = kp
-    const int64_t e_hi = e_lo + 64;                                          // group k = kp + 2
+  }
+  // acc += the piece times NT activations: x0 / x1 the int8 values of groups kp / kp + 2 (32
+  // each), dx0 / dx1 their scales, token t at t * cols / t * cols / 32.
+  template <int NT, class LoadX, class LoadD>
+  __device__ static void piece_dot(const int (&wl)[8], const int (&wh)[8], uint32_t s_lo, uint32_t s_hi, float d,
+                                   LoadX&& load_x, LoadD&& load_d, float (&acc)[NT]) {
+    const int sc00 = int(int8_t(s_lo & 0xFF)), sc01 = int(int8_t(s_lo >> 8));
+    const int sc20 = int(int8_t(s_hi & 0xFF)), sc21 = int(int8_t(s_hi >> 8));
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
       int x0[8], x1[8];
-      load_x32(a, t, e_lo, x0);
-      load_x32(a, t, e_hi, x1);
+      load_x(t, x0, x1);
       int s00 = 0, s01 = 0, s20 = 0, s21 = 0;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -459,9 +505,123 @@ struct FmtQ6_K {
         s20 = __dp4a(wh[j], x1[j], s20);
         s21 = __dp4a(wh[4 + j], x1[4 + j], s21);
       }
-      acc[t] += d * (load_ds(a, t, e_lo).x * float(sc00 * s00 + sc01 * s01) +
-                     load_ds(a, t, e_hi).x * float(sc20 * s20 + sc21 * s21));
+      float d0, d1;
+      load_d(t, d0, d1);
+      acc[t] += d * (d0 * float(sc00 * s00 + sc01 * s01) + d1 * float(sc20 * s20 + sc21 * s21));
     }
+  }
+  // piece_dot with the activation of a staged kernel: groups kp / kp + 2 at row elements e_lo / e_lo + 64.
+  template <int NT>
+  __device__ static void piece_dot_act(const int (&wl)[8], const int (&wh)[8], uint32_t s_lo, uint32_t s_hi, float d,
+                                       int64_t e_lo, const ActRef& a, float (&acc)[NT]) {
+    const int64_t e_hi = e_lo + 64;
+    piece_dot<NT>(
+        wl, wh, s_lo, s_hi, d,
+        [&](int t, int(&x0)[8], int(&x1)[8]) {
+          load_x32(a, t, e_lo, x0);
+          load_x32(a, t, e_hi, x1);
+        },
+        [&](int t, float& d0, float& d1) {
+          d0 = load_ds(a, t, e_lo).x;
+          d1 = load_ds(a, t, e_hi).x;
+        },
+        acc);
+  }
+  template <int NT>
+  __device__ static void dot(const uint8_t* chunk, int p, int64_t e_chunk, const ActRef& a, float (&acc)[NT]) {
+    const int blk = p >> 2, h = (p >> 1) & 1, kp = p & 1;
+    const uint8_t* b = chunk + blk * kBlockBytes;
+    const float d = half_bits_to_float(lds_u16(b + 208));
+    // scales of sub-blocks 8h + 2k + {0,1} for k = kp and kp + 2
+    const uint32_t s_lo = lds_u16(b + 192 + 8 * h + 2 * kp), s_hi = lds_u16(b + 192 + 8 * h + 2 * kp + 4);
+    // The piece's 32 ql bytes and the half's 32 qh bytes (2-byte aligned: blocks are 210 B).
+    uint32_t lw[8], hw[8];
+    lds_run32_a2(b + 64 * h + 32 * kp, lw);
+    lds_run32_a2(b + 128 + 32 * h, hw);
+    int wl[8], wh[8];  // group k = kp (low nibbles), k = kp + 2 (high nibbles)
+    unpack(lw, hw, kp, wl, wh);
+    const int64_t e_lo = e_chunk + int64_t(blk) * 256 + 128 * h + 32 * kp;  // group k = kp
+    piece_dot_act<NT>(wl, wh, s_lo, s_hi, d, e_lo, a, acc);
+  }
+};
+
+// Q6_K in the CUDA backend's grouped layout (layout.h: 8 blocks per 1680-byte group, field by
+// field, every ql / qh / scales run 16-byte aligned). Same pieces and the same arithmetic as
+// FmtQ6_K (bit-identical sums), read with aligned loads: from a shared-memory chunk of whole
+// groups (dot, the staged kernel) or straight from global memory (the direct kernel, lane API).
+struct FmtQ6_KG : FmtQ6_K {
+  static constexpr bool kGrouped = true;
+  static constexpr int kGroupBytes = 8 * kBlockBytes, kQh = 1024, kScales = 1536, kD = 1664;
+  template <int NT>
+  __device__ static void dot(const uint8_t* chunk, int p, int64_t e_chunk, const ActRef& a, float (&acc)[NT]) {
+    const int blk = p >> 2, h = (p >> 1) & 1, kp = p & 1, bi = blk & 7;
+    const uint8_t* g = chunk + (blk >> 3) * kGroupBytes;
+    const float d = half_bits_to_float(lds_u16(g + kD + 2 * bi));
+    const uint32_t s_lo = lds_u16(g + kScales + 16 * bi + 8 * h + 2 * kp);
+    const uint32_t s_hi = lds_u16(g + kScales + 16 * bi + 8 * h + 2 * kp + 4);
+    const uint4 l0 = lds_u128(g + 128 * bi + 64 * h + 32 * kp), l1 = lds_u128(g + 128 * bi + 64 * h + 32 * kp + 16);
+    const uint4 h0 = lds_u128(g + kQh + 64 * bi + 32 * h), h1 = lds_u128(g + kQh + 64 * bi + 32 * h + 16);
+    const uint32_t lw[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+    const uint32_t hw[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+    int wl[8], wh[8];
+    unpack(lw, hw, kp, wl, wh);
+    const int64_t e_lo = e_chunk + int64_t(blk) * 256 + 128 * h + 32 * kp;
+    piece_dot_act<NT>(wl, wh, s_lo, s_hi, d, e_lo, a, acc);
+  }
+
+  // The direct kernel's lane API (gemv_direct.cuh): a row step is one group; lane l decodes piece
+  // pp = l % 4 (h = pp / 2, kp = pp % 2) of block b = l / 4. Its 32 ql bytes start at 32 l, its
+  // half's 32 qh bytes at 1024 + 32 (l / 2) (shared with the lane of the other kp: one load of the
+  // warp), its scale pairs in the 8 bytes at 1536 + 16 b + 8 h, its d at 1664 + 2 b.
+  static constexpr int kDirectLongDepth = 4;
+  struct Lane {
+    int base;        // 32 l: the lane's ql
+    int qh, sc, d;   // from base
+    int kp;
+  };
+  __device__ static Lane lane_of(int l) {
+    const int b = l / 4, h = (l / 2) & 1, base = 32 * l;
+    return Lane{base, kQh + 32 * (l / 2) - base, kScales + 16 * b + 8 * h - base, kD + 2 * b - base, l & 1};
+  }
+  struct Words {
+    uint4 l0, l1, h0, h1;
+    uint2 sc;
+    uint32_t d;
+  };
+  __device__ static void load(const uint8_t* p, const Lane& L, Words& w) {
+    w.l0 = ldg_stream_u128(p);
+    w.l1 = ldg_stream_u128(p + 16);
+    w.h0 = ldg_stream_u128(p + L.qh);
+    w.h1 = ldg_stream_u128(p + L.qh + 16);
+    w.sc = ldg_stream_u64(p + L.sc);
+    w.d = ldg_stream_u16(p + L.d);
+  }
+  // xq / xds: the kernel's activation pointers for piece l (element 64 l of the step, token 0);
+  // this piece's groups kp and kp + 2 start 32 kp before it and 64 elements later.
+  template <int NT>
+  __device__ static void dot_direct(const Words& w, const Lane& L, const int8_t* xq, const float2* xds, int64_t cols,
+                                    float (&acc)[NT]) {
+    const uint32_t lw[8] = {w.l0.x, w.l0.y, w.l0.z, w.l0.w, w.l1.x, w.l1.y, w.l1.z, w.l1.w};
+    const uint32_t hw[8] = {w.h0.x, w.h0.y, w.h0.z, w.h0.w, w.h1.x, w.h1.y, w.h1.z, w.h1.w};
+    int wl[8], wh[8];
+    unpack(lw, hw, L.kp, wl, wh);
+    const int sh = 16 * L.kp;
+    const int8_t* x0p = xq - 32 * L.kp;
+    const float2* d0p = xds - L.kp;
+    piece_dot<NT>(
+        wl, wh, (w.sc.x >> sh) & 0xFFFFu, (w.sc.y >> sh) & 0xFFFFu, half_bits_to_float(w.d),
+        [&](int t, int(&x0)[8], int(&x1)[8]) {
+          const int4* a = reinterpret_cast<const int4*>(x0p + t * cols);
+          const int4 a0 = __ldg(a), a1 = __ldg(a + 1), b0 = __ldg(a + 4), b1 = __ldg(a + 5);
+          x0[0] = a0.x; x0[1] = a0.y; x0[2] = a0.z; x0[3] = a0.w; x0[4] = a1.x; x0[5] = a1.y; x0[6] = a1.z; x0[7] = a1.w;
+          x1[0] = b0.x; x1[1] = b0.y; x1[2] = b0.z; x1[3] = b0.w; x1[4] = b1.x; x1[5] = b1.y; x1[6] = b1.z; x1[7] = b1.w;
+        },
+        [&](int t, float& d0, float& d1) {
+          const float2* q = d0p + t * (cols / 32);
+          d0 = __ldg(q).x;
+          d1 = __ldg(q + 2).x;
+        },
+        acc);
   }
 };
 

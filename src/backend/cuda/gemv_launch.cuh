@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <numeric>
 #include <string>
+#include <type_traits>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/gemv.h"
@@ -103,9 +104,10 @@ Status launch_direct_k(const DeviceInfo& dev, cudaStream_t stream, const Segs& s
 // registers for Q4_K, 6 blocks per SM) on rows of up to 8192 columns, where each warp gets many
 // rows; on long rows (ffn_down: 14336, 28672 columns; few rows per warp) more steps in flight
 // win: 6 for Q4_K, 4 for Q5_K (whose larger words cost more registers per step).
+// Grouped Q6_K (12 words of registers per step) takes 4 on long rows, as Q5_K.
 template <class F, int NT>
 Status launch_direct(const DeviceInfo& dev, cudaStream_t stream, const Segs& segs, int64_t row_bytes, int nb) {
-  constexpr int kLongDepth = F::kPieceWords > 3 ? 4 : 6;
+  constexpr int kLongDepth = F::kDirectLongDepth;
   const bool full = nb * (F::kBlockElems / F::kPieceElems) % kWarpSize == 0;
   const bool long_rows = int64_t(nb) * F::kBlockElems >= 12288;
   if (long_rows) {
@@ -132,11 +134,15 @@ inline int pick_variant(int variant, int64_t rows) {
   return rows >= 12288 ? 1 : 0;
 }
 
+// Formats of the grouped layout (layout.h): rows of whole groups, read only where aligned.
+template <class F>
+inline constexpr bool kGroupedFmt = requires { F::kGrouped; };
+
 template <class F>
 Status launch_gemv(const DeviceInfo& dev, const GemvGroupArgs& g, cudaStream_t stream) {
   static_assert(F::kBlockElems % F::kPieceElems == 0 || F::kPieceElems % F::kBlockElems == 0);
   static_assert(F::kBlockBytes <= CfgWide::kStageBytes);
-  const int64_t elem_multiple = std::max(F::kBlockElems, F::kPieceElems);
+  const int64_t elem_multiple = kGroupedFmt<F> ? 8 * F::kBlockElems : std::max(F::kBlockElems, F::kPieceElems);
   if (g.n < 1 || g.n > kMaxGemvMatrices) {
     return invalid_argument("gemv: " + std::to_string(g.n) + " matrices in one launch (1.." +
                             std::to_string(kMaxGemvMatrices) + ")");
@@ -194,11 +200,15 @@ Status launch_gemv(const DeviceInfo& dev, const GemvGroupArgs& g, cudaStream_t s
   int multiple = std::lcm(align_blocks, piece_blocks);
   if (std::lcm(multiple, lane_blocks) * F::kBlockBytes <= stage_bytes) multiple = std::lcm(multiple, lane_blocks);
   const ChunkPlan plan = plan_chunks(nb, F::kBlockBytes, multiple, stage_bytes);
-  if constexpr (HasDirectGemv<F>::value) {
+  if constexpr (kGroupedFmt<F>) {
+    if (!aligned) return invalid_argument("gemv: grouped Q6_K weights must be 16-byte aligned");
+  }
+  using D = typename DirectOf<F>::type;
+  if constexpr (!std::is_void_v<D>) {
     const bool direct = g.variant == kGemvDirect || (g.variant == -1 && gemv_direct_enabled());
     if (aligned && ds16 && rows <= INT32_MAX && direct && g.tokens <= 2) {
-      return g.tokens == 1 ? launch_direct<F, 1>(dev, stream, segs, row_bytes, nb)
-                           : launch_direct<F, 2>(dev, stream, segs, row_bytes, nb);
+      return g.tokens == 1 ? launch_direct<D, 1>(dev, stream, segs, row_bytes, nb)
+                           : launch_direct<D, 2>(dev, stream, segs, row_bytes, nb);
     }
   }
   if (aligned) {

@@ -25,6 +25,7 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/gemv_formats.cuh"
 #include "backend/cuda/gemv_kernel.cuh"
+#include "backend/cuda/layout.h"
 
 namespace sluice::backend::cuda {
 const char* gemv_type_name(quant::Type type);  // gemv.cu
@@ -73,7 +74,7 @@ struct MmqQ4_K {
   static constexpr int kActStride = 288;
   template <int NT>
   __device__ static void mul(const uint8_t* const (&rows)[kMT][2], const uint8_t* act, const float2* ds, int g, int q,
-                             float (&acc)[kMT][NT][4]) {
+                             int64_t /*unit*/, float (&acc)[kMT][NT][4]) {
     uint4 hd[kMT][2];
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
@@ -134,7 +135,7 @@ struct MmqQ8_0 {
   static constexpr int kActStride = 288;
   template <int NT>
   __device__ static void mul(const uint8_t* const (&rows)[kMT][2], const uint8_t* act, const float2* ds, int g, int q,
-                             float (&acc)[kMT][NT][4]) {
+                             int64_t /*unit*/, float (&acc)[kMT][NT][4]) {
 #pragma unroll
     for (int sb = 0; sb < 8; ++sb) {
       uint32_t a[kMT][4];
@@ -174,19 +175,41 @@ struct MmqQ8_0 {
 // 2-byte aligned: the copy takes 212 bytes in 4-byte pieces starting 2 bytes early for the odd
 // blocks of a row (kLead) and ending 2 bytes late for the even ones, which stays inside the row
 // because a row has an even number of blocks (mmq_supported).
-struct MmqQ6_K {
+//
+// kGrouped: the CUDA backend's grouped layout (layout.h). A unit's fields are then 16-byte runs of
+// its group: 14 16-byte copies place them as in a GGUF block ([ql 128][qh 64][scales 16]) and
+// add the group's 16-byte run of eight d values at 208 (d of the unit at 208 + 2 (unit % 8));
+// every load is then 4-byte aligned.
+template <bool kGrouped>
+struct MmqQ6_KT {
   static constexpr int kWarps = 4, kMT = 1, kMinBlocks = 1;
-  static constexpr int kUnitBytes = 210, kCopyBytes = 4;
-  static constexpr int kRowStride = 212;
+  static constexpr int kUnitBytes = 210, kCopyBytes = kGrouped ? 16 : 4;
+  // 60 words apart (grouped) or 53: the eight rows of a fragment fall in distinct banks.
+  static constexpr int kRowStride = kGrouped ? 240 : 212;
   static constexpr int kActStride = 272;  // 4 g apart mod 32 banks: conflict-free 32-bit loads
+  static constexpr int kGroupCopies = 14;
+  // Grouped: source of copy c (0..13) of block b of a group, from the group's start.
+  __device__ static int group_src(int b, int c) {
+    if (c < 8) return 128 * b + 16 * c;
+    if (c < 12) return kQ6kGroupQh + 64 * b + 16 * (c - 8);
+    return c == 12 ? kQ6kGroupScales + 16 * b : kQ6kGroupD;
+  }
+  __device__ static uint32_t ld32(const uint8_t* p) {
+    if constexpr (kGrouped) {
+      return lds_u32(p);
+    } else {
+      return lds_u32_a2(p);
+    }
+  }
   template <int NT>
   __device__ static void mul(const uint8_t* const (&rows)[kMT][2], const uint8_t* act, const float2* ds, int g, int q,
-                             float (&acc)[kMT][NT][4]) {
+                             int64_t unit, float (&acc)[kMT][NT][4]) {
+    const int d_off = kGrouped ? 208 + 2 * int(unit % 8) : 208;
     float d[kMT][2];
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
-      d[mt][0] = half_bits_to_float(lds_u16(rows[mt][0] + 208));
-      d[mt][1] = half_bits_to_float(lds_u16(rows[mt][1] + 208));
+      d[mt][0] = half_bits_to_float(lds_u16(rows[mt][0] + d_off));
+      d[mt][1] = half_bits_to_float(lds_u16(rows[mt][1] + d_off));
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -195,8 +218,8 @@ struct MmqQ6_K {
       for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          qh[mt][r][0] = lds_u32_a2(rows[mt][r] + 128 + 32 * h + 4 * q);
-          qh[mt][r][1] = lds_u32_a2(rows[mt][r] + 128 + 32 * h + 16 + 4 * q);
+          qh[mt][r][0] = ld32(rows[mt][r] + 128 + 32 * h + 4 * q);
+          qh[mt][r][1] = ld32(rows[mt][r] + 128 + 32 * h + 16 + 4 * q);
         }
       }
 #pragma unroll
@@ -211,7 +234,7 @@ struct MmqQ6_K {
             const uint8_t* b = rows[mt][r];
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf) {
-              const uint32_t ql = lds_u32_a2(b + 64 * h + 32 * (k & 1) + 16 * hf + 4 * q);
+              const uint32_t ql = ld32(b + 64 * h + 32 * (k & 1) + 16 * hf + 4 * q);
               const uint32_t v = ((ql >> (4 * (k >> 1))) & 0x0F0F0F0Fu) | (((qh[mt][r][hf] >> (2 * k)) & 0x03030303u) << 4);
               a[mt][hf][r] = uint32_t(sub_bytes(v, 0x20202020u));
             }
@@ -240,6 +263,12 @@ struct MmqQ6_K {
     }
   }
 };
+
+using MmqQ6_K = MmqQ6_KT<false>;
+using MmqQ6_KG = MmqQ6_KT<true>;
+
+template <class F>
+inline constexpr bool kGroupedMmq = requires { F::kGroupCopies; } && F::kCopyBytes == 16;
 
 // The matrices of a launch: matrix m owns row tiles [tile0[m], tile0[m+1]).
 struct Mats {
@@ -294,9 +323,12 @@ __global__ void __launch_bounds__(threads<F>(), F::kMinBlocks) mmq_kernel(const 
   extern __shared__ __align__(16) uint8_t smem[];
   using S = Smem<F, NT>;
   constexpr int kMT = F::kMT, kRows = tile_rows<F>(), kThreads = threads<F>();
-  // 16-byte formats: the unit's bytes; Q6_K: 212 bytes (2 before or after the 210, copy_lead).
-  constexpr int kCopies = F::kCopyBytes == 16 ? F::kUnitBytes / 16 : (F::kUnitBytes + 2) / 4;
-  static_assert(F::kCopyBytes == 16 ? F::kUnitBytes % 16 == 0 : kCopies * 4 <= F::kRowStride);
+  // 16-byte formats: the unit's bytes; Q6_K: 212 bytes (2 before or after the 210, copy_lead);
+  // grouped Q6_K: the unit's fields and its group's d run (MmqQ6_KT).
+  constexpr bool kG = kGroupedMmq<F>;
+  constexpr int kCopies = kG ? 14 : F::kCopyBytes == 16 ? F::kUnitBytes / 16 : (F::kUnitBytes + 2) / 4;
+  static_assert(kG ? kCopies * 16 <= F::kRowStride
+                   : F::kCopyBytes == 16 ? F::kUnitBytes % 16 == 0 : kCopies * 4 <= F::kRowStride);
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, q = lane % 4;
 
@@ -318,6 +350,11 @@ __global__ void __launch_bounds__(threads<F>(), F::kMinBlocks) mmq_kernel(const 
     for (int idx = threadIdx.x; idx < kRows * kCopies; idx += kThreads) {
       const int r = idx / kCopies, c = idx % kCopies;
       const int64_t row = min(row0 + r, mrows - 1);
+      if constexpr (kG) {
+        const uint8_t* grp = w + row * row_bytes + (unit / 8) * kQ6kGroupBytes;
+        cp_async_16(dst + r * F::kRowStride + c * 16, grp + F::group_src(int(unit % 8), c));
+        continue;
+      }
       const uint8_t* src = w + row * row_bytes + c0 + c * F::kCopyBytes;
       if constexpr (F::kCopyBytes == 16) {
         cp_async_16(dst + r * F::kRowStride + c * 16, src);
@@ -375,7 +412,7 @@ __global__ void __launch_bounds__(threads<F>(), F::kMinBlocks) mmq_kernel(const 
       rows[mt][0] = st + r * F::kRowStride + lead;
       rows[mt][1] = st + (r + 8) * F::kRowStride + lead;
     }
-    F::template mul<NT>(rows, st + S::kW, reinterpret_cast<const float2*>(st + S::kW + S::kA), g, q, acc);
+    F::template mul<NT>(rows, st + S::kW, reinterpret_cast<const float2*>(st + S::kW + S::kA), g, q, u_begin + i, acc);
     __syncthreads();
   }
   cp_async_wait<0>();
@@ -511,7 +548,8 @@ Status dispatch_nt(const DeviceInfo& dev, const GemvGroupArgs& g, const MmqScrat
 Status dispatch(const DeviceInfo& dev, const GemvGroupArgs& g, const MmqScratch* s, Plan* out, cudaStream_t stream) {
   switch (g.type) {
     case quant::Type::kQ4_K: return dispatch_nt<MmqQ4_K>(dev, g, s, out, stream);
-    case quant::Type::kQ6_K: return dispatch_nt<MmqQ6_K>(dev, g, s, out, stream);
+    case quant::Type::kQ6_K:
+      return g.grouped ? dispatch_nt<MmqQ6_KG>(dev, g, s, out, stream) : dispatch_nt<MmqQ6_K>(dev, g, s, out, stream);
     case quant::Type::kQ8_0: return dispatch_nt<MmqQ8_0>(dev, g, s, out, stream);
     default: return invalid_argument("mmq: unsupported format");
   }
@@ -548,7 +586,8 @@ Status mmq(const DeviceInfo& dev, const GemvGroupArgs& g, const MmqScratch& scra
     return invalid_argument(name + ": tokens " + std::to_string(g.tokens) + " outside 1.." +
                             std::to_string(kMaxMmqTokens));
   }
-  const int copy_align = g.type == quant::Type::kQ6_K ? 4 : 16;
+  if (g.grouped && !groupable(g.type, g.cols)) return invalid_argument(name + ": no grouped layout for this shape");
+  const int copy_align = g.type == quant::Type::kQ6_K && !g.grouped ? 4 : 16;
   if (quant::row_bytes(g.type, g.cols) % copy_align != 0) {
     return invalid_argument(name + ": row bytes not aligned for the copies");
   }
