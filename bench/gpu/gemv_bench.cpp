@@ -6,7 +6,7 @@
 // --shapes keeps the shapes whose names start with one of the prefixes (e.g. "gate+up,ffn_down").
 // Default: the launch shape gemv() picks (v = -1); --variants times every shape (0..3) instead.
 // Shapes with several parts are one gemv_group launch over several matrices (Q/K/V, gate/up).
-// Format q6_kg: Q6_K in the grouped layout the CUDA backend uploads (backend/cuda/layout.h).
+// Formats q6_kg, q8_0g: Q6_K / Q8_0 in the grouped layout the CUDA backend uploads (backend/cuda/layout.h).
 //
 // Per case: a CUDA graph of N back-to-back gemv launches (decode runs them captured too), cycling
 // over enough copies of the matrix that they exceed 4x the L2 (each launch reads from DRAM, not
@@ -51,7 +51,7 @@ struct Format {
   const char* name;
   int block_elems, block_bytes;
   void (*quantize)(const float*, void*, int64_t);
-  bool grouped = false;  // Q6_K in the CUDA backend's grouped layout (backend/cuda/layout.h)
+  bool grouped = false;  // Q6_K / Q8_0 in the CUDA backend's grouped layout (backend/cuda/layout.h)
 };
 
 const Format kFormats[] = {
@@ -69,6 +69,7 @@ const Format kFormats[] = {
     {Type::kQ5_K, "q5_k", 256, 176, sluice::quant::ref::quantize_row_q5_k},
     {Type::kQ6_K, "q6_k", 256, 210, sluice::quant::ref::quantize_row_q6_k},
     {Type::kQ6_K, "q6_kg", 256, 210, sluice::quant::ref::quantize_row_q6_k, true},
+    {Type::kQ8_0, "q8_0g", 32, 34, sluice::quant::ref::quantize_row_q8_0, true},
 };
 
 // One launch over one or more matrices of `cols` columns (gemv_group: Q/K/V or gate/up together).

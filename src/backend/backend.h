@@ -33,9 +33,9 @@ struct WeightView {
   // The backend's row-interleaved layout (quant::Kernels::pack_rows; ne1 / packed_rows groups of
   // packed_bytes(ne0)), made by the CPU backend's upload_weight. Only matmul reads packed views.
   bool packed = false;
-  // The CUDA backend's grouped Q6_K layout (backend/cuda/layout.h: each run of 8 blocks of a row
-  // stored field by field, same size, rows row_bytes() apart), made by its upload_weight. Only
-  // the CUDA backend's kernels read grouped views.
+  // The CUDA backend's grouped Q6_K / Q8_0 layout (backend/cuda/layout.h: each run of 8 blocks
+  // of a row stored field by field, same size, rows row_bytes() apart), made by its
+  // upload_weight. Only the CUDA backend's kernels read grouped views.
   bool grouped = false;
   int64_t row_bytes() const { return quant::row_bytes(type, ne0); }
   bool empty() const { return data == nullptr; }

@@ -29,7 +29,7 @@ struct TensorRef {
   const void* data = nullptr;     // into the file mapping; nullptr when absent (optional tensor)
   uint64_t nbytes = 0;
   bool packed = false;            // data is in the backend's packed layout (backend::WeightView)
-  bool grouped = false;           // data is in the CUDA backend's grouped Q6_K layout (backend::WeightView)
+  bool grouped = false;           // data is in the CUDA backend's grouped Q6_K / Q8_0 layout (backend::WeightView)
 
   bool present() const { return data != nullptr; }
   // The whole tensor as one matrix (stacked experts: ne1 * ne2 rows, expert after expert).

@@ -40,7 +40,7 @@ struct Case {
   int64_t cols;
   int tokens;
   int variant = -1;      // GemvArgs::variant (launch shape; -1 = by shape)
-  bool grouped = false;  // Q6_K rewritten into the grouped layout (backend/cuda/layout.h) on the device
+  bool grouped = false;  // Q6_K / Q8_0 rewritten into the grouped layout (backend/cuda/layout.h) on the device
 };
 
 struct Outcome {
@@ -167,10 +167,11 @@ std::vector<Param> params() {
         {"v0_14336x4096", {14336, 4096, 1, 0}},
     };
     for (const auto& [name, c] : shapes) out.push_back({f, name, c});
-    if (f.type != quant::Type::kQ6_K) continue;
+    if (f.type != quant::Type::kQ6_K && f.type != quant::Type::kQ8_0) continue;
     // The grouped layout: the direct kernel (1..2 tokens; ring depth 3, or 4 from 12288 columns),
     // the staged shapes (variants 0 and 1, 3+ tokens) reading whole groups from shared memory.
-    const std::vector<std::pair<std::string, Case>> grouped = {
+    // Q8_0 rows may end inside a 2048-column row step (its groups are 256 columns).
+    std::vector<std::pair<std::string, Case>> grouped = {
         {"grouped_small", {7, 2048, 1, -1, true}},
         {"grouped_4096", {1001, 4096, 1, -1, true}},
         {"grouped_4096_b2", {300, 4096, 2, -1, true}},
@@ -182,6 +183,11 @@ std::vector<Param> params() {
         {"grouped_b3", {129, 2048, 3, -1, true}},
         {"grouped_b8", {300, 4096, 8, -1, true}},
     };
+    if (f.type == quant::Type::kQ8_0) {
+      grouped.push_back({"grouped_part", {77, 1280, 1, -1, true}});
+      grouped.push_back({"grouped_long_part_b2", {77, 12544, 2, -1, true}});
+      grouped.push_back({"grouped_one_group", {33, 256, 1, -1, true}});
+    }
     for (const auto& [name, c] : grouped) out.push_back({f, name, c});
   }
   return out;
@@ -202,16 +208,16 @@ TEST(GemvGroup, MatchesScalarReferencePerMatrix) {
   ASSERT_TRUE(dev.is_ok());
   const int64_t rows[] = {1001, 64, 257, 3};
   constexpr int kN = 4;
-  std::vector<std::pair<FormatRef, bool>> fmts;  // (format, grouped Q6_K layout)
+  std::vector<std::pair<FormatRef, bool>> fmts;  // (format, grouped layout)
   for (const FormatRef& f : weight_formats()) {
     if (f.type == quant::Type::kQ4_K || f.type == quant::Type::kQ6_K || f.type == quant::Type::kQ8_0 ||
         f.type == quant::Type::kF16 || f.type == quant::Type::kQ5_0) {
       fmts.emplace_back(f, false);
     }
-    if (f.type == quant::Type::kQ6_K) fmts.emplace_back(f, true);
+    if (f.type == quant::Type::kQ6_K || f.type == quant::Type::kQ8_0) fmts.emplace_back(f, true);
   }
   for (const auto& [f, grouped] : fmts) {
-    const int64_t cols = grouped ? 2048 : 1024;
+    const int64_t cols = grouped && f.type == quant::Type::kQ6_K ? 2048 : 1024;
     for (int tokens : {1, 2, 3}) {
       for (int variant = -1; variant < cu::kGemvVariants; ++variant) {
         std::vector<QuantMatrix> ms;
@@ -276,25 +282,22 @@ TEST(GemvGroup, MatchesScalarReferencePerMatrix) {
 }
 
 // The device's grouping (layout.h) gives the host reference's bytes, group by group.
-TEST(Q6kGroups, DeviceMatchesHostLayout) {
+TEST(WeightGroups, DeviceMatchesHostLayout) {
   SLUICE_SKIP_WITHOUT_GPU();
-  const FormatRef* q6 = nullptr;
   for (const FormatRef& f : weight_formats()) {
-    if (f.type == quant::Type::kQ6_K) q6 = &f;
+    if (f.type != quant::Type::kQ6_K && f.type != quant::Type::kQ8_0) continue;
+    const int64_t rows = 37, cols = 6144;
+    const QuantMatrix m = make_matrix(f, rows, cols, 4242);
+    DeviceBuffer w(m.bytes.size());
+    w.upload(m.bytes.data(), m.bytes.size());
+    ASSERT_TRUE(cu::group_weight_blocks(f.type, w.get(), rows, cols, nullptr).is_ok());
+    std::vector<uint8_t> got(m.bytes.size()), want(m.bytes.size());
+    w.download(got.data(), got.size());
+    const size_t gb = size_t(cu::group_bytes(f.type));
+    for (size_t g = 0; g < want.size() / gb; ++g) cu::group_blocks_host(f.type, m.bytes.data() + g * gb, want.data() + g * gb);
+    EXPECT_EQ(got, want) << f.name;
+    EXPECT_NE(got, m.bytes) << f.name;  // the layout is not the GGUF order
   }
-  ASSERT_NE(q6, nullptr);
-  const int64_t rows = 37, cols = 6144;
-  const QuantMatrix m = make_matrix(*q6, rows, cols, 4242);
-  DeviceBuffer w(m.bytes.size());
-  w.upload(m.bytes.data(), m.bytes.size());
-  ASSERT_TRUE(cu::group_weight_blocks(q6->type, w.get(), rows, cols, nullptr).is_ok());
-  std::vector<uint8_t> got(m.bytes.size()), want(m.bytes.size());
-  w.download(got.data(), got.size());
-  for (size_t g = 0; g < want.size() / cu::kQ6kGroupBytes; ++g) {
-    cu::group_q6k_host(m.bytes.data() + g * cu::kQ6kGroupBytes, want.data() + g * cu::kQ6kGroupBytes);
-  }
-  EXPECT_EQ(got, want);
-  EXPECT_NE(got, m.bytes);  // the layout is not the GGUF order
 }
 
 // The comparison can fail: corrupted weights must be caught.

@@ -1,6 +1,7 @@
 // Parity of the int8 tensor-core small-batch products (backend/cuda/mmq.h) with quant/'s scalar
-// reference, for Q4_K, Q6_K (GGUF order and the grouped layout of backend/cuda/layout.h) and Q8_0
-// on odd, Llama-3-8B-layer and split-column shapes, 1..32 tokens, one matrix and several per launch.
+// reference, for Q4_K, Q6_K and Q8_0 (these two in GGUF order and in the grouped layout of
+// backend/cuda/layout.h) on odd, Llama-3-8B-layer and split-column shapes, 1..32 tokens, one
+// matrix and several per launch.
 //
 // The comparison is gemv_test's "exact" one: y_ref = (reference-dequantized W) . (the q8
 // activation the kernel multiplied, downloaded and expanded), in double; what is left is f32
@@ -99,7 +100,7 @@ struct Case {
   quant::Type type;
   int64_t rows, cols;
   int tokens;
-  bool grouped = false;  // Q6_K in the grouped layout (backend/cuda/layout.h)
+  bool grouped = false;  // Q6_K / Q8_0 in the grouped layout (backend/cuda/layout.h)
 };
 
 // Rewrites a matrix's device copy into the grouped layout.
@@ -148,12 +149,14 @@ std::vector<Case> cases() {
     };
     out.insert(out.end(), shapes.begin(), shapes.end());
   }
-  const quant::Type q6 = quant::Type::kQ6_K;
-  const std::vector<Case> grouped = {
-      {q6, 7, 2048, 3, true},       {q6, 300, 4096, 9, true},     {q6, 1001, 2048, 32, true},
-      {q6, 4096, 14336, 24, true},  {q6, 14336, 4096, 16, true},  {q6, 1024, 4096, 8, true},
-  };
-  out.insert(out.end(), grouped.begin(), grouped.end());
+  for (quant::Type t : {quant::Type::kQ6_K, quant::Type::kQ8_0}) {
+    const std::vector<Case> grouped = {
+        {t, 7, 2048, 3, true},       {t, 300, 4096, 9, true},     {t, 1001, 2048, 32, true},
+        {t, 4096, 14336, 24, true},  {t, 14336, 4096, 16, true},  {t, 1024, 4096, 8, true},
+    };
+    out.insert(out.end(), grouped.begin(), grouped.end());
+  }
+  out.push_back({quant::Type::kQ8_0, 130, 1280, 17, true});  // rows of 5 groups
   return out;
 }
 
@@ -170,9 +173,9 @@ TEST(MmqGroup, MatchesScalarReferencePerMatrix) {
   SLUICE_SKIP_WITHOUT_GPU();
   const int64_t cols = 2048;
   const int64_t rows[] = {1001, 64, 257, 3};
-  for (int fi = 0; fi < 4; ++fi) {
-    const quant::Type t = fi == 0 ? quant::Type::kQ4_K : fi == 3 ? quant::Type::kQ8_0 : quant::Type::kQ6_K;
-    const bool grouped = fi == 2;
+  for (int fi = 0; fi < 5; ++fi) {
+    const quant::Type t = fi == 0 ? quant::Type::kQ4_K : fi >= 3 ? quant::Type::kQ8_0 : quant::Type::kQ6_K;
+    const bool grouped = fi == 2 || fi == 4;
     for (int tokens : {13, 32}) {
       std::vector<Mat> mats;
       cu::GemvGroupArgs g;

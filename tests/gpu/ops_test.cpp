@@ -521,7 +521,7 @@ struct DequantCase {
   int64_t rows, cols;
   size_t w_offset = 0;    // bytes added to the weight pointer (float formats: the scalar path)
   size_t dst_offset = 0;  // bytes added to dst (2: the 2-byte store path)
-  bool grouped = false;   // Q6_K rewritten into the grouped layout (backend/cuda/layout.h) first
+  bool grouped = false;   // Q6_K / Q8_0 rewritten into the grouped layout (backend/cuda/layout.h) first
 };
 
 // Weights and their reference values. Block formats: random blocks from quant's reference
@@ -583,6 +583,11 @@ std::vector<DequantCase> dequant_cases() {
     if (flt) {
       out.push_back({f, "odd_count", 3, 7});
       out.push_back({f, "w_offset", 9, 64, size_t(f.block_bytes), 0});
+    }
+    if (f.type == quant::Type::kQ8_0) {
+      out.push_back({f, "grouped_odd_rows", 7, 256, 0, 0, true});
+      out.push_back({f, "grouped_llama8b_ffn_down", 4096, 14336, 0, 0, true});
+      out.push_back({f, "grouped_dst_offset", 5, 1280, 0, 2, true});
     }
     if (f.type == quant::Type::kQ6_K) {
       out.push_back({f, "grouped_odd_rows", 7, 2048, 0, 0, true});
@@ -672,13 +677,16 @@ TEST(OpsArgs, BadArgumentsReturnStatus) {
   EXPECT_EQ(code(cu::dequantize_to_f16(quant::Type::kQ4_K, reinterpret_cast<uint8_t*>(p) + 2, 1, 256, p, nullptr)),
             E::kInvalidArgument);  // Q4_K blocks are 4-byte aligned
   EXPECT_EQ(code(cu::dequantize_to_f16(quant::Type::kF32, p, 1, 32, nullptr, nullptr)), E::kInvalidArgument);
-  // The grouped layout (layout.h) exists for Q6_K rows of whole 2048-column groups only, 16-byte aligned.
+  // The grouped layout (layout.h) exists for Q6_K rows of whole 2048-column groups and Q8_0 rows of
+  // whole 256-column groups only, 16-byte aligned.
   EXPECT_EQ(code(cu::dequantize_to_f16(quant::Type::kQ4_K, p, 1, 2048, p, nullptr, true)), E::kInvalidArgument);
   EXPECT_EQ(code(cu::dequantize_to_f16(quant::Type::kQ6_K, p, 1, 1024, p, nullptr, true)), E::kInvalidArgument);
   EXPECT_EQ(code(cu::dequantize_to_f16(quant::Type::kQ6_K, reinterpret_cast<uint8_t*>(p) + 4, 1, 2048, p, nullptr, true)),
             E::kInvalidArgument);
   EXPECT_EQ(code(cu::group_weight_blocks(quant::Type::kQ4_K, p, 1, 2048, nullptr)), E::kInvalidArgument);
   EXPECT_EQ(code(cu::group_weight_blocks(quant::Type::kQ6_K, p, 1, 4096 + 256, nullptr)), E::kInvalidArgument);
+  EXPECT_EQ(code(cu::group_weight_blocks(quant::Type::kQ8_0, p, 1, 288, nullptr)), E::kInvalidArgument);
+  EXPECT_EQ(code(cu::dequantize_to_f16(quant::Type::kQ8_0, p, 1, 288, p, nullptr, true)), E::kInvalidArgument);
   EXPECT_EQ(code(cu::group_weight_blocks(quant::Type::kQ6_K, reinterpret_cast<uint8_t*>(p) + 2, 1, 2048, nullptr)),
             E::kInvalidArgument);
   EXPECT_TRUE(cu::group_weight_blocks(quant::Type::kQ6_K, p, 0, 2048, nullptr).is_ok());

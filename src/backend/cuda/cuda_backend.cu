@@ -151,8 +151,8 @@ class CudaBackend final : public Backend {
     return int64_t(free);
   }
 
-  // Q6_K matrices of whole 8-block groups are stored grouped (layout.h): their decode GEMV then
-  // loads 16-byte words straight from global memory. The copy and the regrouping are ordered on
+  // Q6_K and Q8_0 matrices of whole 8-block groups are stored grouped (layout.h): their decode
+  // GEMV then loads 16-byte words straight from global memory. The copy and the regrouping are ordered on
   // the compute stream (a plain cudaMemcpy from pageable memory may return before its DMA has
   // landed, and the compute stream does not wait for the legacy stream), and the upload returns
   // once both are done.
@@ -162,7 +162,7 @@ class CudaBackend final : public Backend {
     SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(p, host.data, size_t(bytes), cudaMemcpyHostToDevice, stream_));
     WeightView v = host;
     v.data = p;
-    if (!host.packed && !host.grouped && groupable(host.type, host.ne0) && q6k_groups_enabled()) {
+    if (!host.packed && !host.grouped && groupable(host.type, host.ne0) && groups_enabled()) {
       const Status st = group_weight_blocks(host.type, p, host.ne1, host.ne0, stream_);
       if (!st.is_ok()) return st;
       v.grouped = true;

@@ -160,14 +160,29 @@ struct DecQ5_1 {  // x = q * d + m
   }
 };
 
+// A Q8_0 block from its d and its quants, wherever they lie (GGUF block or grouped layout).
+template <int kAlign>
+SLUICE_HD void decode_q8_0(const uint8_t* qs, const uint8_t* d_p, int j, float (&v)[kGroup]) {
+  const float d = ld_f16(d_p);
+  uint32_t w[2];
+  ld_8<kAlign>(qs + 8 * j, w);
+  SLUICE_UNROLL
+  for (int k = 0; k < kGroup; ++k) v[k] = f_mul(float(int8_t(byte_of(w, k))), d);
+}
+
 struct DecQ8_0 {  // x = q * d
   static constexpr int kElems = 32, kBytes = 34, kAlign = 2;
-  SLUICE_HD static void decode(const uint8_t* b, int j, float (&v)[kGroup]) {
-    const float d = ld_f16(b);
-    uint32_t w[2];
-    ld_8<kAlign>(b + 2 + 8 * j, w);
-    SLUICE_UNROLL
-    for (int k = 0; k < kGroup; ++k) v[k] = f_mul(float(int8_t(byte_of(w, k))), d);
+  SLUICE_HD static void decode(const uint8_t* b, int j, float (&v)[kGroup]) { decode_q8_0<kAlign>(b + 2, b, j, v); }
+};
+
+// Grouped Q8_0 (layout.h): block `blk` of the flat run (rows are whole groups) at group blk / 8.
+struct DecQ8_0G {
+  static constexpr int kElems = 32, kBytes = 34;
+  using Grouped = void;  // dequant_blocks_kernel calls decode_at
+  SLUICE_HD static void decode_at(const uint8_t* w, uint64_t blk, int j, float (&v)[kGroup]) {
+    const uint8_t* g = w + (blk / kGroupBlocks) * kQ8GroupBytes;
+    const int b = int(blk % kGroupBlocks);
+    decode_q8_0<4>(g + 32 * b, g + kQ8GroupD + 2 * b, j, v);
   }
 };
 
@@ -285,8 +300,8 @@ struct DecQ6_KG {
   static constexpr int kElems = 256, kBytes = 210;
   using Grouped = void;  // dequant_blocks_kernel calls decode_at
   SLUICE_HD static void decode_at(const uint8_t* w, uint64_t blk, int j, float (&v)[kGroup]) {
-    const uint8_t* g = w + (blk / kQ6kGroupBlocks) * kQ6kGroupBytes;
-    const int b = int(blk % kQ6kGroupBlocks);
+    const uint8_t* g = w + (blk / kGroupBlocks) * kQ6kGroupBytes;
+    const int b = int(blk % kGroupBlocks);
     decode_q6k<4>(g + 128 * b, g + kQ6kGroupQh + 64 * b, g + kQ6kGroupScales + 16 * b, g + kQ6kGroupD + 2 * b, j, v);
   }
 };
@@ -452,8 +467,10 @@ Status dequantize_to_f16(quant::Type type, const void* w, int64_t rows, int64_t 
     return invalid_argument(std::string("dequantize_to_f16: no grouped layout for ") + gemv_type_name(type) +
                             " rows of " + std::to_string(cols) + " columns");
   }
-  // Grouped rows: whole 1680-byte groups, 16-byte aligned.
-  const Layout lay = grouped ? Layout{DecQ6_KG::kElems, DecQ6_KG::kBytes, 16} : layout_of(type);
+  // Grouped rows: whole groups, 16-byte aligned.
+  const Layout lay = !grouped ? layout_of(type)
+                     : type == quant::Type::kQ6_K ? Layout{DecQ6_KG::kElems, DecQ6_KG::kBytes, 16}
+                                                  : Layout{DecQ8_0G::kElems, DecQ8_0G::kBytes, 16};
   if (lay.elems == 0) {
     return unsupported(std::string("dequantize_to_f16: no CUDA kernel for format ") + gemv_type_name(type));
   }
@@ -481,7 +498,8 @@ Status dequantize_to_f16(quant::Type type, const void* w, int64_t rows, int64_t 
     case T::kQ4_1: return launch_blocks<DecQ4_1>(w, n, dst, stream);
     case T::kQ5_0: return launch_blocks<DecQ5_0>(w, n, dst, stream);
     case T::kQ5_1: return launch_blocks<DecQ5_1>(w, n, dst, stream);
-    case T::kQ8_0: return launch_blocks<DecQ8_0>(w, n, dst, stream);
+    case T::kQ8_0:
+      return grouped ? launch_blocks<DecQ8_0G>(w, n, dst, stream) : launch_blocks<DecQ8_0>(w, n, dst, stream);
     case T::kQ2_K: return launch_blocks<DecQ2_K>(w, n, dst, stream);
     case T::kQ3_K: return launch_blocks<DecQ3_K>(w, n, dst, stream);
     case T::kQ4_K: return launch_blocks<DecQ4_K>(w, n, dst, stream);

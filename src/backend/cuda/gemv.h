@@ -55,11 +55,10 @@ bool gemv_needs_q8(quant::Type type);
 bool gemv_supported(quant::Type type);
 
 // Launch shape of a gemv: -1 = chosen by format and rows (default: the direct kernel for Q4_K,
-// Q5_K and grouped Q6_K at 1..2 tokens unless SLUICE_CUDA_GEMV_DIRECT=0, else 0 or 1 by rows);
-// 0 = 8 warps x 2 KB stages,
-// 1 = 4 warps x 4 KB stages (see gemv_kernel.cuh); 2 = the direct kernel (gemv_direct.cuh: Q4_K,
-// Q5_K and grouped Q6_K, 1 or 2 tokens; other calls: the shape -1 would pick). 0..2 are for
-// benchmarks and tests.
+// Q5_K, grouped Q6_K and grouped Q8_0 at 1..2 tokens unless SLUICE_CUDA_GEMV_DIRECT=0, else 0
+// or 1 by rows); 0 = 8 warps x 2 KB stages, 1 = 4 warps x 4 KB stages (see gemv_kernel.cuh);
+// 2 = the direct kernel (gemv_direct.cuh: Q4_K, Q5_K, grouped Q6_K / Q8_0, 1 or 2 tokens; other
+// calls: the shape -1 would pick). 0..2 are for benchmarks and tests.
 // Results are identical up to f32 summation order.
 inline constexpr int kGemvVariants = 6;
 inline constexpr int kGemvDirect = 2;
@@ -74,7 +73,7 @@ struct GemvArgs {
   Q8Activation xq;             // read for block-quantized weights
   float* y = nullptr;          // [tokens][rows]
   int variant = -1;            // launch shape (above)
-  bool grouped = false;        // w in the grouped Q6_K layout (layout.h)
+  bool grouped = false;        // w in the grouped Q6_K / Q8_0 layout (layout.h)
 };
 
 // Enqueues y = W x. Fast path: W 16-byte aligned and row_bytes a multiple of 16 (every GGUF
@@ -99,7 +98,7 @@ struct GemvGroupArgs {
   int64_t cols = 0;
   int tokens = 1;
   int variant = -1;
-  bool grouped = false;                  // every w in the grouped Q6_K layout (layout.h)
+  bool grouped = false;                  // every w in the grouped Q6_K / Q8_0 layout (layout.h)
   int n = 0;                             // matrices, 1..kMaxGemvMatrices
   GemvMatrix m[kMaxGemvMatrices];
 };

@@ -1,5 +1,5 @@
 // The direct GEMV: for block formats whose pieces are 16-byte aligned (Q4_K 144 B, Q5_K 176 B
-// blocks; Q6_K in the grouped layout of layout.h) each lane loads its pieces' 16-byte words straight from global memory into registers, several
+// blocks; Q6_K and Q8_0 in the grouped layout of layout.h) each lane loads its pieces' 16-byte words straight from global memory into registers, several
 // pieces deep, and decodes them there (no shared-memory staging, no per-chunk warp sync).
 //
 // Why a second kernel: the staged kernel (gemv_kernel.cuh) keeps 2 chunks per warp in flight and
@@ -25,7 +25,7 @@ namespace sluice::backend::cuda::gemv_detail {
 
 inline constexpr int kDirectWarps = 4;  // warps per block
 
-// F: a format with the lane API (DirectQ45_K, FmtQ6_KG): Lane lane_of(lane) (the lane's constant
+// F: a format with the lane API (DirectQ45_K, FmtQ6_KG, FmtQ8_0G): Lane lane_of(lane) (the lane's constant
 // offsets; .base: its first byte within a row step), Words (one row step's registers), load(p,
 // lane, words) from p = step start + base, dot_direct<NT>(words, lane, xq, xds, cols, acc).
 // npieces = nb * 4.
@@ -155,6 +155,10 @@ struct DirectOf<FmtQ45_K<kFive>> {
 template <>
 struct DirectOf<FmtQ6_KG> {
   using type = FmtQ6_KG;
+};
+template <>
+struct DirectOf<FmtQ8_0G> {
+  using type = FmtQ8_0G;
 };
 
 }  // namespace sluice::backend::cuda::gemv_detail

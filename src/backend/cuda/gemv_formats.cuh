@@ -69,6 +69,11 @@ __device__ __forceinline__ uint2 ldg_stream_u64(const uint8_t* p) {
   asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
   return v;
 }
+__device__ __forceinline__ uint32_t ldg_stream_u32(const uint8_t* p) {
+  uint32_t v;
+  asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];\n" : "=r"(v) : "l"(p));
+  return v;
+}
 __device__ __forceinline__ uint32_t ldg_stream_u16(const uint8_t* p) {
   unsigned short v;
   asm volatile("ld.global.nc.L1::no_allocate.u16 %0, [%1];\n" : "=h"(v) : "l"(p));
@@ -145,6 +150,104 @@ struct FmtQ8_0 {
       for (int j = 0; j < 8; ++j) s = __dp4a(wq[j], xi[j], s);
       acc[t] += d * load_ds(a, t, e).x * float(s);
     }
+  }
+};
+
+// Q8_0 in the CUDA backend's grouped layout (layout.h: 8 blocks per 272-byte group, [qs 8 x 32][d
+// 8 x 2]). A "block" here is a whole group (256 elements); piece pp (64 elements) is its blocks
+// 2pp and 2pp + 1: 64 qs bytes at 64 pp (16-byte aligned), their two d at 256 + 4 pp. Per block
+// the same sum and the same f32 expression as FmtQ8_0.
+struct FmtQ8_0G {
+  static constexpr int kBlockElems = 256, kBlockBytes = 272, kPieceElems = 64;
+  static constexpr bool kQ8 = true;
+  static constexpr bool kGrouped = true;
+  static constexpr int kGroupElems = 256;
+  // acc += the piece (64 weights: words q, d pair dd) times NT activations (xq: its 64 int8
+  // values, xds: its two (d, d * sum) pairs; token t at t * cols / t * cols / 32).
+  template <int NT, class LoadX, class LoadD>
+  __device__ static void piece_dot(const uint4 (&q)[4], uint32_t dd, LoadX&& load_x, LoadD&& load_d, float (&acc)[NT]) {
+    const int w[16] = {int(q[0].x), int(q[0].y), int(q[0].z), int(q[0].w), int(q[1].x), int(q[1].y),
+                       int(q[1].z), int(q[1].w), int(q[2].x), int(q[2].y), int(q[2].z), int(q[2].w),
+                       int(q[3].x), int(q[3].y), int(q[3].z), int(q[3].w)};
+    const float d0 = half_bits_to_float(dd & 0xFFFFu), d1 = half_bits_to_float(dd >> 16);
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      int x[16];
+      load_x(t, x);
+      int s0 = 0, s1 = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        s0 = __dp4a(w[j], x[j], s0);
+        s1 = __dp4a(w[8 + j], x[8 + j], s1);
+      }
+      float x0, x1;
+      load_d(t, x0, x1);
+      acc[t] += d0 * x0 * float(s0);
+      acc[t] += d1 * x1 * float(s1);
+    }
+  }
+  template <int NT>
+  __device__ static void dot(const uint8_t* chunk, int p, int64_t e_chunk, const ActRef& a, float (&acc)[NT]) {
+    const int g = p >> 2, pp = p & 3;
+    const uint8_t* b = chunk + g * kBlockBytes;
+    const uint4 q[4] = {lds_u128(b + 64 * pp), lds_u128(b + 64 * pp + 16), lds_u128(b + 64 * pp + 32),
+                        lds_u128(b + 64 * pp + 48)};
+    const int64_t e = e_chunk + int64_t(g) * 256 + 64 * pp;
+    piece_dot<NT>(
+        q, lds_u32(b + 256 + 4 * pp),
+        [&](int t, int(&x)[16]) {
+          int lo[8], hi[8];
+          load_x32(a, t, e, lo);
+          load_x32(a, t, e + 32, hi);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) x[j] = lo[j], x[8 + j] = hi[j];
+        },
+        [&](int t, float& x0, float& x1) {
+          x0 = load_ds(a, t, e).x;
+          x1 = load_ds(a, t, e + 32).x;
+        },
+        acc);
+  }
+
+  // The direct kernel's lane API (gemv_direct.cuh): lane l decodes piece l % 4 of group l / 4 of
+  // each row step (8 groups, 2048 elements): its 64 qs bytes and its d pair.
+  static constexpr int kDirectLongDepth = 4;
+  struct Lane {
+    int base;  // the lane's qs within a row step
+    int d;     // its d pair, from base
+  };
+  __device__ static Lane lane_of(int l) {
+    const int pp = l % 4, base = l / 4 * kBlockBytes + 64 * pp;
+    return Lane{base, 256 + 4 * pp - 64 * pp};
+  }
+  struct Words {
+    uint4 q[4];
+    uint32_t d;
+  };
+  __device__ static void load(const uint8_t* p, const Lane& L, Words& w) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w.q[i] = ldg_stream_u128(p + 16 * i);
+    w.d = ldg_stream_u32(p + L.d);
+  }
+  template <int NT>
+  __device__ static void dot_direct(const Words& w, const Lane&, const int8_t* xq, const float2* xds, int64_t cols,
+                                    float (&acc)[NT]) {
+    piece_dot<NT>(
+        w.q, w.d,
+        [&](int t, int(&x)[16]) {
+          const int4* xp = reinterpret_cast<const int4*>(xq + t * cols);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int4 v = __ldg(xp + i);
+            x[4 * i] = v.x, x[4 * i + 1] = v.y, x[4 * i + 2] = v.z, x[4 * i + 3] = v.w;
+          }
+        },
+        [&](int t, float& x0, float& x1) {
+          const float4 ds = __ldg(reinterpret_cast<const float4*>(xds + t * (cols / 32)));
+          x0 = ds.x;
+          x1 = ds.z;
+        },
+        acc);
   }
 };
 
@@ -551,6 +654,7 @@ struct FmtQ6_K {
 // groups (dot, the staged kernel) or straight from global memory (the direct kernel, lane API).
 struct FmtQ6_KG : FmtQ6_K {
   static constexpr bool kGrouped = true;
+  static constexpr int kGroupElems = 2048;
   static constexpr int kGroupBytes = 8 * kBlockBytes, kQh = 1024, kScales = 1536, kD = 1664;
   template <int NT>
   __device__ static void dot(const uint8_t* chunk, int p, int64_t e_chunk, const ActRef& a, float (&acc)[NT]) {

@@ -104,7 +104,7 @@ Status launch_direct_k(const DeviceInfo& dev, cudaStream_t stream, const Segs& s
 // registers for Q4_K, 6 blocks per SM) on rows of up to 8192 columns, where each warp gets many
 // rows; on long rows (ffn_down: 14336, 28672 columns; few rows per warp) more steps in flight
 // win: 6 for Q4_K, 4 for Q5_K (whose larger words cost more registers per step).
-// Grouped Q6_K (12 words of registers per step) takes 4 on long rows, as Q5_K.
+// Grouped Q6_K and Q8_0 (18-19 registers of words per step) take 4 on long rows, as Q5_K.
 template <class F, int NT>
 Status launch_direct(const DeviceInfo& dev, cudaStream_t stream, const Segs& segs, int64_t row_bytes, int nb) {
   constexpr int kLongDepth = F::kDirectLongDepth;
@@ -142,7 +142,8 @@ template <class F>
 Status launch_gemv(const DeviceInfo& dev, const GemvGroupArgs& g, cudaStream_t stream) {
   static_assert(F::kBlockElems % F::kPieceElems == 0 || F::kPieceElems % F::kBlockElems == 0);
   static_assert(F::kBlockBytes <= CfgWide::kStageBytes);
-  const int64_t elem_multiple = kGroupedFmt<F> ? 8 * F::kBlockElems : std::max(F::kBlockElems, F::kPieceElems);
+  int64_t elem_multiple = std::max(F::kBlockElems, F::kPieceElems);
+  if constexpr (kGroupedFmt<F>) elem_multiple = F::kGroupElems;
   if (g.n < 1 || g.n > kMaxGemvMatrices) {
     return invalid_argument("gemv: " + std::to_string(g.n) + " matrices in one launch (1.." +
                             std::to_string(kMaxGemvMatrices) + ")");
@@ -201,7 +202,7 @@ Status launch_gemv(const DeviceInfo& dev, const GemvGroupArgs& g, cudaStream_t s
   if (std::lcm(multiple, lane_blocks) * F::kBlockBytes <= stage_bytes) multiple = std::lcm(multiple, lane_blocks);
   const ChunkPlan plan = plan_chunks(nb, F::kBlockBytes, multiple, stage_bytes);
   if constexpr (kGroupedFmt<F>) {
-    if (!aligned) return invalid_argument("gemv: grouped Q6_K weights must be 16-byte aligned");
+    if (!aligned) return invalid_argument("gemv: grouped weights must be 16-byte aligned");
   }
   using D = typename DirectOf<F>::type;
   if constexpr (!std::is_void_v<D>) {

@@ -10,7 +10,7 @@ Status gemv_legacy_formats(const DeviceInfo& dev, const GemvGroupArgs& g, cudaSt
     case quant::Type::kQ4_1: return launch_gemv<FmtQ4_1>(dev, g, stream);
     case quant::Type::kQ5_0: return launch_gemv<FmtQ5_0>(dev, g, stream);
     case quant::Type::kQ5_1: return launch_gemv<FmtQ5_1>(dev, g, stream);
-    case quant::Type::kQ8_0: return launch_gemv<FmtQ8_0>(dev, g, stream);
+    case quant::Type::kQ8_0: return g.grouped ? launch_gemv<FmtQ8_0G>(dev, g, stream) : launch_gemv<FmtQ8_0>(dev, g, stream);
     default: return unsupported("gemv_legacy_formats: not a 32-element block format");
   }
 }

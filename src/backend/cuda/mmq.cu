@@ -127,8 +127,11 @@ struct MmqQ4_K {
   }
 };
 
-// Q8_0 (34 B): [d][qs 32]; a 256-column unit is 8 blocks (272 B, 16-byte multiple).
-struct MmqQ8_0 {
+// Q8_0 (34 B): [d][qs 32]; a 256-column unit is 8 blocks (272 B, 16-byte multiple). kGrouped:
+// the unit is one group of the CUDA backend's grouped layout (layout.h: [qs 8 x 32][d 8 x 2]),
+// copied the same way; its quants are then read with aligned loads.
+template <bool kGrouped>
+struct MmqQ8_0T {
   static constexpr int kWarps = 4, kMT = 1, kMinBlocks = 1;
   static constexpr int kUnitBytes = 272, kCopyBytes = 16;
   static constexpr int kRowStride = 288;
@@ -144,10 +147,17 @@ struct MmqQ8_0 {
       for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const uint8_t* blk = rows[mt][r] + 34 * sb;
-          dw[mt][r] = half_bits_to_float(lds_u16(blk));
-          a[mt][r] = lds_u32_a2(blk + 2 + 8 * q);
-          a[mt][2 + r] = lds_u32_a2(blk + 2 + 8 * q + 4);
+          if constexpr (kGrouped) {
+            const uint8_t* qs = rows[mt][r] + 32 * sb;
+            dw[mt][r] = half_bits_to_float(lds_u16(rows[mt][r] + kQ8GroupD + 2 * sb));
+            a[mt][r] = lds_u32(qs + 8 * q);
+            a[mt][2 + r] = lds_u32(qs + 8 * q + 4);
+          } else {
+            const uint8_t* blk = rows[mt][r] + 34 * sb;
+            dw[mt][r] = half_bits_to_float(lds_u16(blk));
+            a[mt][r] = lds_u32_a2(blk + 2 + 8 * q);
+            a[mt][2 + r] = lds_u32_a2(blk + 2 + 8 * q + 4);
+          }
         }
       }
 #pragma unroll
@@ -266,9 +276,12 @@ struct MmqQ6_KT {
 
 using MmqQ6_K = MmqQ6_KT<false>;
 using MmqQ6_KG = MmqQ6_KT<true>;
+using MmqQ8_0 = MmqQ8_0T<false>;
+using MmqQ8_0G = MmqQ8_0T<true>;
 
+// Grouped Q6_K: a unit's fields are copied from four places of its group (MmqQ6_KT::group_src).
 template <class F>
-inline constexpr bool kGroupedMmq = requires { F::kGroupCopies; } && F::kCopyBytes == 16;
+inline constexpr bool kFieldCopies = requires { F::kGroupCopies; } && F::kCopyBytes == 16;
 
 // The matrices of a launch: matrix m owns row tiles [tile0[m], tile0[m+1]).
 struct Mats {
@@ -325,7 +338,7 @@ __global__ void __launch_bounds__(threads<F>(), F::kMinBlocks) mmq_kernel(const 
   constexpr int kMT = F::kMT, kRows = tile_rows<F>(), kThreads = threads<F>();
   // 16-byte formats: the unit's bytes; Q6_K: 212 bytes (2 before or after the 210, copy_lead);
   // grouped Q6_K: the unit's fields and its group's d run (MmqQ6_KT).
-  constexpr bool kG = kGroupedMmq<F>;
+  constexpr bool kG = kFieldCopies<F>;
   constexpr int kCopies = kG ? 14 : F::kCopyBytes == 16 ? F::kUnitBytes / 16 : (F::kUnitBytes + 2) / 4;
   static_assert(kG ? kCopies * 16 <= F::kRowStride
                    : F::kCopyBytes == 16 ? F::kUnitBytes % 16 == 0 : kCopies * 4 <= F::kRowStride);
@@ -550,7 +563,8 @@ Status dispatch(const DeviceInfo& dev, const GemvGroupArgs& g, const MmqScratch*
     case quant::Type::kQ4_K: return dispatch_nt<MmqQ4_K>(dev, g, s, out, stream);
     case quant::Type::kQ6_K:
       return g.grouped ? dispatch_nt<MmqQ6_KG>(dev, g, s, out, stream) : dispatch_nt<MmqQ6_K>(dev, g, s, out, stream);
-    case quant::Type::kQ8_0: return dispatch_nt<MmqQ8_0>(dev, g, s, out, stream);
+    case quant::Type::kQ8_0:
+      return g.grouped ? dispatch_nt<MmqQ8_0G>(dev, g, s, out, stream) : dispatch_nt<MmqQ8_0>(dev, g, s, out, stream);
     default: return invalid_argument("mmq: unsupported format");
   }
 }

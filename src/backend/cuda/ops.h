@@ -136,8 +136,8 @@ Status f32_to_f16(const float* src, int64_t src_stride, void* dst, int64_t dst_s
 // True where dequantize_to_f16 supports the format (every weight format of quant/).
 bool dequantize_supported(quant::Type type);
 // dst (f16, [rows][cols] contiguous) = the weight rows w[0 .. rows) of `cols` elements each
-// (GGUF bytes as they are: row r at r * row_bytes(type, cols); with `grouped`, Q6_K rows in the
-// grouped layout of layout.h, 16-byte aligned), dequantized exactly as quant's scalar reference
+// (GGUF bytes as they are: row r at r * row_bytes(type, cols); with `grouped`, Q6_K / Q8_0 rows
+// in the grouped layout of layout.h, 16-byte aligned), dequantized exactly as quant's scalar reference
 // does, then rounded to f16.
 Status dequantize_to_f16(quant::Type type, const void* w, int64_t rows, int64_t cols, void* dst,
                          cudaStream_t stream, bool grouped = false);
