@@ -236,6 +236,10 @@ step_model() {
       echo "staged Q4_K GEMV (A/B; SLUICE_CUDA_GEMV_DIRECT=0, the direct kernel is the default):" >>"$OUT_DIR/model_compare.txt"
       SLUICE_CUDA_GEMV_DIRECT=0 "$SLUICE_BIN" bench -m "$dir/$name.gguf" -p 0 -n 128 -r 3 --backend cuda >>"$OUT_DIR/model_compare.txt" 2>&1
     fi
+    if [[ $name == 8b-q4_k_m || $name == 8b-q8_0 || $name == 8b-q6_k || $name == 1b-q4_k_m ]]; then
+      echo "Q6_K / Q8_0 in GGUF order (A/B; SLUICE_CUDA_GROUPED=0, the grouped layout is the default):" >>"$OUT_DIR/model_compare.txt"
+      SLUICE_CUDA_GROUPED=0 "$SLUICE_BIN" bench -m "$dir/$name.gguf" -p 0 -n 128 -r 3 --backend cuda >>"$OUT_DIR/model_compare.txt" 2>&1
+    fi
     rm -f "$dir/$name.gguf"
   done <<'MODELS'
 8b-q4_k_m llama-3-8b --type q4_k_m
@@ -253,7 +257,9 @@ MODELS
         SLUICE="$SLUICE_BIN" LLAMA_BENCH="$LLAMA_CUDA" BACKEND=cuda PP=512 TG=32 REPS=3 \
           bash bench/e2e/compare.sh "$dir/70b-q4_k_m.gguf" 1 >>"$OUT_DIR/model_compare.txt" 2>>"$OUT_DIR/model_compare.err"
         echo "staged Q4_K GEMV (A/B; SLUICE_CUDA_GEMV_DIRECT=0):" >>"$OUT_DIR/model_compare.txt"
-        SLUICE_CUDA_GEMV_DIRECT=0 "$SLUICE_BIN" bench -m "$dir/70b-q4_k_m.gguf" -p 0 -n 32 -r 3 --backend cuda >>"$OUT_DIR/model_compare.txt" 2>&1; }
+        SLUICE_CUDA_GEMV_DIRECT=0 "$SLUICE_BIN" bench -m "$dir/70b-q4_k_m.gguf" -p 0 -n 32 -r 3 --backend cuda >>"$OUT_DIR/model_compare.txt" 2>&1
+        echo "Q6_K in GGUF order (A/B; SLUICE_CUDA_GROUPED=0):" >>"$OUT_DIR/model_compare.txt"
+        SLUICE_CUDA_GROUPED=0 "$SLUICE_BIN" bench -m "$dir/70b-q4_k_m.gguf" -p 0 -n 32 -r 3 --backend cuda >>"$OUT_DIR/model_compare.txt" 2>&1; }
     rm -f "$dir/70b-q4_k_m.gguf"
   fi
   record model ok "$OUT_DIR/model_compare.txt${LLAMA_CUDA:+ (with llama.cpp CUDA)}"
