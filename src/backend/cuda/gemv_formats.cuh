@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/layout.h"
 
 namespace sluice::backend::cuda::gemv_detail {
 
@@ -158,12 +159,12 @@ struct FmtQ8_0 {
 // 2pp and 2pp + 1: 64 qs bytes at 64 pp (16-byte aligned), their two d at 256 + 4 pp. Per block
 // the same sum and the same f32 expression as FmtQ8_0.
 struct FmtQ8_0G {
-  static constexpr int kBlockElems = 256, kBlockBytes = 272, kPieceElems = 64;
+  static constexpr int kBlockElems = 256, kBlockBytes = kQ8GroupBytes, kPieceElems = 64;
   static constexpr bool kQ8 = true;
   static constexpr bool kGrouped = true;
   static constexpr int kGroupElems = 256;
-  // acc += the piece (64 weights: words q, d pair dd) times NT activations (xq: its 64 int8
-  // values, xds: its two (d, d * sum) pairs; token t at t * cols / t * cols / 32).
+  // acc += the piece (64 weights: words q, d pair dd) times NT activations: load_x(t, x) gives
+  // token t's 64 int8 values, load_d(t, x0, x1) the scales of its two 32-element blocks.
   template <int NT, class LoadX, class LoadD>
   __device__ static void piece_dot(const uint4 (&q)[4], uint32_t dd, LoadX&& load_x, LoadD&& load_d, float (&acc)[NT]) {
     const int w[16] = {int(q[0].x), int(q[0].y), int(q[0].z), int(q[0].w), int(q[1].x), int(q[1].y),
@@ -194,7 +195,7 @@ struct FmtQ8_0G {
                         lds_u128(b + 64 * pp + 48)};
     const int64_t e = e_chunk + int64_t(g) * 256 + 64 * pp;
     piece_dot<NT>(
-        q, lds_u32(b + 256 + 4 * pp),
+        q, lds_u32(b + kQ8GroupD + 4 * pp),
         [&](int t, int(&x)[16]) {
           int lo[8], hi[8];
           load_x32(a, t, e, lo);
@@ -218,7 +219,7 @@ struct FmtQ8_0G {
   };
   __device__ static Lane lane_of(int l) {
     const int pp = l % 4, base = l / 4 * kBlockBytes + 64 * pp;
-    return Lane{base, 256 + 4 * pp - 64 * pp};
+    return Lane{base, kQ8GroupD + 4 * pp - 64 * pp};
   }
   struct Words {
     uint4 q[4];
@@ -589,8 +590,8 @@ struct FmtQ6_K {
       wh[j] = sub_bytes(((ql >> 4) & 0x0F0F0F0Fu) | (hq & 0x30303030u), 0x20202020u);
     }
   }
-  // acc += the piece times NT activations: x0 / x1 the int8 values of groups kp / kp + 2 (32
-  // each), dx0 / dx1 their scales, token t at t * cols / t * cols / 32.
+  // acc += the piece times NT activations: load_x(t, x0, x1) gives token t's int8 values of
+  // groups kp / kp + 2 (32 each), load_d(t, d0, d1) their activation scales.
   template <int NT, class LoadX, class LoadD>
   __device__ static void piece_dot(const int (&wl)[8], const int (&wh)[8], uint32_t s_lo, uint32_t s_hi, float d,
                                    LoadX&& load_x, LoadD&& load_d, float (&acc)[NT]) {
@@ -655,7 +656,7 @@ struct FmtQ6_K {
 struct FmtQ6_KG : FmtQ6_K {
   static constexpr bool kGrouped = true;
   static constexpr int kGroupElems = 2048;
-  static constexpr int kGroupBytes = 8 * kBlockBytes, kQh = 1024, kScales = 1536, kD = 1664;
+  static constexpr int kGroupBytes = kQ6kGroupBytes, kQh = kQ6kGroupQh, kScales = kQ6kGroupScales, kD = kQ6kGroupD;
   template <int NT>
   __device__ static void dot(const uint8_t* chunk, int p, int64_t e_chunk, const ActRef& a, float (&acc)[NT]) {
     const int blk = p >> 2, h = (p >> 1) & 1, kp = p & 1, bi = blk & 7;
