@@ -11,7 +11,8 @@
 // 16 or 32 elements); the block scales are applied in f32 per sub-block. The weight bytes are
 // read once per launch for all the tokens.
 //
-// Formats: Q4_K, Q6_K and Q8_0 (mmq_supported); the others take the prefill path.
+// Formats: Q4_K, Q6_K and Q8_0 (mmq_supported), Q6_K and Q8_0 also in the backend's grouped
+// layout (g.grouped; layout.h); the others take the prefill path.
 // Work split: a block owns a tile of 64 or 128 rows of one matrix; where there are fewer tiles
 // than the GPU holds blocks, the columns are split too (grid.y), each split writes its partial
 // sums to a workspace and the last split of a tile to arrive adds them in split order: results
@@ -52,7 +53,7 @@ struct MmqScratch {
 MmqScratch mmq_scratch_needed(const DeviceInfo& dev, const GemvGroupArgs& g);
 
 // The matrices of `g` (one format, g.tokens in 1..kMaxMmqTokens, each with its own Q8Activation,
-// 16-byte aligned; weights 16-byte aligned, row bytes a multiple of 16 (4 for Q6_K); outputs
+// 16-byte aligned; weights 16-byte aligned, row bytes a multiple of 16 (4 for Q6_K in GGUF order); outputs
 // [tokens][rows]). g.variant is ignored. `scratch` at least what mmq_scratch_needed says.
 Status mmq(const DeviceInfo& dev, const GemvGroupArgs& g, const MmqScratch& scratch, cudaStream_t stream);
 
