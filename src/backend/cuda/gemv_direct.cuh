@@ -1,6 +1,7 @@
 // The direct GEMV: for block formats whose pieces are 16-byte aligned (Q4_K 144 B, Q5_K 176 B
-// blocks; Q6_K and Q8_0 in the grouped layout of layout.h) each lane loads its pieces' 16-byte words straight from global memory into registers, several
-// pieces deep, and decodes them there (no shared-memory staging, no per-chunk warp sync).
+// blocks; Q6_K and Q8_0 in the grouped layout of layout.h) each lane loads its pieces' 16-byte
+// words straight from global memory into registers, several pieces deep, and decodes them there
+// (no shared-memory staging, no per-chunk warp sync).
 //
 // Why a second kernel: the staged kernel (gemv_kernel.cuh) keeps 2 chunks per warp in flight and
 // each warp decodes a chunk before it issues the next copy, so on the 4096-column shapes, where a
@@ -25,10 +26,10 @@ namespace sluice::backend::cuda::gemv_detail {
 
 inline constexpr int kDirectWarps = 4;  // warps per block
 
-// F: a format with the lane API (DirectQ45_K, FmtQ6_KG, FmtQ8_0G): Lane lane_of(lane) (the lane's constant
-// offsets; .base: its first byte within a row step), Words (one row step's registers), load(p,
-// lane, words) from p = step start + base, dot_direct<NT>(words, lane, xq, xds, cols, acc).
-// npieces = nb * 4.
+// F: a format with the lane API (DirectQ45_K, FmtQ6_KG, FmtQ8_0G): Lane lane_of(lane) (the
+// lane's constant offsets; .base: its first byte within a row step), Words (one row step's
+// registers), load(p, lane, words) from p = step start + base, dot_direct<NT>(words, lane, xq,
+// xds, cols, acc). npieces = nb * 4.
 //
 // A warp walks its items, (row, step) pairs in order (row g: steps 0..steps-1, then row g + G, ...),
 // through a ring of kDepth register slots: the loads of item j + kDepth go into slot j % kDepth as

@@ -65,7 +65,7 @@ Status group_weight_blocks(quant::Type type, void* w, int64_t rows, int64_t cols
     return invalid_argument("group_weight_blocks: weights must be 16-byte aligned");
   }
   const bool q6 = type == quant::Type::kQ6_K;
-  const int64_t ngroups = rows * (cols / ((q6 ? 256 : 32) * kGroupBlocks));
+  const int64_t ngroups = rows * (cols / group_elems(type));
   if (ngroups == 0) return Status::ok();
   const int grid = int(std::min<int64_t>(ngroups, 8192));
   if (q6) {

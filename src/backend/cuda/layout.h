@@ -38,12 +38,16 @@ inline constexpr int kQ6kGroupQh = 1024, kQ6kGroupScales = 1536, kQ6kGroupD = 16
 inline constexpr int kQ8GroupBytes = kGroupBlocks * 34;  // 272
 inline constexpr int kQ8GroupD = 256;
 
+// Elements of one group of this format (0: the format has no grouped layout).
+inline int64_t group_elems(quant::Type type) {
+  if (type == quant::Type::kQ6_K) return 256 * kGroupBlocks;
+  if (type == quant::Type::kQ8_0) return 32 * kGroupBlocks;
+  return 0;
+}
 // True where the grouped layout exists for a matrix of this format and row length.
 inline bool groupable(quant::Type type, int64_t cols) {
-  if (cols <= 0) return false;
-  if (type == quant::Type::kQ6_K) return cols % (256 * kGroupBlocks) == 0;
-  if (type == quant::Type::kQ8_0) return cols % (32 * kGroupBlocks) == 0;
-  return false;
+  const int64_t ge = group_elems(type);
+  return ge > 0 && cols > 0 && cols % ge == 0;
 }
 // Bytes of one group of a groupable format.
 inline int group_bytes(quant::Type type) { return type == quant::Type::kQ6_K ? kQ6kGroupBytes : kQ8GroupBytes; }

@@ -72,6 +72,7 @@ struct MmqQ4_K {
   static constexpr int kUnitBytes = 144, kCopyBytes = 16;
   static constexpr int kRowStride = 160;  // 8 g apart mod 32 banks: conflict-free 64-bit loads
   static constexpr int kActStride = 288;
+  static constexpr int kFieldCopies = 0;  // the unit's bytes are copied as they lie
   template <int NT>
   __device__ static void mul(const uint8_t* const (&rows)[kMT][2], const uint8_t* act, const float2* ds, int g, int q,
                              int64_t /*unit*/, float (&acc)[kMT][NT][4]) {
@@ -136,6 +137,7 @@ struct MmqQ8_0T {
   static constexpr int kUnitBytes = 272, kCopyBytes = 16;
   static constexpr int kRowStride = 288;
   static constexpr int kActStride = 288;
+  static constexpr int kFieldCopies = 0;  // the unit's bytes are copied as they lie
   template <int NT>
   __device__ static void mul(const uint8_t* const (&rows)[kMT][2], const uint8_t* act, const float2* ds, int g, int q,
                              int64_t /*unit*/, float (&acc)[kMT][NT][4]) {
@@ -197,7 +199,9 @@ struct MmqQ6_KT {
   // 60 words apart (grouped) or 53: the eight rows of a fragment fall in distinct banks.
   static constexpr int kRowStride = kGrouped ? 240 : 212;
   static constexpr int kActStride = 272;  // 4 g apart mod 32 banks: conflict-free 32-bit loads
-  static constexpr int kGroupCopies = 14;
+  // Grouped: 16-byte copies per unit, from its group's field runs (group_src); GGUF order: 0, the
+  // unit's bytes are copied as they lie.
+  static constexpr int kFieldCopies = kGrouped ? 14 : 0;
   // Grouped: source of copy c (0..13) of block b of a group, from the group's start.
   __device__ static int group_src(int b, int c) {
     if (c < 8) return 128 * b + 16 * c;
@@ -279,10 +283,6 @@ using MmqQ6_KG = MmqQ6_KT<true>;
 using MmqQ8_0 = MmqQ8_0T<false>;
 using MmqQ8_0G = MmqQ8_0T<true>;
 
-// Grouped Q6_K: a unit's fields are copied from four places of its group (MmqQ6_KT::group_src).
-template <class F>
-inline constexpr bool kFieldCopies = requires { F::kGroupCopies; } && F::kCopyBytes == 16;
-
 // The matrices of a launch: matrix m owns row tiles [tile0[m], tile0[m+1]).
 struct Mats {
   int n = 0;
@@ -338,8 +338,8 @@ __global__ void __launch_bounds__(threads<F>(), F::kMinBlocks) mmq_kernel(const 
   constexpr int kMT = F::kMT, kRows = tile_rows<F>(), kThreads = threads<F>();
   // 16-byte formats: the unit's bytes; Q6_K: 212 bytes (2 before or after the 210, copy_lead);
   // grouped Q6_K: the unit's fields and its group's d run (MmqQ6_KT).
-  constexpr bool kG = kFieldCopies<F>;
-  constexpr int kCopies = kG ? 14 : F::kCopyBytes == 16 ? F::kUnitBytes / 16 : (F::kUnitBytes + 2) / 4;
+  constexpr bool kG = F::kFieldCopies > 0;
+  constexpr int kCopies = kG ? F::kFieldCopies : F::kCopyBytes == 16 ? F::kUnitBytes / 16 : (F::kUnitBytes + 2) / 4;
   static_assert(kG ? kCopies * 16 <= F::kRowStride
                    : F::kCopyBytes == 16 ? F::kUnitBytes % 16 == 0 : kCopies * 4 <= F::kRowStride);
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
