@@ -1,14 +1,15 @@
 // Decode attention (1..kDecodeMaxTokens query rows): flash-decoding. The key range of each query
 // row is cut into splits so that even one KV head at a long context spreads over every SM; each
-// block scores its split for up to 4 query heads of one KV head, keeps an f32 running max, sum of
-// exponentials and unnormalized weighted V sum, and writes them to the workspace. A combine
-// kernel rescales the splits to a common max and normalizes.
+// block scores its split for up to kMaxHeadsPerBlock query heads of one KV head, keeps an f32
+// running max, sum of exponentials and unnormalized weighted V sum, and writes them to the
+// workspace. A combine kernel rescales the splits to a common max and normalizes.
 //
 // Thread layout of a block (HD = head_dim): a K/V row of one KV head is HD f16 = HD/8 16-byte
 // pieces; kLanes (HD/8 rounded up to a power of two, so shuffles reduce within aligned lane
 // groups) consecutive lanes read one row, piece c in lane c (lanes c >= HD/8 idle, only for HD
-// not a power of two). The 128 threads form kGroups = 128 / kLanes key groups; group g handles
-// keys g, g + kGroups, ... of each 64-key tile, so the lanes of a warp read consecutive rows.
+// not a power of two). The kDecodeThreads threads form kGroups = kDecodeThreads / kLanes key
+// groups; group g handles keys g, g + kGroups, ... of each 64-key tile, so the lanes of a warp
+// read consecutive rows.
 #include <cmath>
 #include <string>
 
@@ -27,9 +28,15 @@ template <int HD>
 struct DecodeShape {
   static constexpr int kPieces = HD / 8;                           // 16-byte pieces per row
   static constexpr int kLanes = pow2_ceil(kPieces);                // lanes per key (4..32)
-  static constexpr int kGroups = kDecodeThreads / kLanes;          // keys in flight per step (4..32)
-  static constexpr int kKeysPerGroup = kDecodeTile / kGroups;      // per tile (2..16)
+  static constexpr int kGroups = kDecodeThreads / kLanes;          // keys in flight per step (8..64)
+  static constexpr int kKeysPerGroup = kDecodeTile / kGroups;      // per tile (1..8)
   static constexpr int kBatch = kKeysPerGroup < 4 ? kKeysPerGroup : 4;  // loads issued together
+  // Up to 8 keys per group (every head_dim at 256 threads): a tile's K rows in one batch and its V
+  // rows loaded with them, so a tile waits for memory once instead of once per batch of K and of V
+  // (a decode at a short context is a chain of these waits). More keys per group would keep
+  // batches of kBatch (registers).
+  static constexpr bool kVEarly = kKeysPerGroup <= 8;
+  static constexpr int kKBatch = kVEarly ? kKeysPerGroup : kBatch;
   static_assert(HD % 32 == 0 && HD >= 32 && HD <= 256, "head_dim: multiples of 32 up to 256");
   static_assert(kLanes <= kWarpSize && kDecodeTile % kGroups == 0 && kKeysPerGroup % kBatch == 0);
   static_assert(kDecodeTile == 2 * kWarpSize, "the softmax step gives each lane two keys of a tile");
@@ -138,21 +145,34 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(const __gr
   const __half* kp = p.k + int64_t(kvh) * HD + c * 8;
   const __half* vp = p.v + int64_t(kvh) * HD + c * 8;
 
+  // V row of key j (zeros past the end: those rows are not read, their probability is 0 but the
+  // memory may hold anything, and NaN * 0 = NaN).
+  auto load_v = [&](int j) {
+    const int64_t row = kPaged && piece_ok && j < end ? cache_row(row_map, j) : int64_t(j);
+    return (piece_ok && j < end) ? load_row16(vp + row * p.v_stride) : make_uint4(0, 0, 0, 0);
+  };
+
   int buf = 0;
   for (int tile0 = begin; tile0 < end; tile0 += kDecodeTile, buf ^= 1) {
     // 1. Scores of the tile's keys for every head into sc[buf] (-inf past the split's end).
     //    sc is double-buffered: a slow thread may still read the previous tile's probabilities.
+    uint4 vr_pre[S::kVEarly ? S::kKeysPerGroup : 1];
 #pragma unroll
-    for (int u0 = 0; u0 < S::kKeysPerGroup; u0 += S::kBatch) {
-      uint4 kr[S::kBatch];
+    for (int u0 = 0; u0 < S::kKeysPerGroup; u0 += S::kKBatch) {
+      uint4 kr[S::kKBatch];
 #pragma unroll
-      for (int i = 0; i < S::kBatch; ++i) {
+      for (int i = 0; i < S::kKBatch; ++i) {
         const int j = tile0 + grp + S::kGroups * (u0 + i);
         const int64_t row = kPaged && piece_ok && j < end ? cache_row(row_map, j) : int64_t(j);
         kr[i] = (piece_ok && j < end) ? load_row16(kp + row * p.k_stride) : make_uint4(0, 0, 0, 0);
       }
+      if constexpr (S::kVEarly) {
+        // The tile's V rows too, in flight with its K rows (they do not depend on the scores).
 #pragma unroll
-      for (int i = 0; i < S::kBatch; ++i) {
+        for (int i = 0; i < S::kKeysPerGroup; ++i) vr_pre[i] = load_v(tile0 + grp + S::kGroups * i);
+      }
+#pragma unroll
+      for (int i = 0; i < S::kKBatch; ++i) {
         const int jl = grp + S::kGroups * (u0 + i);
         float kf[8];
         halves8_to_float(kr[i], kf);
@@ -202,11 +222,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(const __gr
       uint4 vr[S::kBatch];
 #pragma unroll
       for (int i = 0; i < S::kBatch; ++i) {
-        const int j = tile0 + grp + S::kGroups * (u0 + i);
-        // Rows past the end are not read: their probability is 0 but the memory may hold
-        // anything (NaN * 0 = NaN).
-        const int64_t row = kPaged && piece_ok && j < end ? cache_row(row_map, j) : int64_t(j);
-        vr[i] = (piece_ok && j < end) ? load_row16(vp + row * p.v_stride) : make_uint4(0, 0, 0, 0);
+        vr[i] = S::kVEarly ? vr_pre[u0 + i] : load_v(tile0 + grp + S::kGroups * (u0 + i));
       }
 #pragma unroll
       for (int i = 0; i < S::kBatch; ++i) {

@@ -18,18 +18,22 @@ namespace sluice::backend::cuda::attn {
 // rows the prefill kernel, which shares every K/V tile among 32 rows, reads far fewer bytes.
 inline constexpr int kDecodeMaxTokens = 4;
 
-// Decode blocks: 4 warps; one block = one query row x up to 4 query heads of one KV head x one
-// key split. The heads of a GQA group share the block so each K/V row is read from DRAM once for
-// all of them; 4 heads keep q and the accumulators in registers (2 x 4 x 8 floats per thread).
-inline constexpr int kDecodeThreads = 128;
-inline constexpr int kMaxHeadsPerBlock = 4;
+// Decode blocks: 8 warps; one block = one query row x up to 2 query heads of one KV head x one
+// key split. The heads of a block share each K/V row it reads (the other head pairs of a GQA
+// group read it again, from L2). Decode at batch 1 is a chain of small kernels whose latency the
+// GPU waits for, so blocks are cut short rather than to read each K/V row from DRAM only once:
+// more, shorter blocks (2 heads, 8 warps, splits from 64 keys, where it was 4 heads, 4 warps,
+// 128 keys) made decode 4-7% faster on the H200 for the Llama shapes and 26% for Gemma 3 270M's
+// (docs/CUDA.md, "Decode attention").
+inline constexpr int kDecodeThreads = 256;
+inline constexpr int kMaxHeadsPerBlock = 2;
 // Keys scored per step of a decode block: scores and probabilities of one tile live in shared
 // memory, the softmax max/sum are updated once per tile.
 inline constexpr int kDecodeTile = 64;
-// A split covers at least this many keys (shorter ones would spend more on the combine than on
-// reading K/V), and there are at most kMaxSplits (which bounds the workspace and the combine's
-// shared array). 131072 positions -> 256 splits of 512 keys.
-inline constexpr int kMinSplitKeys = 128;
+// A split covers at least this many keys (one tile; shorter splits would not shorten a block's
+// chain), and there are at most kMaxSplits (which bounds the workspace and the combine's shared
+// array). 131072 positions -> 256 splits of 512 keys.
+inline constexpr int kMinSplitKeys = 64;
 inline constexpr int kMaxSplits = 256;
 // Decode grids aim for this many blocks per SM: with ~16 KB of loads in flight per block that is
 // enough outstanding memory traffic to keep HBM busy, and all blocks run in one wave.
