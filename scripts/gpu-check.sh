@@ -247,6 +247,7 @@ step_model() {
 8b-q6_k llama-3-8b --type q6_k
 1b-q4_k_m custom --layers 16 --dim 2048 --ffn 8192 --heads 32 --kv-heads 8 --vocab 128256 --tied-output --rope-theta 500000 --type q4_k_m
 smollm2-shape custom --layers 30 --dim 576 --ffn 1536 --heads 9 --kv-heads 3 --vocab 49152 --tied-output --rope-theta 100000 --type q4_1
+smollm2-real-types custom --layers 30 --dim 576 --ffn 1536 --heads 9 --kv-heads 3 --vocab 49152 --tied-output --rope-theta 100000 --type q4_1 --embd-type q8_0
 gemma3-270m-shape custom --arch gemma3 --layers 18 --dim 640 --ffn 2048 --heads 4 --kv-heads 1 --head-dim 256 --vocab 262144 --type q4_k_m --tied-output --sliding-window 512 --rope-theta 1000000
 MODELS
   # The 70B shape resident (issue: >= 1.2x llama.cpp on an H200): only where the GPU holds it.

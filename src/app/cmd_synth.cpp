@@ -12,7 +12,7 @@ int cmd_synth(int argc, char** argv) {
   for (const auto& n : shape_names()) names += (names.empty() ? "" : " | ") + n;
   CLI::App app{"Write a random-but-valid GGUF of a named shape (" + names + "); options override the shape's dimensions",
                "sluice synth"};
-  std::string shape_name, out, type = "q4_k_m";
+  std::string shape_name, out, type = "q4_k_m", embd_type;
   uint64_t seed = 1;
   unsigned threads = 0;
   std::optional<uint32_t> layers, dim, ffn, heads, kv_heads, head_dim, vocab, experts, experts_used, shared_ffn, ctx,
@@ -23,6 +23,8 @@ int cmd_synth(int argc, char** argv) {
   app.add_option("shape", shape_name, names)->required();
   app.add_option("-o,--output", out, "output GGUF file")->required();
   app.add_option("--type", type, "q4_k_m (default), q6_k, q8_0, f16, or any format name");
+  app.add_option("--embd-type", embd_type,
+                 "token_embd's format (the output's too with --tied-output; default: as --type chooses)");
   app.add_option("--arch", arch,
                  "llama | qwen2 | qwen3 (with --experts: mixtral-style llama, qwen2moe, qwen3moe) | gemma3");
   app.add_option("--layers", layers, "number of layers");
@@ -86,6 +88,14 @@ int cmd_synth(int argc, char** argv) {
   if (!mix.is_ok()) {
     std::fprintf(stderr, "sluice synth: %s\n", mix.status().message().c_str());
     return kExitBadInput;
+  }
+  if (!embd_type.empty()) {
+    auto t = parse_weight_format(embd_type, "--embd-type");
+    if (!t.is_ok()) {
+      std::fprintf(stderr, "sluice synth: %s\n", t.status().message().c_str());
+      return kExitBadInput;
+    }
+    mix->embd = *t;
   }
   auto plan = make_plan(s, *mix, seed);
   if (!plan.is_ok()) {

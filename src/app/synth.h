@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -65,8 +66,14 @@ struct TypeMix {
   std::string name;
   quant::Type base;
   bool k_m = false;  // q4_k_m's Q6_K promotions
+  // token_embd.weight's format (--embd-type; with --tied-output also the output matrix), as
+  // llama-quantize's --token-embedding-type; unset: the mix's choice. SmolLM2-135M-Instruct's
+  // Q4_1 file has Q8_0 embeddings.
+  std::optional<quant::Type> embd;
 };
 Result<TypeMix> parse_type_mix(std::string_view name);
+// A weight format by name (case-insensitive), for the option `option` (named in the error).
+Result<quant::Type> parse_weight_format(std::string_view name, std::string_view option);
 
 // How a tensor's values are generated.
 enum class TensorKind {

@@ -159,16 +159,33 @@ Status validate(const SynthShape& s) {
   return Status::ok();
 }
 
-Result<TypeMix> parse_type_mix(std::string_view name) {
+namespace {
+std::string lowercase(std::string_view name) {
   std::string lower;
   for (char c : name) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (lower == "q4_k_m") return TypeMix{lower, Type::kQ4_K, true};
-  auto t = quant::type_from_name(lower);
-  if (!t) return invalid_argument("--type '" + std::string(name) + "': unknown (q4_k_m or a format name, e.g. q6_k)");
+  return lower;
+}
+}  // namespace
+
+Result<quant::Type> parse_weight_format(std::string_view name, std::string_view option) {
+  const std::string head = std::string(option) + " '" + std::string(name) + "': ";
+  auto t = quant::type_from_name(lowercase(name));
+  if (!t) return invalid_argument(head + "unknown format (e.g. q8_0, q6_k)");
   if (!quant::kernels(*t).vec_dot || !quant::kernels(*t).quantize_row) {
-    return invalid_argument("--type '" + std::string(name) + "': not a weight format");
+    return invalid_argument(head + "not a weight format");
   }
-  return TypeMix{lower, *t, false};
+  return *t;
+}
+
+Result<TypeMix> parse_type_mix(std::string_view name) {
+  const std::string lower = lowercase(name);
+  if (lower == "q4_k_m") return TypeMix{lower, Type::kQ4_K, true, std::nullopt};
+  if (!quant::type_from_name(lower)) {
+    return invalid_argument("--type '" + std::string(name) + "': unknown (q4_k_m or a format name, e.g. q6_k)");
+  }
+  auto t = parse_weight_format(name, "--type");
+  if (!t.is_ok()) return t.status();
+  return TypeMix{lower, *t, false, std::nullopt};
 }
 
 void add_tokenizer(std::vector<KeyValue>& kv, uint32_t vocab, const std::string& pre, uint64_t seed) {
@@ -328,8 +345,8 @@ Result<SynthPlan> make_plan(const SynthShape& s, const TypeMix& mix, uint64_t se
   };
   const bool mixtral8 = s.experts == 8;
   auto matrix = [&](const std::string& name, std::vector<uint64_t> shape, Type km_type,
-                    Reserved reserved = Reserved::kNone) {
-    const Type want = mix.k_m ? km_type : mix.base;
+                    Reserved reserved = Reserved::kNone, std::optional<Type> forced = std::nullopt) {
+    const Type want = forced ? *forced : mix.k_m ? km_type : mix.base;
     const float scale = 1.0f / std::sqrt(static_cast<float>(shape[0]));
     plan.tensors.push_back({name, pick(want, shape[0]), std::move(shape), TensorKind::kMatrix, scale,
                             skew ? reserved : Reserved::kNone});
@@ -340,7 +357,7 @@ Result<SynthPlan> make_plan(const SynthShape& s, const TypeMix& mix, uint64_t se
   };
   const Type q4 = Type::kQ4_K, q6 = Type::kQ6_K;
   const uint64_t q_dim = uint64_t{s.heads} * hd, kv_dim = uint64_t{s.kv_heads} * hd;
-  matrix("token_embd.weight", {s.dim, s.vocab}, q4, Reserved::kEmbedRows);
+  matrix("token_embd.weight", {s.dim, s.vocab}, q4, Reserved::kEmbedRows, mix.embd);
   if (s.rope_scaling) f32("rope_freqs.weight", hd / 2, TensorKind::kRopeFreqs, 0);
   f32("output_norm.weight", s.dim, TensorKind::kNorm, 0.05f);
   if (!s.tied_output) matrix("output.weight", {s.dim, s.vocab}, q6);

@@ -341,6 +341,39 @@ TEST(Synth, BlockFallbackForOddRows) {
   EXPECT_EQ(type_of(make_plan(s, parse_type_mix("q8_0").value(), 1).value(), "blk.0.attn_q.weight"), Type::kF16);
 }
 
+// --embd-type: token_embd alone takes the given format (the real SmolLM2 Q4_1 file's Q8_0
+// embeddings, which its tied output reads too); every other tensor keeps the mix's choice.
+TEST(Synth, EmbeddingTypeOverride) {
+  TempFile tmp("embd_type");
+  SynthShape s = small_shape();
+  s.tied_output = true;
+  TypeMix mix = parse_type_mix("q4_1").value();
+  const SynthPlan base = make_plan(s, mix, 1).value();
+  mix.embd = parse_weight_format("Q8_0", "--embd-type").value();
+  const SynthPlan plan = make_plan(s, mix, 1).value();
+  ASSERT_EQ(plan.tensors.size(), base.tensors.size());
+  for (size_t i = 0; i < plan.tensors.size(); ++i) {
+    const bool embd = plan.tensors[i].name == "token_embd.weight";
+    EXPECT_EQ(plan.tensors[i].type, embd ? Type::kQ8_0 : base.tensors[i].type) << plan.tensors[i].name;
+    if (embd) {
+      EXPECT_EQ(base.tensors[i].type, Type::kQ4_1);
+    }
+  }
+  // Rows that do not fit the format fall back as the other matrices do.
+  SynthShape odd = s;
+  odd.dim = 96, odd.heads = 3, odd.kv_heads = 1, odd.ffn = 160;
+  mix.embd = Type::kQ4_K;
+  for (const auto& t : make_plan(odd, mix, 1).value().tensors) {
+    if (t.name == "token_embd.weight") {
+      EXPECT_EQ(t.type, Type::kQ5_0);
+    }
+  }
+  EXPECT_NE(parse_weight_format("q9", "--embd-type").status().message().find("--embd-type 'q9': unknown"),
+            std::string::npos);
+  EXPECT_NE(parse_weight_format("q8_k", "--embd-type").status().message().find("not a weight format"),
+            std::string::npos);
+}
+
 TEST(Synth, SameSeedSameBytesAnyThreadCount) {
   TempFile a("seed_a"), b("seed_b"), c("seed_c");
   const SynthShape s = small_shape();
