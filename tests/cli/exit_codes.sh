@@ -31,6 +31,7 @@ expect 2 "not a regular file" "$sluice" inspect "$tmp"
 expect 2 "model is required|model" "$sluice" inspect
 expect 2 "unknown shape 'llama-9'" "$sluice" synth llama-9 -o "$tmp/x.gguf"
 expect 2 "--type 'q9'" "$sluice" synth tiny --type q9 -o "$tmp/x.gguf"
+expect 2 "--embd-type 'q9': unknown format" "$sluice" synth tiny --embd-type q9 -o "$tmp/x.gguf"
 expect 2 "--kv-heads 3" "$sluice" synth tiny --kv-heads 3 -o "$tmp/x.gguf"
 expect 2 "output" "$sluice" synth tiny
 expect 1 "cannot create" "$sluice" synth tiny -o "$tmp/no/such/dir/x.gguf"
