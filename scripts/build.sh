@@ -9,7 +9,9 @@ case "$kind" in
   # CUDA code is compiled (and its tests skip) in the release build; the sanitizer build is host-only.
   # Line tables only (-g1): sanitizer stack traces keep function, file and line; a quarter less compile
   # time than full debug info (measured on a 2-core VM: a test file 26.2 s -> 19.8 s).
-  asan) dir=build-asan; flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DSLUICE_SANITIZE=ON -DSLUICE_BENCH=OFF -DSLUICE_CUDA=OFF
+  # SLUICE_SLOW_TESTS=OFF: the executables whose tests are all labelled slow are not built (scripts/test.sh
+  # runs no slow test in this build); the tests and src/app are compiled at -O1 (CMakeLists.txt, SLUICE_HARNESS_OPT).
+  asan) dir=build-asan; flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DSLUICE_SANITIZE=ON -DSLUICE_BENCH=OFF -DSLUICE_CUDA=OFF -DSLUICE_SLOW_TESTS=OFF
           "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG") ;;
   fuzz) dir=build-fuzz; flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++
           -DSLUICE_FUZZ=ON -DSLUICE_SANITIZE=ON -DSLUICE_TESTS=ON -DSLUICE_BENCH=OFF) ;;

@@ -13,6 +13,7 @@
 // --batch-seqs 1,8,32: batched decode (what `sluice serve` runs, llama-batched-bench's S_TG):
 // N sequences, each filled with --batch-ctx positions, then passes that decode one token of every
 // sequence; the time per pass and the aggregate tok/s, next to the N = 1 row.
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cmath>

@@ -4,6 +4,7 @@
 // perplexity cost on the same text of leaving out the N most skippable layers and of early exit
 // at a few thresholds, with the layers each run uses. Layer skip and early exit are lossy: these
 // are the numbers to quote with them.
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

@@ -4,6 +4,7 @@
 // ChatTemplate::continuation and the KV-cache invariant in decode/generate.h). With --self-draft
 // or --draft-model every reply is decoded speculatively (docs/SPECULATIVE.md): a draft model is
 // handed the tokens of the whole conversation so far, which it catches up on.
+#include <CLI/CLI.hpp>
 #include <unistd.h>
 
 #include <cstdio>

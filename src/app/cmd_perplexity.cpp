@@ -4,6 +4,7 @@
 // model adds one), and only the second half is scored -- every scored token sees at least
 // n_ctx/2 tokens of context. Prints the running PPL per window and the final estimate with
 // its standard error.
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstdio>

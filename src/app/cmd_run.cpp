@@ -1,6 +1,7 @@
 // sluice run -m MODEL -p PROMPT [-n N] [--chat [--system TEXT]] [sampling flags]: streams the
 // continuation to stdout as it is produced; stderr ends with load time, prefill and decode
 // tok/s and the weight bandwidth per decoded token.
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
 #include <optional>

@@ -6,6 +6,7 @@
 // sigtimedwait, so there is no signal handler and no global state. On the signal the server stops
 // accepting connections, lets running and queued requests finish for --shutdown-timeout seconds,
 // cancels the rest and exits 0.
+#include <CLI/CLI.hpp>
 #include <signal.h>
 
 #include <algorithm>

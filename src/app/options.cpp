@@ -1,5 +1,6 @@
 #include "app/options.h"
 
+#include <CLI/CLI.hpp>
 #include <random>
 
 #include "app/commands.h"

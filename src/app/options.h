@@ -2,14 +2,21 @@
 // spelled, defaulted and range-checked once.
 #pragma once
 
-#include <CLI/CLI.hpp>
-
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "decode/sampler.h"
 #include "model/model.h"
+
+// Declared, not included: <CLI/CLI.hpp> defines validator objects (ExistingFile, ValidIPV4, ...)
+// whose initializers, with the virtual members CLI::App pulls in, put ~1 MB of CLI11 code into
+// every translation unit that includes it (measured under ASan: half the object code of a test
+// that never parses a flag). Only the files that build or parse a command line include it.
+namespace CLI {
+class App;
+}
 
 namespace sluice::app {
 

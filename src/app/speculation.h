@@ -3,14 +3,12 @@
 // (off by default; `sluice calibrate` writes the per-layer scores they choose from).
 #pragma once
 
-#include <CLI/CLI.hpp>
-
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "app/options.h"
+#include "app/options.h"  // declares CLI::App
 #include "core/status.h"
 #include "decode/speculative.h"
 #include "gguf/gguf.h"

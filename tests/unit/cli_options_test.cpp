@@ -1,4 +1,5 @@
 // Shared CLI plumbing: error -> exit code mapping, flag parsing outcomes, sampling resolution.
+#include <CLI/CLI.hpp>
 #include <vector>
 
 #include "app/commands.h"
