@@ -363,7 +363,8 @@ TEST(Synth, EmbeddingTypeOverride) {
   SynthShape odd = s;
   odd.dim = 96, odd.heads = 3, odd.kv_heads = 1, odd.ffn = 160;
   mix.embd = Type::kQ4_K;
-  for (const auto& t : make_plan(odd, mix, 1).value().tensors) {
+  const SynthPlan odd_plan = make_plan(odd, mix, 1).value();
+  for (const auto& t : odd_plan.tensors) {
     if (t.name == "token_embd.weight") {
       EXPECT_EQ(t.type, Type::kQ5_0);
     }
