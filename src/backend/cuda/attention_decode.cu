@@ -30,15 +30,12 @@ struct DecodeShape {
   static constexpr int kLanes = pow2_ceil(kPieces);                // lanes per key (4..32)
   static constexpr int kGroups = kDecodeThreads / kLanes;          // keys in flight per step (8..64)
   static constexpr int kKeysPerGroup = kDecodeTile / kGroups;      // per tile (1..8)
-  static constexpr int kBatch = kKeysPerGroup < 4 ? kKeysPerGroup : 4;  // loads issued together
-  // Up to 8 keys per group (every head_dim at 256 threads): a tile's K rows in one batch and its V
-  // rows loaded with them, so a tile waits for memory once instead of once per batch of K and of V
-  // (a decode at a short context is a chain of these waits). More keys per group would keep
-  // batches of kBatch (registers).
-  static constexpr bool kVEarly = kKeysPerGroup <= 8;
-  static constexpr int kKBatch = kVEarly ? kKeysPerGroup : kBatch;
+  // A tile's K rows of a key group and its V rows are loaded together (V does not depend on the
+  // scores), so a tile waits for memory once (a decode at a short context is a chain of these
+  // waits); at 256 threads a group has at most 8 keys: 16 16-byte registers.
+  static_assert(kKeysPerGroup <= 8, "a key group's K and V rows of a tile are held in registers");
   static_assert(HD % 32 == 0 && HD >= 32 && HD <= 256, "head_dim: multiples of 32 up to 256");
-  static_assert(kLanes <= kWarpSize && kDecodeTile % kGroups == 0 && kKeysPerGroup % kBatch == 0);
+  static_assert(kLanes <= kWarpSize && kDecodeTile % kGroups == 0);
   static_assert(kDecodeTile == 2 * kWarpSize, "the softmax step gives each lane two keys of a tile");
 };
 
@@ -145,47 +142,36 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(const __gr
   const __half* kp = p.k + int64_t(kvh) * HD + c * 8;
   const __half* vp = p.v + int64_t(kvh) * HD + c * 8;
 
-  // V row of key j (zeros past the end: those rows are not read, their probability is 0 but the
-  // memory may hold anything, and NaN * 0 = NaN).
-  auto load_v = [&](int j) {
+  // This thread's piece of the K or V row of key j (zeros past the end: those rows are not read;
+  // a V row's probability is 0 there but the memory may hold anything, and NaN * 0 = NaN).
+  auto load_piece = [&](const __half* base, int64_t stride, int j) {
     const int64_t row = kPaged && piece_ok && j < end ? cache_row(row_map, j) : int64_t(j);
-    return (piece_ok && j < end) ? load_row16(vp + row * p.v_stride) : make_uint4(0, 0, 0, 0);
+    return (piece_ok && j < end) ? load_row16(base + row * stride) : make_uint4(0, 0, 0, 0);
   };
 
   int buf = 0;
   for (int tile0 = begin; tile0 < end; tile0 += kDecodeTile, buf ^= 1) {
     // 1. Scores of the tile's keys for every head into sc[buf] (-inf past the split's end).
     //    sc is double-buffered: a slow thread may still read the previous tile's probabilities.
-    uint4 vr_pre[S::kVEarly ? S::kKeysPerGroup : 1];
+    uint4 kr[S::kKeysPerGroup], vr[S::kKeysPerGroup];
 #pragma unroll
-    for (int u0 = 0; u0 < S::kKeysPerGroup; u0 += S::kKBatch) {
-      uint4 kr[S::kKBatch];
+    for (int u = 0; u < S::kKeysPerGroup; ++u) kr[u] = load_piece(kp, p.k_stride, tile0 + grp + S::kGroups * u);
 #pragma unroll
-      for (int i = 0; i < S::kKBatch; ++i) {
-        const int j = tile0 + grp + S::kGroups * (u0 + i);
-        const int64_t row = kPaged && piece_ok && j < end ? cache_row(row_map, j) : int64_t(j);
-        kr[i] = (piece_ok && j < end) ? load_row16(kp + row * p.k_stride) : make_uint4(0, 0, 0, 0);
-      }
-      if constexpr (S::kVEarly) {
-        // The tile's V rows too, in flight with its K rows (they do not depend on the scores).
+    for (int u = 0; u < S::kKeysPerGroup; ++u) vr[u] = load_piece(vp, p.v_stride, tile0 + grp + S::kGroups * u);
 #pragma unroll
-        for (int i = 0; i < S::kKeysPerGroup; ++i) vr_pre[i] = load_v(tile0 + grp + S::kGroups * i);
-      }
+    for (int u = 0; u < S::kKeysPerGroup; ++u) {
+      const int jl = grp + S::kGroups * u;
+      float kf[8];
+      halves8_to_float(kr[u], kf);
 #pragma unroll
-      for (int i = 0; i < S::kKBatch; ++i) {
-        const int jl = grp + S::kGroups * (u0 + i);
-        float kf[8];
-        halves8_to_float(kr[i], kf);
+      for (int h = 0; h < kMaxHeadsPerBlock; ++h) {
+        if (h < nh) {  // uniform across the block: the shuffles below see every lane
+          float s = 0.0f;
 #pragma unroll
-        for (int h = 0; h < kMaxHeadsPerBlock; ++h) {
-          if (h < nh) {  // uniform across the block: the shuffles below see every lane
-            float s = 0.0f;
+          for (int e = 0; e < 8; ++e) s = fmaf(qr[h][e], kf[e], s);
 #pragma unroll
-            for (int e = 0; e < 8; ++e) s = fmaf(qr[h][e], kf[e], s);
-#pragma unroll
-            for (int o = S::kLanes / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-            if (c == 0) sc[buf][h][jl] = tile0 + jl < end ? s : -INFINITY;
-          }
+          for (int o = S::kLanes / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+          if (c == 0) sc[buf][h][jl] = tile0 + jl < end ? s : -INFINITY;
         }
       }
     }
@@ -218,24 +204,16 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(const __gr
       }
     }
 #pragma unroll
-    for (int u0 = 0; u0 < S::kKeysPerGroup; u0 += S::kBatch) {
-      uint4 vr[S::kBatch];
+    for (int u = 0; u < S::kKeysPerGroup; ++u) {
+      const int jl = grp + S::kGroups * u;
+      float vf[8];
+      halves8_to_float(vr[u], vf);
 #pragma unroll
-      for (int i = 0; i < S::kBatch; ++i) {
-        vr[i] = S::kVEarly ? vr_pre[u0 + i] : load_v(tile0 + grp + S::kGroups * (u0 + i));
-      }
+      for (int h = 0; h < kMaxHeadsPerBlock; ++h) {
+        if (h < nh) {
+          const float pj = sc[buf][h][jl];
 #pragma unroll
-      for (int i = 0; i < S::kBatch; ++i) {
-        const int jl = grp + S::kGroups * (u0 + i);
-        float vf[8];
-        halves8_to_float(vr[i], vf);
-#pragma unroll
-        for (int h = 0; h < kMaxHeadsPerBlock; ++h) {
-          if (h < nh) {
-            const float pj = sc[buf][h][jl];
-#pragma unroll
-            for (int e = 0; e < 8; ++e) acc[h][e] = fmaf(pj, vf[e], acc[h][e]);
-          }
+          for (int e = 0; e < 8; ++e) acc[h][e] = fmaf(pj, vf[e], acc[h][e]);
         }
       }
     }
