@@ -133,9 +133,8 @@ void check_parity(const std::string& path, double tol, int n_gen, double near_ti
   // Mixtures of experts: at the one traced decode token a router near-tie may pick another expert
   // on one backend (seen once: mixtral F16, a fresh seed, H200 2026-11-28; six fixed seeds at
   // 6.6e-4..7.9e-4). That layer's error jumps from within the bound to far above it, and every later
-  // layer and the logits inherit it; such a jump counts against router_flips and ends the decode
-  // check. (The prefill check stays whole: one position's flip is diluted over 37.)
-  int decode_flips = 0;
+  // layer and the logits inherit it; in a case that allows router flips, one such jump ends the
+  // decode check. (The prefill check stays whole: one position's flip is diluted over 37.)
   int decode_diverged_at = -1;
   double prev_e2 = 0;
   for (int l = 0; l < n_layer; ++l) {
@@ -151,8 +150,7 @@ void check_parity(const std::string& path, double tol, int n_gen, double near_ti
     ASSERT_EQ(c.size(), size_t(n_embd));
     const double e2 = normalized_error(d.data(), c.data(), c.size());
     if (decode_diverged_at >= 0) continue;
-    if (e2 > tol && prev_e2 <= tol && decode_flips < router_flips) {
-      ++decode_flips;
+    if (e2 > tol && prev_e2 <= tol && router_flips > 0) {
       decode_diverged_at = l;
       std::printf("  decode: layer %d jumps to %.2e (layer before %.2e): a router near-tie, later layers not checked\n",
                   l, e2, prev_e2);
