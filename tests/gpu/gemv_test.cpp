@@ -138,7 +138,10 @@ std::vector<Param> params() {
   for (const FormatRef& f : weight_formats()) {
     const bool k = f.block_elems == 256;
     // Small and odd shapes; "unaligned" rows have a byte length that is not a multiple of 16 for
-    // the formats with 2-byte aligned blocks (the slow general path), aligned for the others.
+    // the formats with 2-byte aligned blocks (4-byte copies where it is a multiple of 4, else the
+    // slow general path), aligned for the others. "unaligned4" rows are 4- or 8- but not 16-byte
+    // aligned for Q4_0, Q4_1, Q5_0, Q8_0 (576 and 4672 columns), Q2_K, Q3_K, Q6_K (512, 1536,
+    // 2560): the 4-byte copies at several tokens, over several chunks a row, in both launch shapes.
     const std::vector<std::pair<std::string, Case>> shapes = {
         {"tiny", {1, 256, 1}},
         {"small", {64, 256, 1}},
@@ -146,6 +149,11 @@ std::vector<Param> params() {
         {"odd_rows2", {1001, 1024, 1}},
         {"unaligned", {33, k ? 768 : 288, 1}},
         {"unaligned_b3", {17, k ? 768 : 288, 3}},
+        {"unaligned4", {33, k ? 512 : 576, 1}},
+        {"unaligned4_b3", {65, k ? 1536 : 576, 3}},
+        {"unaligned4_long_b2", {77, k ? 2560 : 4672, 2}},
+        {"unaligned4_v1_b8", {300, k ? 2560 : 4672, 8, 1}},
+        {"unaligned4_v0_b1", {1001, k ? 1536 : 576, 1, 0}},
         {"batch2", {257, 1024, 2}},
         {"batch5", {129, 2048, 5}},
         {"batch8", {300, 4096, 8}},
@@ -211,13 +219,16 @@ TEST(GemvGroup, MatchesScalarReferencePerMatrix) {
   std::vector<std::pair<FormatRef, bool>> fmts;  // (format, grouped layout)
   for (const FormatRef& f : weight_formats()) {
     if (f.type == quant::Type::kQ4_K || f.type == quant::Type::kQ6_K || f.type == quant::Type::kQ8_0 ||
-        f.type == quant::Type::kF16 || f.type == quant::Type::kQ5_0) {
+        f.type == quant::Type::kF16 || f.type == quant::Type::kQ5_0 || f.type == quant::Type::kQ4_1) {
       fmts.emplace_back(f, false);
     }
     if (f.type == quant::Type::kQ6_K || f.type == quant::Type::kQ8_0) fmts.emplace_back(f, true);
   }
   for (const auto& [f, grouped] : fmts) {
-    const int64_t cols = grouped && f.type == quant::Type::kQ6_K ? 2048 : 1024;
+    // Ungrouped, also rows 4- but not 16-byte aligned (Q6_K 1536, Q8_0/Q5_0/Q4_1 576 columns).
+    std::vector<int64_t> col_list = {grouped && f.type == quant::Type::kQ6_K ? 2048 : 1024};
+    if (!grouped) col_list.push_back(f.block_elems == 256 ? 1536 : 576);
+    for (const int64_t cols : col_list)
     for (int tokens : {1, 2, 3}) {
       for (int variant = -1; variant < cu::kGemvVariants; ++variant) {
         std::vector<QuantMatrix> ms;
@@ -273,7 +284,7 @@ TEST(GemvGroup, MatchesScalarReferencePerMatrix) {
           EXPECT_TRUE(finite) << f.name << (grouped ? " grouped" : "") << " matrix " << i << " variant " << variant;
           const double err = normalized_error_d(y, ref_gemv(ms[size_t(i)].values, x_used[size_t(i)], rows[i], cols, tokens));
           EXPECT_LE(err, kExactTolFew) << f.name << (grouped ? " grouped" : "") << " matrix " << i << " tokens " << tokens
-                                       << " variant " << variant
+                                       << " variant " << variant << " cols " << cols
                                        << " seed " << test_seed();
         }
       }

@@ -39,6 +39,11 @@ __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src
   const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem_src) : "memory");
 }
+// The 4-byte form goes through L1 (.ca: the only cache mode of copies under 16 bytes).
+__device__ __forceinline__ void cp_async_4(void* smem_dst, const void* gmem_src) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(gmem_src) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -64,11 +69,17 @@ __device__ __forceinline__ int seg_of(const Segs& s, int64_t row) {
 }
 
 // Shapes (host-checked): cols = nb * F::kBlockElems; chunk = cb blocks, cb * kBlockBytes <=
-// kStageBytes; nchunks = ceil(nb / cb). kAligned: every w, row_bytes and cb * kBlockBytes are
-// multiples of 16 (else bytes are copied one at a time: the slow, general path).
+// kStageBytes; nchunks = ceil(nb / cb). kAligned: chunks are copied with cp.async, 16 bytes a lane
+// (every w, row_bytes and cb * kBlockBytes multiples of 16), or 4 where `copy4` (multiples of 4:
+// rows of 2-byte-aligned blocks whose length is not a multiple of 16, e.g. Q4_1 or Q8_0 at 576
+// columns; a runtime flag, so it costs no instantiations). Else bytes are copied one at a time:
+// the slow, general path.
+template <class F>
+inline constexpr bool kHasCopy4 = F::kBlockBytes % 16 != 0;  // rows can be 4- but not 16-byte aligned
 template <class F, int NT, bool kAligned, class Cfg>
 __global__ void __launch_bounds__(Cfg::kWarps * kWarpSize) gemv_kernel(const __grid_constant__ Segs segs,
-                                                        int64_t row_bytes, int nb, int cb, int nchunks) {
+                                                        int64_t row_bytes, int nb, int cb, int nchunks,
+                                                        bool copy4) {
   constexpr int kWarps = Cfg::kWarps, kStages = Cfg::kStages, kStageBytes = Cfg::kStageBytes;
   __shared__ alignas(16) uint8_t stage[kWarps][kStages][kStageBytes];
   const int warp = threadIdx.x / kWarpSize;
@@ -88,7 +99,13 @@ __global__ void __launch_bounds__(Cfg::kWarps * kWarpSize) gemv_kernel(const __g
     const int bytes = nblk * F::kBlockBytes;
     const uint8_t* src = segs.w[m] + (row - segs.row0[m]) * row_bytes + int64_t(c) * cb * F::kBlockBytes;
     uint8_t* dst = stage[warp][i % kStages];
-    if constexpr (kAligned) {
+    if constexpr (kAligned && kHasCopy4<F>) {
+      if (copy4) {
+        for (int off = lane * 4; off < bytes; off += kWarpSize * 4) cp_async_4(dst + off, src + off);
+      } else {
+        for (int off = lane * 16; off < bytes; off += kWarpSize * 16) cp_async_16(dst + off, src + off);
+      }
+    } else if constexpr (kAligned) {
       for (int off = lane * 16; off < bytes; off += kWarpSize * 16) cp_async_16(dst + off, src + off);
     } else {
       for (int off = lane; off < bytes; off += kWarpSize) dst[off] = src[off];
