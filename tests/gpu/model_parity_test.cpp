@@ -108,11 +108,21 @@ std::vector<int32_t> prompt_ids(int n, int vocab, uint64_t salt) {
 
 int argmax(const float* v, int n) { return int(std::max_element(v, v + n) - v); }
 
+// What check_parity holds the CUDA backend to, against the CPU backend.
+struct Bounds {
+  double tol;               // normalized error of every layer's hidden states (prefill, decode)
+  int n_gen;                // greedy tokens
+  double near_tie = 0.03;   // a greedy disagreement within this fraction of the logit spread is a near-tie
+  int router_flips = 0;     // mixtures of experts: decode jumps and greedy disagreements beyond the near-tie bound
+  int prefill_flips = 0;    // mixtures of experts: prefill positions whose error may jump (router near-ties)
+  double logits_tol = 0;    // the traced token's logits, and 2x this for every greedy step (0: tol)
+  double min_agree = 0.8;   // fraction of greedy positions where the argmaxes agree
+};
+
 // Hidden states per layer (prefill 37 tokens, then one decode token), then greedy continuation.
-// router_flips: disagreements allowed beyond the near-tie bound (mixtures of experts, below).
-// logits_tol: the bound on the final logits (0: tol).
-void check_parity(const std::string& path, double tol, int n_gen, double near_tie = 0.03, int router_flips = 0,
-                  double logits_tol = 0) {
+void check_parity(const std::string& path, const Bounds& bd) {
+  const double tol = bd.tol, near_tie = bd.near_tie, logits_tol = bd.logits_tol > 0 ? bd.logits_tol : bd.tol;
+  const int n_gen = bd.n_gen, router_flips = bd.router_flips;
   int n_vocab = 0, n_layer = 0;
   int64_t n_embd = 0;
   {
@@ -135,14 +145,48 @@ void check_parity(const std::string& path, double tol, int n_gen, double near_ti
   // 6.6e-4..7.9e-4). That layer's error jumps from within the bound to far above it, and every later
   // layer and the logits inherit it; in a case that allows router flips, one such jump ends the
   // decode check. (The prefill check stays whole: one position's flip is diluted over 37.)
+  // The same holds for each of the 37 prefill positions, and there it is common: a flip moves one
+  // position's hidden state to 0.08..0.43, which alone puts a layer's error over all 37 positions
+  // near 0.08 (qwen3moe Q8_0 failed the whole-layer bound at 5 of 34 seeds, H200, 2026-11-28,
+  // 0.080..0.095 against 0.08; per position, 2..9 of the 37 jumped, from 0.01..0.02, at layers 0
+  // and 1). So a position whose own error jumps from within the bound to above it leaves the
+  // prefill check from that layer on (at most bd.prefill_flips positions), and the other positions
+  // are held to the bound together.
   int decode_diverged_at = -1;
   double prev_e2 = 0;
+  const int np = 37;
+  std::vector<double> prev_pos(size_t(np), 0.0);
+  std::vector<bool> pos_flipped(size_t(np), false);
+  int prefill_flips = 0;
   for (int l = 0; l < n_layer; ++l) {
     const auto& a = cpu.layers[size_t(l)];
     const auto& b = gpu.layers[size_t(l)];
-    ASSERT_EQ(a.size(), size_t(37 * n_embd));
+    ASSERT_EQ(a.size(), size_t(np * n_embd));
     ASSERT_EQ(b.size(), a.size());
-    const double e = normalized_error(b.data(), a.data(), a.size());
+    double num = 0, den = 0;
+    for (int p = 0; p < np; ++p) {
+      if (pos_flipped[size_t(p)]) continue;
+      const float* pa = a.data() + size_t(p) * size_t(n_embd);
+      const float* pb = b.data() + size_t(p) * size_t(n_embd);
+      double pn = 0, pd = 0;
+      for (int64_t i = 0; i < n_embd; ++i) {
+        const double d = double(pb[i]) - double(pa[i]);
+        pn += d * d;
+        pd += double(pa[i]) * double(pa[i]);
+      }
+      const double ep = std::sqrt(pn) / std::max(std::sqrt(pd), 1e-30);
+      if (bd.prefill_flips > 0 && ep > tol && prev_pos[size_t(p)] <= tol) {
+        pos_flipped[size_t(p)] = true;
+        ++prefill_flips;
+        std::printf("  prefill: position %d, layer %d jumps to %.2e (layer before %.2e): a router near-tie, "
+                    "later layers not checked there\n", p, l, ep, prev_pos[size_t(p)]);
+        continue;
+      }
+      prev_pos[size_t(p)] = ep;
+      num += pn;
+      den += pd;
+    }
+    const double e = std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
     worst_prefill = std::max(worst_prefill, e);
     EXPECT_LE(e, tol) << "prefill, layer " << l;
     const auto& c = cpu.layers[size_t(n_layer + l)];
@@ -161,9 +205,10 @@ void check_parity(const std::string& path, double tol, int n_gen, double near_ti
     // Decode inherits the prefill's KV-cache differences: same bound.
     EXPECT_LE(e2, tol) << "decode, layer " << l;
   }
+  EXPECT_LE(prefill_flips, bd.prefill_flips) << "prefill positions with a jump";
   const double le = normalized_error(gpu.logits.data(), cpu.logits.data(), cpu.logits.size());
   if (decode_diverged_at < 0) {
-    EXPECT_LE(le, logits_tol > 0 ? logits_tol : tol) << "logits";
+    EXPECT_LE(le, logits_tol) << "logits";
   }
   const bool top1 = argmax(gpu.logits.data(), n_vocab) == argmax(cpu.logits.data(), n_vocab);
   std::printf("  hidden: worst prefill %.2e, decode %.2e; logits %.2e, top-1 %s\n", worst_prefill, worst_decode, le,
@@ -179,8 +224,10 @@ void check_parity(const std::string& path, double tol, int n_gen, double near_ti
   std::vector<float> logits(static_cast<size_t>(n_vocab));
   ASSERT_TRUE((*g)->eval(prefix, logits).is_ok());
   std::vector<int32_t> seq = prefix;
+  std::vector<std::vector<float>> gpu_steps;  // the GPU's logits before each greedy token
   for (int i = 0; i < n_gen; ++i) {
     const int32_t t = argmax(logits.data(), n_vocab);
+    gpu_steps.push_back(logits);
     seq.push_back(t);
     const int32_t one[] = {t};
     ASSERT_TRUE((*g)->eval(one, logits).is_ok());
@@ -192,16 +239,27 @@ void check_parity(const std::string& path, double tol, int n_gen, double near_ti
   ASSERT_TRUE(c.is_ok());
   std::vector<float> all(seq.size() * size_t(n_vocab));
   ASSERT_TRUE((*c)->eval(seq, all).is_ok());
-  int agree = 0, beyond = 0;
-  double worst_gap = 0;
+  // Every step's logits, GPU against the CPU at the same tokens: within twice the traced token's
+  // bound (8 seeds of every synthetic case, H200, 2026-11-28: dense quantized at most 5.9e-2 against
+  // 0.16, float 9.3e-3 against 2e-2). Dense models only: in a mixture of experts a router flip moves
+  // a step by far more (qwen3moe Q8_0: up to 0.41), and flips are as common at decode steps as at
+  // prefill positions (above).
+  int agree = 0, beyond = 0, steps_beyond = 0;
+  double worst_gap = 0, worst_step = 0;
   for (size_t p = prefix.size() - 1; p + 1 < seq.size(); ++p) {
     const float* row = all.data() + p * size_t(n_vocab);
+    const double se = normalized_error(gpu_steps[p + 1 - prefix.size()].data(), row, size_t(n_vocab));
+    worst_step = std::max(worst_step, se);
+    if (se > 2 * logits_tol) {
+      ++steps_beyond;
+      std::printf("  greedy: position %zu: logits error %.2e\n", p, se);
+    }
     const int want = argmax(row, n_vocab);
     if (want == seq[p + 1]) {
       ++agree;
       continue;
     }
-    // Near-tie: the GPU's pick scores within `near_tie` (3%) of the logit spread of the CPU's best.
+    // Near-tie: the GPU's pick scores within `near_tie` of the logit spread of the CPU's best.
     const auto [lo, hi] = std::minmax_element(row, row + n_vocab);
     const double gap = double(row[want] - row[seq[p + 1]]) / double(*hi - *lo);
     worst_gap = std::max(worst_gap, gap);
@@ -211,8 +269,12 @@ void check_parity(const std::string& path, double tol, int n_gen, double near_ti
     }
   }
   EXPECT_LE(beyond, router_flips) << "disagreements beyond the near-tie bound " << near_tie;
-  std::printf("  greedy: %d/%d positions agree; worst relative gap at a disagreement %.3f\n", agree, n_gen, worst_gap);
-  EXPECT_GE(agree, n_gen * 8 / 10);
+  if (router_flips == 0) {
+    EXPECT_EQ(steps_beyond, 0) << "greedy steps whose logits differ by more than " << 2 * logits_tol;
+  }
+  std::printf("  greedy: %d/%d positions agree; worst relative gap at a disagreement %.3f; worst logits error of a "
+              "step %.2e\n", agree, n_gen, worst_gap, worst_step);
+  EXPECT_GE(agree, int(bd.min_agree * n_gen)) << "greedy positions that agree";
 }
 
 // The model on the CUDA backend, its decode steps replayed (graphs) or launched kernel by kernel.
@@ -343,7 +405,17 @@ TEST_P(ModelParity, HiddenStatesLogitsAndGreedyMatchCpu) {
   // rounding picks different experts and that token's logits move by far more than any near-tie
   // bound (mixtral F16: a flip at 0.26 of the spread, H100 2026-11-25, fresh seed; hidden states
   // and logits at the traced positions matched). One such position is allowed per MoE case.
-  check_parity(path, float_format ? 1e-2 : 8e-2, 32, quantized_moe ? 0.1 : 0.03, c.experts > 0 ? 1 : 0);
+  // Random weights give flat logits, where near-ties are common and a greedy run that falls into a
+  // repetition loop meets the same one again and again. Over 34 seeds (H200, 2026-11-28) the
+  // quantized dense cases agreed at 24..32 of 32 positions, every disagreement a near-tie of at most
+  // 0.031 of the spread (Q3_K; the others at most 0.016): the old bounds (25 positions, 0.03) failed
+  // at 2 seeds. The per-step logits bound above checks the numbers themselves at every step.
+  Bounds bd{float_format ? 1e-2 : 8e-2, 32};
+  bd.near_tie = quantized_moe ? 0.1 : float_format ? 0.03 : 0.05;
+  bd.router_flips = c.experts > 0 ? 1 : 0;
+  bd.prefill_flips = quantized_moe ? 37 / 3 : c.experts > 0 ? 2 : 0;
+  bd.min_agree = float_format ? 0.8 : 0.625;
+  check_parity(path, bd);
   std::filesystem::remove(path);
 }
 
@@ -511,7 +583,7 @@ TEST(ModelParityReal, SmolLM2) {
   SLUICE_REQUIRE_MODEL(path);
   // Random prompt ids over the whole vocabulary: measured over 25 seeds (H100, 2026-11-25) the
   // worst prefill layer is 1.0e-2..1.2e-2 for most, with a tail up to 2.9e-2 and 3.2e-2.
-  check_parity(path, 5e-2, 48);
+  check_parity(path, Bounds{5e-2, 48});
 }
 
 // Gemma 3 270M Q4_K_M (scripts/fetch-models.sh; on the GPU machine scripts/gpu-real-models.sh
@@ -526,7 +598,9 @@ TEST(ModelParityReal, Gemma3_270M) {
   SLUICE_SKIP_WITHOUT_GPU();
   const std::string path = model_path(kGemma3);
   SLUICE_REQUIRE_MODEL(path);
-  check_parity(path, 0.16, 48, 0.03, 0, 0.4);
+  Bounds bd{0.16, 48};
+  bd.logits_tol = 0.4;
+  check_parity(path, bd);
 }
 
 TEST(CudaBackend, ErrorsAreClear) {
