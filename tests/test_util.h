@@ -51,15 +51,22 @@ inline std::vector<float> random_floats(size_t n, float scale = 1.0f, uint64_t s
   return v;
 }
 
-// ||a - b|| / max(||b||, tiny): the normalized error every parity tolerance is stated in.
-inline double normalized_error(const float* a, const float* b, size_t n) {
+// The squared norms behind normalized_error: num = ||a - b||^2, den = ||b||^2 (sums of several
+// slices add up to the whole's).
+struct SquaredNorms {
   double num = 0, den = 0;
+  double ratio() const { return std::sqrt(num) / std::max(std::sqrt(den), 1e-30); }
+};
+inline SquaredNorms squared_norms(const float* a, const float* b, size_t n) {
+  SquaredNorms s;
   for (size_t i = 0; i < n; ++i) {
     double d = double(a[i]) - double(b[i]);
-    num += d * d;
-    den += double(b[i]) * double(b[i]);
+    s.num += d * d;
+    s.den += double(b[i]) * double(b[i]);
   }
-  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
+  return s;
 }
+// ||a - b|| / max(||b||, tiny): the normalized error every parity tolerance is stated in.
+inline double normalized_error(const float* a, const float* b, size_t n) { return squared_norms(a, b, n).ratio(); }
 
 }  // namespace sluice::test
