@@ -94,6 +94,9 @@ const Shape kShapes[] = {
     {"70B attn_q/o 8192x8192", 8192, {8192}},
     {"70B gate+up 2x28672x8192", 8192, {28672, 28672}},
     {"70B ffn_down 8192x28672", 28672, {8192}},
+    // Rows of 15 Q6_K blocks (Gemma 3 12B's width): only 2-byte aligned in Q6_K and Q8_0.
+    {"3840-col gate+up 2x15360x3840", 3840, {15360, 15360}},
+    {"3840-col output 262144x3840", 3840, {262144}},
 };
 const Shape& shape_named(const char* prefix) {
   for (const Shape& s : kShapes) {

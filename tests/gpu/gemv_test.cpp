@@ -138,10 +138,13 @@ std::vector<Param> params() {
   for (const FormatRef& f : weight_formats()) {
     const bool k = f.block_elems == 256;
     // Small and odd shapes; "unaligned" rows have a byte length that is not a multiple of 16 for
-    // the formats with 2-byte aligned blocks (4-byte copies where it is a multiple of 4, else the
-    // slow general path), aligned for the others. "unaligned4" rows are 4- or 8- but not 16-byte
+    // the formats with 2-byte aligned blocks (the 4-byte word copies), aligned for the others:
+    // only 2-byte aligned for Q4_0, Q5_0, Q8_0 (288 columns) and Q3_K, Q6_K (768), so every other
+    // row's chunks start 2 bytes into a word. "unaligned4" rows are 4- or 8- but not 16-byte
     // aligned for Q4_0, Q4_1, Q5_0, Q8_0 (576 and 4672 columns), Q2_K, Q3_K, Q6_K (512, 1536,
-    // 2560): the 4-byte copies at several tokens, over several chunks a row, in both launch shapes.
+    // 2560); "unaligned2" rows 2-byte aligned over several chunks a row (Q4_0, Q5_0, Q8_0 at 4704
+    // columns, Q3_K, Q6_K at 3840), the last chunk of the last row ending on half a word: several
+    // tokens, both launch shapes.
     const std::vector<std::pair<std::string, Case>> shapes = {
         {"tiny", {1, 256, 1}},
         {"small", {64, 256, 1}},
@@ -154,6 +157,10 @@ std::vector<Param> params() {
         {"unaligned4_long_b2", {77, k ? 2560 : 4672, 2}},
         {"unaligned4_v1_b8", {300, k ? 2560 : 4672, 8, 1}},
         {"unaligned4_v0_b1", {1001, k ? 1536 : 576, 1, 0}},
+        {"unaligned2_long", {77, k ? 3840 : 4704, 1}},
+        {"unaligned2_long_b2", {33, k ? 3840 : 4704, 2}},
+        {"unaligned2_v1_b8", {301, k ? 3840 : 4704, 8, 1}},
+        {"unaligned2_v0_b5", {129, k ? 2304 : 1120, 5, 0}},
         {"batch2", {257, 1024, 2}},
         {"batch5", {129, 2048, 5}},
         {"batch8", {300, 4096, 8}},
@@ -225,11 +232,16 @@ TEST(GemvGroup, MatchesScalarReferencePerMatrix) {
     if (f.type == quant::Type::kQ6_K || f.type == quant::Type::kQ8_0) fmts.emplace_back(f, true);
   }
   for (const auto& [f, grouped] : fmts) {
-    // Ungrouped, also rows 4- but not 16-byte aligned (Q6_K 1536, Q8_0/Q5_0/Q4_1 576 columns).
+    // Ungrouped, also rows 4- but not 16-byte aligned (Q6_K 1536, Q8_0/Q5_0/Q4_1 576 columns) and
+    // only 2-byte aligned (Q6_K 3840, Q8_0/Q5_0 4704).
     std::vector<int64_t> col_list = {grouped && f.type == quant::Type::kQ6_K ? 2048 : 1024};
     if (!grouped) col_list.push_back(f.block_elems == 256 ? 1536 : 576);
-    for (const int64_t cols : col_list)
-    for (int tokens : {1, 2, 3}) {
+    if (!grouped) col_list.push_back(f.block_elems == 256 ? 3840 : 4704);
+    std::vector<std::pair<int64_t, int>> runs;  // (cols, tokens)
+    for (const int64_t cols : col_list) {
+      for (int tokens : {1, 2, 3}) runs.emplace_back(cols, tokens);
+    }
+    for (const auto& [cols, tokens] : runs) {
       for (int variant = -1; variant < cu::kGemvVariants; ++variant) {
         std::vector<QuantMatrix> ms;
         std::vector<std::vector<float>> xs, x_used(kN);
@@ -252,7 +264,9 @@ TEST(GemvGroup, MatchesScalarReferencePerMatrix) {
         }
         for (int i = 0; i < kN; ++i) {
           w[size_t(i)].upload(ms[size_t(i)].bytes.data(), ms[size_t(i)].bytes.size());
-          if (grouped) ASSERT_TRUE(cu::group_weight_blocks(f.type, w[size_t(i)].get(), rows[i], cols, nullptr).is_ok());
+          if (grouped) {
+            ASSERT_TRUE(cu::group_weight_blocks(f.type, w[size_t(i)].get(), rows[i], cols, nullptr).is_ok());
+          }
           dx[size_t(i)].upload(xs[size_t(i)].data(), xs[size_t(i)].size() * 4);
           dy[size_t(i)].poison();
           cu::GemvMatrix& m = g.m[g.n++];

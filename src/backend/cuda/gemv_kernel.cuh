@@ -70,16 +70,24 @@ __device__ __forceinline__ int seg_of(const Segs& s, int64_t row) {
 
 // Shapes (host-checked): cols = nb * F::kBlockElems; chunk = cb blocks, cb * kBlockBytes <=
 // kStageBytes; nchunks = ceil(nb / cb). kAligned: chunks are copied with cp.async, 16 bytes a lane
-// (every w, row_bytes and cb * kBlockBytes multiples of 16), or 4 where `copy4` (multiples of 4:
-// rows of 2-byte-aligned blocks whose length is not a multiple of 16, e.g. Q4_1 or Q8_0 at 576
-// columns; a runtime flag, so it costs no instantiations). Else bytes are copied one at a time:
+// (every w, row_bytes and cb * kBlockBytes multiples of 16), or in 4-byte words where `words`
+// (every w a multiple of 4, row_bytes of 2: rows of 2-byte-aligned blocks whose length is not a
+// multiple of 16, e.g. Q4_1 or Q8_0 at 576 columns, Q6_K at 3840; a runtime flag, so it costs no
+// instantiations; the host leaves 4 bytes of each stage free). Else bytes are copied one at a time:
 // the slow, general path.
 template <class F>
-inline constexpr bool kHasCopy4 = F::kBlockBytes % 16 != 0;  // rows can be 4- but not 16-byte aligned
+inline constexpr bool kHasWords = F::kBlockBytes % 16 != 0;  // rows can be 2- or 4- but not 16-byte aligned
+// The byte offset of chunk c of global row `row` (matrix m) past its 4-byte word: where the word
+// copies leave the chunk's first byte in the stage.
+template <class F>
+__device__ __forceinline__ int word_head(const Segs& segs, int m, int64_t row, int64_t row_bytes, int c, int cb) {
+  const uint8_t* src = segs.w[m] + (row - segs.row0[m]) * row_bytes + int64_t(c) * cb * F::kBlockBytes;
+  return int(reinterpret_cast<uintptr_t>(src) & 3);
+}
 template <class F, int NT, bool kAligned, class Cfg>
 __global__ void __launch_bounds__(Cfg::kWarps * kWarpSize) gemv_kernel(const __grid_constant__ Segs segs,
                                                         int64_t row_bytes, int nb, int cb, int nchunks,
-                                                        bool copy4) {
+                                                        bool words) {
   constexpr int kWarps = Cfg::kWarps, kStages = Cfg::kStages, kStageBytes = Cfg::kStageBytes;
   __shared__ alignas(16) uint8_t stage[kWarps][kStages][kStageBytes];
   const int warp = threadIdx.x / kWarpSize;
@@ -99,9 +107,22 @@ __global__ void __launch_bounds__(Cfg::kWarps * kWarpSize) gemv_kernel(const __g
     const int bytes = nblk * F::kBlockBytes;
     const uint8_t* src = segs.w[m] + (row - segs.row0[m]) * row_bytes + int64_t(c) * cb * F::kBlockBytes;
     uint8_t* dst = stage[warp][i % kStages];
-    if constexpr (kAligned && kHasCopy4<F>) {
-      if (copy4) {
-        for (int off = lane * 4; off < bytes; off += kWarpSize * 4) cp_async_4(dst + off, src + off);
+    if constexpr (kAligned && kHasWords<F>) {
+      if (words) {
+        // The words covering [src, src + bytes): src may sit 2 bytes past a word boundary (rows of
+        // an odd number of 2-mod-4-byte blocks), and the chunk's bytes start at dst + head. The 2
+        // bytes before src lie in the matrix (w is word-aligned, so src is not its first byte), and
+        // so do the 2 after the chunk's end, except at the end of the matrix: there the last
+        // 2 bytes are loaded on their own, so nothing past the matrix is read.
+        const int head = int(reinterpret_cast<uintptr_t>(src) & 3);
+        const uint8_t* s4 = src - head;
+        const int span = head + bytes;  // even: head is 0 or 2, blocks are whole
+        const bool at_end = src + bytes == segs.w[m] + (segs.row0[m + 1] - segs.row0[m]) * row_bytes;
+        const int nwords = at_end ? span / 4 : (span + 3) / 4;
+        for (int w = lane; w < nwords; w += kWarpSize) cp_async_4(dst + 4 * w, s4 + 4 * w);
+        if (at_end && (span & 3) != 0 && lane == 0) {
+          *reinterpret_cast<uint16_t*>(dst + 4 * nwords) = *reinterpret_cast<const uint16_t*>(s4 + 4 * nwords);
+        }
       } else {
         for (int off = lane * 16; off < bytes; off += kWarpSize * 16) cp_async_16(dst + off, src + off);
       }
@@ -139,6 +160,9 @@ __global__ void __launch_bounds__(Cfg::kWarps * kWarpSize) gemv_kernel(const __g
     const int c = int(i % nchunks);
     const int nblk = min(cb, nb - c * cb);
     const uint8_t* buf = stage[warp][i % kStages];
+    if constexpr (kAligned && kHasWords<F>) {
+      if (words) buf += word_head<F>(segs, m, row, row_bytes, c, cb);
+    }
     const int npieces = nblk * F::kBlockElems / F::kPieceElems;
     const int64_t e_chunk = int64_t(c) * cb * F::kBlockElems;  // first element of the chunk in the row
     // Two pieces per step: their shared loads, activation loads and dp4a chains are independent,

@@ -58,31 +58,31 @@ int blocks_per_sm(K* kernel, int threads) {
 
 template <class F, int NT, bool kAligned, class Cfg>
 Status launch_one(const DeviceInfo& dev, cudaStream_t stream, const Segs& segs, int64_t row_bytes, int nb,
-                  const ChunkPlan& plan, bool copy4 = false) {
+                  const ChunkPlan& plan, bool words = false) {
   auto* kernel = gemv_kernel<F, NT, kAligned, Cfg>;
   constexpr int kThreads = Cfg::kWarps * kWarpSize;
   static const int per_sm = blocks_per_sm(kernel, kThreads);  // immutable after initialization
   const int grid = int(std::min<int64_t>(int64_t(dev.sm_count) * per_sm, segs.row0[segs.n]));
   SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(kernel, dim3(unsigned(grid)), dim3(kThreads), 0, stream, segs, row_bytes, nb,
-                                         plan.cb, plan.nchunks, copy4));
+                                         plan.cb, plan.nchunks, words));
   SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("gemv_kernel");
   return Status::ok();
 }
 
-// copy4: rows 4- but not 16-byte aligned (the kernel's 4-byte copies).
+// words: rows 2- or 4- but not 16-byte aligned (the kernel's 4-byte word copies).
 template <class F, class Cfg>
 Status launch_tokens(int tokens, const DeviceInfo& dev, cudaStream_t stream, const Segs& segs, int64_t row_bytes,
-                     int nb, const ChunkPlan& plan, bool copy4 = false) {
+                     int nb, const ChunkPlan& plan, bool words = false) {
   static_assert(kMaxGemvTokens == 8);
   switch (tokens) {
-    case 1: return launch_one<F, 1, true, Cfg>(dev, stream, segs, row_bytes, nb, plan, copy4);
-    case 2: return launch_one<F, 2, true, Cfg>(dev, stream, segs, row_bytes, nb, plan, copy4);
-    case 3: return launch_one<F, 3, true, Cfg>(dev, stream, segs, row_bytes, nb, plan, copy4);
-    case 4: return launch_one<F, 4, true, Cfg>(dev, stream, segs, row_bytes, nb, plan, copy4);
-    case 5: return launch_one<F, 5, true, Cfg>(dev, stream, segs, row_bytes, nb, plan, copy4);
-    case 6: return launch_one<F, 6, true, Cfg>(dev, stream, segs, row_bytes, nb, plan, copy4);
-    case 7: return launch_one<F, 7, true, Cfg>(dev, stream, segs, row_bytes, nb, plan, copy4);
-    case 8: return launch_one<F, 8, true, Cfg>(dev, stream, segs, row_bytes, nb, plan, copy4);
+    case 1: return launch_one<F, 1, true, Cfg>(dev, stream, segs, row_bytes, nb, plan, words);
+    case 2: return launch_one<F, 2, true, Cfg>(dev, stream, segs, row_bytes, nb, plan, words);
+    case 3: return launch_one<F, 3, true, Cfg>(dev, stream, segs, row_bytes, nb, plan, words);
+    case 4: return launch_one<F, 4, true, Cfg>(dev, stream, segs, row_bytes, nb, plan, words);
+    case 5: return launch_one<F, 5, true, Cfg>(dev, stream, segs, row_bytes, nb, plan, words);
+    case 6: return launch_one<F, 6, true, Cfg>(dev, stream, segs, row_bytes, nb, plan, words);
+    case 7: return launch_one<F, 7, true, Cfg>(dev, stream, segs, row_bytes, nb, plan, words);
+    case 8: return launch_one<F, 8, true, Cfg>(dev, stream, segs, row_bytes, nb, plan, words);
     default: return invalid_argument("gemv: bad token count");
   }
 }
@@ -192,20 +192,24 @@ Status launch_gemv(const DeviceInfo& dev, const GemvGroupArgs& g, cudaStream_t s
   const int64_t rows = segs.row0[segs.n];
   if (rows == 0) return Status::ok();
 
-  // Rows whose byte length (or start) is 4- but not 16-byte aligned are copied 4 bytes a lane,
-  // through the same launches (formats with 2-byte aligned blocks, e.g. Q4_1 or Q8_0 at 576
-  // columns: SmolLM2's every matrix). Anything less aligned takes the slow general path below.
-  bool aligned4 = row_bytes % 4 == 0;
-  for (int i = 0; i < segs.n; ++i) aligned4 = aligned4 && reinterpret_cast<uintptr_t>(segs.w[i]) % 4 == 0;
-  const int copy = aligned ? 16 : (kHasCopy4<F> && !kGroupedFmt<F> && aligned4 ? 4 : 1);
+  // Rows whose byte length (or start) is not a multiple of 16 are copied in 4-byte words through
+  // the same launches, where every weight starts on a word (formats with 2-byte aligned blocks:
+  // Q4_1 and Q8_0 at 576 columns, SmolLM2's every matrix; Q6_K at an odd number of blocks, e.g.
+  // 3840 or 5376 columns, where rows are only 2-byte aligned and a chunk starts 2 bytes into its
+  // first word). Anything else takes the slow general path below.
+  bool word_ptrs = row_bytes % 2 == 0;
+  for (int i = 0; i < segs.n; ++i) word_ptrs = word_ptrs && reinterpret_cast<uintptr_t>(segs.w[i]) % 4 == 0;
+  const int copy = aligned ? 16 : kHasWords<F> && !kGroupedFmt<F> && word_ptrs ? (row_bytes % 4 == 0 ? 4 : 2) : 1;
 
-  // Blocks per chunk must be a multiple of: the copy width's alignment of chunk starts, whole
-  // float pieces, and 32 pieces per chunk where that fits.
-  const int align_blocks = copy / std::gcd(F::kBlockBytes, copy);
+  // Blocks per chunk must be a multiple of: the copy width's alignment of chunk starts (16 or 4;
+  // none for 2-byte rows, whose chunks may start 2 bytes into a word), whole float pieces, and 32
+  // pieces per chunk where that fits.
+  const int align_blocks = copy == 2 ? 1 : copy / std::gcd(F::kBlockBytes, copy);
   const int piece_blocks = std::max(1, F::kPieceElems / F::kBlockElems);
   const int lane_blocks = 32 * F::kPieceElems / std::gcd(32 * F::kPieceElems, F::kBlockElems);
-  const bool deep = copy >= 4 && pick_variant(g.variant, rows) == 1;
-  const int stage_bytes = deep ? CfgDeep::kStageBytes : CfgWide::kStageBytes;
+  const bool deep = copy >= 2 && pick_variant(g.variant, rows) == 1;
+  // 2-byte rows: a chunk and the 2 bytes before and after it share the stage.
+  const int stage_bytes = (deep ? CfgDeep::kStageBytes : CfgWide::kStageBytes) - (copy == 2 ? 4 : 0);
   int multiple = std::lcm(align_blocks, piece_blocks);
   if (std::lcm(multiple, lane_blocks) * F::kBlockBytes <= stage_bytes) multiple = std::lcm(multiple, lane_blocks);
   const ChunkPlan plan = plan_chunks(nb, F::kBlockBytes, multiple, stage_bytes);
@@ -220,9 +224,9 @@ Status launch_gemv(const DeviceInfo& dev, const GemvGroupArgs& g, cudaStream_t s
                            : launch_direct<D, 2>(dev, stream, segs, row_bytes, nb);
     }
   }
-  if (copy >= 4) {
-    return deep ? launch_tokens<F, CfgDeep>(g.tokens, dev, stream, segs, row_bytes, nb, plan, copy == 4)
-                : launch_tokens<F, CfgWide>(g.tokens, dev, stream, segs, row_bytes, nb, plan, copy == 4);
+  if (copy >= 2) {
+    return deep ? launch_tokens<F, CfgDeep>(g.tokens, dev, stream, segs, row_bytes, nb, plan, copy < 16)
+                : launch_tokens<F, CfgWide>(g.tokens, dev, stream, segs, row_bytes, nb, plan, copy < 16);
   }
   // Slow general path, one launch per matrix and token (the weight bytes are re-read per token).
   for (int i = 0; i < g.n; ++i) {
