@@ -2,16 +2,18 @@
 # Hybrid execution vs pure streaming vs llama.cpp's best partial offload on one model, for several
 # amounts of free GPU memory, same machine, same call. For each point a holder process
 # (tools/gpu/vram_hold) keeps all but FREE GiB of the GPU, so llama.cpp (which sizes itself from
-# free memory) and sluice (--vram-budget FREE-1 GiB: its own CUDA context and cuBLAS live in the
-# last GiB) see the same budget.
+# free memory) and sluice (--vram-budget auto: the free memory its own CUDA context leaves, less
+# 256 MiB; BUDGET=margin gives the older FREE-1 GiB) see the same budget.
 #
 #   SLUICE=bin LLAMA=llama-bench-cuda HOLD=vram_hold bench/e2e/hybrid_sweep.sh MODEL OUT.csv FREE_GIB...
 #
-# Env: TG (decoded tokens per run, default 16), CTX (sluice's -c, default 512: llama-bench sizes
+# Env: TG (decoded tokens per run, default 16), REPS (sluice runs per mode, median kept, default
+# 1), BUDGET (auto, default, or margin), CTX (sluice's -c, default 512: llama-bench sizes
 # its KV cache to the test, a few positions, so sluice's default 4096-position cache would spend
 # ~1.3 GB of a 70B's budget that the rival does not), THREADS (default nproc), NGL_PER_GIB / NGL_BASE (the
-# estimate of llama.cpp's largest -ngl that fits: (FREE - NGL_BASE) * NGL_PER_GIB; it tries that,
-# 2 fewer and 2 more, keeping the best that ran), LOGDIR (full outputs; default OUT.csv's folder).
+# estimate of llama.cpp's largest -ngl that fits: (FREE - NGL_BASE) * NGL_PER_GIB; it tries 2 fewer,
+# then upward in steps of 2 (and 81, all layers, last) until a run fails, keeping the best that
+# ran; llama-bench -r REPS), LOGDIR (full outputs; default OUT.csv's folder).
 # Appends rows "free_gib,engine,config,tok_s,bound_tok_s" to OUT.csv (header once); bound_tok_s is
 # the physical bound of the placement sluice chose (resident bytes at the device copy rate, every
 # other byte once through DRAM at the CPU + DMA rate measured at start-up), on sluice rows only.
@@ -59,14 +61,20 @@ PY
 for free in "$@"; do
   echo "== $free GiB free"
   hold "$free"
-  budget=$((free - 1))
+  budget=auto; [[ ${BUDGET:-auto} == margin ]] && budget="$((free - 1))G"
   for mode in hybrid pure; do
     flags=(); [[ $mode == pure ]] && flags=(--no-hybrid)
-    log="$logdir/sluice_${free}g_${mode}.txt"
-    timeout 400 "$SLUICE" run -m "$model" --backend cuda --vram-budget "${budget}G" -t "$threads" -c "${CTX:-512}" -p "The" -n "$tg" \
-      --temp 0 "${flags[@]}" >"$log.out" 2>"$log"
-    rate=$(decode_rate "$log")
-    echo "  sluice $mode: ${rate:-failed} tok/s ($(grep -m1 '^plan:' "$log" | cut -c1-90))"
+    rates=()
+    for rep in $(seq "${REPS:-1}"); do
+      log="$logdir/sluice_${free}g_${mode}.txt"
+      timeout 400 "$SLUICE" run -m "$model" --backend cuda --vram-budget "$budget" -t "$threads" -c "${CTX:-512}" -p "The" -n "$tg" \
+        --temp 0 "${flags[@]}" >"$log.out" 2>"$log"
+      rate=$(decode_rate "$log")
+      cp "$log" "$logdir/sluice_${free}g_${mode}_rep$rep.txt"
+      [[ -n $rate ]] && rates+=("$rate")
+    done
+    rate=$(printf '%s\n' "${rates[@]}" | sort -g | awk '{v[NR] = $1} END {if (NR) print v[int((NR + 1) / 2)]}')
+    echo "  sluice $mode (--vram-budget $budget): ${rate:-failed} tok/s, runs: ${rates[*]} ($(grep -m1 '^plan:' "$log" | cut -c1-90))"
     echo "$free,sluice,$mode,${rate:-},$(bound_rate "$log")" >>"$out"
   done
   if cmp -s "$logdir/sluice_${free}g_hybrid.txt.out" "$logdir/sluice_${free}g_pure.txt.out"; then
@@ -76,16 +84,19 @@ for free in "$@"; do
   fi
   if [[ -n ${LLAMA:-} && -x ${LLAMA:-} ]]; then
     est=$(python3 -c "print(max(0, min(81, int(($free - ${NGL_BASE:-1.2}) * ${NGL_PER_GIB:-2.05}))))")
-    best=""
-    for ngl in $(python3 -c "print(' '.join(str(n) for n in sorted({max(0, $est - 2), $est, min(81, $est + 2)})))"); do
+    ngl=$((est > 2 ? est - 2 : 0))
+    while :; do
       log="$logdir/llama_${free}g_ngl${ngl}.txt"
-      timeout 300 "$LLAMA" -m "$model" -ngl "$ngl" -p 0 -n "$tg" -r 1 -t "$threads" -o csv >"$log" 2>"$log.err"
+      timeout 300 "$LLAMA" -m "$model" -ngl "$ngl" -p 0 -n "$tg" -r "${REPS:-1}" -t "$threads" -o csv >"$log" 2>"$log.err"
       rate=$(python3 -c "
 import csv, sys
 rows = [r for r in csv.DictReader(open('$log')) if r.get('n_gen') not in (None, '0')]
 print(rows[-1]['avg_ts'] if rows else '')" 2>/dev/null)
       echo "  llama.cpp -ngl $ngl: ${rate:-failed (does not fit?)} tok/s"
       [[ -n $rate ]] && echo "$free,llama.cpp,ngl $ngl,$rate," >>"$out"
+      # Upward until a run fails or every layer and the output are on the GPU.
+      if [[ $ngl -ge 81 || -z $rate ]]; then break; fi
+      ngl=$((ngl + 2 > 81 ? 81 : ngl + 2))
     done
   fi
   release

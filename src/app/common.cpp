@@ -73,7 +73,7 @@ Result<std::optional<uint64_t>> resolve_stream_flags(const StreamFlags& sf) {
     budget = *b;
   }
   if (!sf.vram_budget.empty()) {
-    auto v = stream::parse_byte_size(sf.vram_budget);
+    auto v = stream::parse_vram_budget(sf.vram_budget);
     if (!v.is_ok()) return invalid_argument("--vram-budget: " + v.status().message());
   }
   // The trace records the streaming pipeline; the mmapped path has no reads or slots to show.
@@ -117,7 +117,7 @@ Result<stream::DeviceStreamOptions> device_options(const ModelFlags& mf, const S
   o.n_ctx = kv_pool_positions(mf);
   o.decode_batch = sf.decode_batch;
   if (!sf.vram_budget.empty()) {
-    SLUICE_ASSIGN_OR_RETURN(o.vram_budget, stream::parse_byte_size(sf.vram_budget));
+    SLUICE_ASSIGN_OR_RETURN(o.vram_budget, stream::parse_vram_budget(sf.vram_budget));
   }
   if (!sf.ram_budget.empty()) {
     SLUICE_ASSIGN_OR_RETURN(o.ram_budget, stream::parse_byte_size(sf.ram_budget));
@@ -209,6 +209,18 @@ Result<LoadedModel> load_device_streamed(const ModelFlags& mf, const StreamFlags
   return lm;
 }
 
+// The VRAM budget --plan plans with: the flag's size, or for auto what a load would resolve it
+// to (the GPU's free memory now, less the margin).
+Result<uint64_t> plan_vram_budget(const std::string& flag) {
+  SLUICE_ASSIGN_OR_RETURN(const uint64_t v, stream::parse_vram_budget(flag));
+  if (v != 0) return v;
+  if (backend::cuda_device_count() == 0) {
+    return invalid_argument("--vram-budget auto sizes itself from the GPU's free memory, and this machine has no GPU");
+  }
+  SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<backend::Backend> gpu, backend::make_cuda_backend({0, false}));
+  return stream::auto_vram_budget(gpu->free_memory(), gpu->name());
+}
+
 std::string disk_source(const std::optional<stream::DiskProbe>& probe) {
   if (!probe) return "default (--no-probe)";
   if (!probe->measured) return "default: " + probe->describe();
@@ -230,10 +242,7 @@ Status print_plan(const ModelFlags& mf, const StreamFlags& sf, const gguf::File&
     if (!arch) return unsupported(file.path() + ": architecture \"" + arch_name + "\" is not supported");
     SLUICE_ASSIGN_OR_RETURN(model::Config cfg, model::read_config(file, *arch));
     SLUICE_ASSIGN_OR_RETURN(model::Weights w, model::load_weights(file, *arch, cfg));
-    uint64_t vram = 0;
-    if (!sf.vram_budget.empty()) {
-      SLUICE_ASSIGN_OR_RETURN(vram, stream::parse_byte_size(sf.vram_budget));
-    }
+    SLUICE_ASSIGN_OR_RETURN(const uint64_t vram, plan_vram_budget(sf.vram_budget));
     double h2d = 25e9, vram_bw = 1e12;
     std::string source = "default (no GPU)";
     if (backend::cuda_device_count() > 0) {
@@ -253,6 +262,7 @@ Status print_plan(const ModelFlags& mf, const StreamFlags& sf, const gguf::File&
   }
   if (device) {
     SLUICE_ASSIGN_OR_RETURN(stream::DeviceStreamOptions o, device_options(mf, sf, probe));
+    SLUICE_ASSIGN_OR_RETURN(o.vram_budget, plan_vram_budget(sf.vram_budget));
     SLUICE_RETURN_IF_ERROR(stream::leave_out_layers(layout, o.skip));
     // The GPU terms measured where there is a GPU (the pipeline measures them again at load).
     std::string gpu_source = "default (no GPU)";

@@ -40,8 +40,8 @@ void add_stream_flags(CLI::App& app, StreamFlags& f) {
   app.add_option("--ram-budget", f.ram_budget,
                  "RAM for weights (K/M/G suffixes); layers beyond it are streamed from disk each token");
   app.add_option("--vram-budget", f.vram_budget,
-                 "GPU memory for the model (K/M/G suffixes); layers beyond it are copied in from pinned RAM "
-                 "(bounded by --ram-budget) or disk each token");
+                 "GPU memory for the model (K/M/G suffixes, or auto: the GPU's free memory at load less 256 MiB); "
+                 "layers beyond it are copied in from pinned RAM (bounded by --ram-budget) or disk each token");
   app.add_option("--slots", f.n_slots, "RAM slots for streamed layers (prefetch depth = slots - 1)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();

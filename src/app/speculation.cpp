@@ -254,6 +254,9 @@ Status charge_draft_to_budgets(const std::string& draft_path, const ModelFlags& 
   if (ec) return invalid_argument("--draft-model: cannot read '" + draft_path + "': " + ec.message());
   auto charge = [&](std::string& budget, const char* flag) -> Status {
     if (budget.empty()) return Status::ok();
+    if (budget == "auto") {
+      return invalid_argument(std::string(flag) + " auto with a draft model: give a size, which the draft is charged to");
+    }
     SLUICE_ASSIGN_OR_RETURN(uint64_t b, stream::parse_byte_size(budget));
     if (b <= bytes) {
       return invalid_argument(std::string(flag) + " " + budget + " cannot hold the draft model (" +

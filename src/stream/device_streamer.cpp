@@ -294,6 +294,18 @@ std::string DevicePlan::describe() const {
 
 DeviceStreamer::~DeviceStreamer() = default;
 
+Result<uint64_t> auto_vram_budget(int64_t free_bytes, const char* backend_name) {
+  if (free_bytes < 0) {
+    return invalid_argument(std::string("the ") + backend_name + " backend has no memory limit: give a VRAM budget");
+  }
+  if (uint64_t(free_bytes) <= kAutoVramMargin) {
+    return invalid_argument("--vram-budget auto: the GPU has " + format_bytes(uint64_t(free_bytes)) +
+                            " free, no more than the " + format_bytes(kAutoVramMargin) +
+                            " kept for allocations outside the plan");
+  }
+  return uint64_t(free_bytes) - kAutoVramMargin;
+}
+
 Result<std::unique_ptr<DeviceStreamer>> DeviceStreamer::create(const std::string& path, const gguf::File& file,
                                                                const model::Weights& w, backend::Backend& be,
                                                                const DeviceStreamOptions& opts_in) {
@@ -304,9 +316,7 @@ Result<std::unique_ptr<DeviceStreamer>> DeviceStreamer::create(const std::string
   }
   DeviceStreamOptions opts = opts_in;
   if (opts.vram_budget == 0 && opts.force_homes.empty()) {
-    const int64_t free = be.free_memory();
-    if (free < 0) return invalid_argument(std::string("the ") + be.name() + " backend has no memory limit: give a VRAM budget");
-    opts.vram_budget = uint64_t(free);
+    SLUICE_ASSIGN_OR_RETURN(opts.vram_budget, auto_vram_budget(be.free_memory(), be.name()));
   }
   std::unique_ptr<DeviceStreamer> s(new DeviceStreamer(be));
   if (opts.prefill_batch < 1) {

@@ -45,7 +45,8 @@ namespace sluice::stream {
 
 struct DeviceStreamOptions {
   // Backend memory for everything the model puts there: uploaded output head and norms, resident
-  // layers, slots, KV cache, activations and workspace. 0: the backend's free memory at load.
+  // layers, slots, KV cache, activations and workspace. 0: the backend's free memory at load less
+  // kAutoVramMargin (auto_vram_budget).
   uint64_t vram_budget = 0;
   // Pinned host memory for B copies plus C staging. 0: three quarters of physical RAM.
   uint64_t ram_budget = 0;
@@ -123,6 +124,14 @@ struct DevicePlan {
   uint64_t vram_used() const { return reserved_bytes() + plan.resident_bytes + uint64_t(plan.n_slots) * plan.slot_bytes; }
   std::string describe() const;
 };
+
+// What a budget of 0 ("--vram-budget auto") leaves unplanned of the backend's free memory at load:
+// allocations the plan does not count (kernel modules loaded lazily on first launch, CUDA graphs,
+// the allocator's rounding of each buffer).
+inline constexpr uint64_t kAutoVramMargin = 256ull << 20;
+// The budget "auto" resolves to with `free_bytes` free (a backend's free_memory()); errors when
+// the backend reports no limit (free_bytes < 0) or the margin takes all of it.
+Result<uint64_t> auto_vram_budget(int64_t free_bytes, const char* backend_name);
 
 // The placement for `file` under the budgets of `opts` (vram_budget must be set: the caller
 // resolves 0 to the backend's free memory). Errors (kInvalidArgument) when the VRAM budget cannot

@@ -50,6 +50,14 @@ std::string format_bytes(uint64_t bytes) {
   return buf;
 }
 
+Result<uint64_t> parse_vram_budget(std::string_view text) {
+  if (text == "auto") return uint64_t(0);
+  auto b = parse_byte_size(text);
+  if (!b.is_ok()) return invalid_argument(b.status().message() + ", or auto");
+  if (*b == 0) return invalid_argument("a VRAM budget of 0 bytes holds nothing (auto uses the GPU's free memory)");
+  return b;
+}
+
 Result<uint64_t> parse_byte_size(std::string_view text) {
   const std::string s(text);
   auto bad = [&] {

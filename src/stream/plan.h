@@ -214,5 +214,8 @@ Result<OffloadPrediction> best_llama_offload(const std::vector<Unit>& layers, ui
 // "16G", "512M", "1.5G", "1024" (bytes), K/M/G/T are powers of 1024. Error names the text.
 Result<uint64_t> parse_byte_size(std::string_view text);
 std::string format_bytes(uint64_t bytes);
+// --vram-budget: a byte size, or "auto" (returned as 0): the GPU's free memory at load less
+// kAutoVramMargin.
+Result<uint64_t> parse_vram_budget(std::string_view text);
 
 }  // namespace sluice::stream

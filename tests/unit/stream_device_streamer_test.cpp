@@ -742,8 +742,10 @@ TEST(StreamDevice, RowSplitOnlyForDensePinnedLayersAtSharesInside01) {
 // bytes: both show as wrong weights.
 class LateCopyBackend final : public backend::Backend {
  public:
-  LateCopyBackend() : cpu_(backend::make_cpu_backend({1})) {}
+  // free: what free_memory() reports (-1: no limit, as the CPU backend).
+  explicit LateCopyBackend(int64_t free = -1) : cpu_(backend::make_cpu_backend({1})), free_(free) {}
   const char* name() const override { return "late-copy"; }
+  int64_t free_memory() const override { return free_; }
   Result<backend::Tensor> alloc(backend::DType d, int64_t c, int64_t r) override { return cpu_->alloc(d, c, r); }
   void upload(const backend::Tensor& t, const float* s) override { cpu_->upload(t, s); }
   void upload_i32(const backend::Tensor& t, const int32_t* s) override { cpu_->upload_i32(t, s); }
@@ -801,9 +803,52 @@ class LateCopyBackend final : public backend::Backend {
     }
   }
   std::unique_ptr<backend::Backend> cpu_;
+  int64_t free_;
   std::deque<Copy> queue_;
   Mark next_ = 1;
 };
+
+// --vram-budget auto (a budget of 0): the backend's free memory less kAutoVramMargin is planned,
+// so a backend with room for two layers and two slots past the margin gets exactly that.
+TEST(StreamDevice, AutoBudgetPlansTheFreeMemoryLessTheMargin) {
+  const std::string path = write_synthetic("auto");
+  auto file = gguf::File::open(path);
+  ASSERT_TRUE(file.is_ok());
+  auto name = file->get_string("general.architecture");
+  const model::ArchSpec* arch = model::find_arch(*name);
+  auto cfg = model::read_config(*file, *arch);
+  ASSERT_TRUE(cfg.is_ok());
+  auto w = model::load_weights(*file, *arch, *cfg);
+  ASSERT_TRUE(w.is_ok()) << w.status().message();
+  auto layout = layout_of(*file);
+  ASSERT_TRUE(layout.is_ok());
+  uint64_t layer = 0;
+  for (const UnitLayout& u : layout->layers) layer = std::max(layer, u.bytes);
+  DeviceStreamOptions o = host_options({}, 2);
+  o.workspace_bytes = 1 << 20;
+  auto probe = plan_device(*file, *layout, [&] { DeviceStreamOptions q = o; q.vram_budget = 1ull << 40; return q; }());
+  ASSERT_TRUE(probe.is_ok()) << probe.status().message();
+  const uint64_t room = probe->reserved_bytes() + 4 * layer;  // 2 resident + 2 slots
+  {
+    LateCopyBackend be(int64_t(room + kAutoVramMargin));
+    auto s = DeviceStreamer::create(path, *file, *w, be, o);
+    ASSERT_TRUE(s.is_ok()) << s.status().message();
+    EXPECT_EQ((*s)->plan().vram_budget, room);
+    int n_a = 0;
+    for (const UnitPlan& u : (*s)->plan().plan.units) n_a += u.home == A;
+    EXPECT_EQ(n_a, 2) << (*s)->plan().describe();
+    EXPECT_LE((*s)->plan().vram_used(), room);
+  }
+  for (int64_t free : {int64_t(-1), int64_t(kAutoVramMargin)}) {
+    LateCopyBackend be(free);
+    auto s = DeviceStreamer::create(path, *file, *w, be, o);
+    ASSERT_FALSE(s.is_ok());
+    EXPECT_EQ(s.status().code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(s.status().message().find(free < 0 ? "no memory limit" : "256.0 MiB kept"), std::string::npos)
+        << s.status().message();
+  }
+  std::filesystem::remove(path);
+}
 
 TEST(StreamDevice, LateCopiesAreWaitedForBeforeComputeAndStagingReuse) {
   const std::string path = write_synthetic("late");

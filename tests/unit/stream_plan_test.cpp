@@ -26,6 +26,10 @@ TEST(StreamPlan, ParsesByteSizes) {
   EXPECT_EQ(*parse_byte_size("16G"), 16 * kGiB);
   EXPECT_EQ(*parse_byte_size("512M"), 512 * kMiB);
   EXPECT_EQ(*parse_byte_size("1.5G"), 3 * kGiB / 2);
+  EXPECT_EQ(*parse_vram_budget("16G"), 16 * kGiB);
+  EXPECT_EQ(*parse_vram_budget("auto"), 0u);  // the GPU's free memory at load
+  EXPECT_FALSE(parse_vram_budget("0").is_ok());
+  EXPECT_NE(parse_vram_budget("Auto").status().message().find("or auto"), std::string::npos);
   EXPECT_EQ(*parse_byte_size("4096"), 4096u);
   EXPECT_EQ(*parse_byte_size("2GiB"), 2 * kGiB);
   for (const char* bad : {"", "G", "12X", "-1G", "1.2.3G", "16GG", "1e400"}) {
