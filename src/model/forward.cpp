@@ -314,6 +314,7 @@ class LlamaFamilyModel final : public Model {
       const uint64_t key = gate_.step_key();  // a layer mask (--skip-layers, self-draft) is other ops
       if (be.replay_step(key, pos0)) {
         gate_.count_replayed(cfg_.n_layer);
+        src.pass_replayed(gate_.mask());
         be.download(logits_.first_rows(1), out);
         return Status::ok();
       }

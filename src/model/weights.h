@@ -154,6 +154,10 @@ class LayerSource {
   // True where acquire() returns the same pointers every pass (resident weights): a decode pass is
   // then a replayable step (Backend::begin_step).
   virtual bool weights_fixed() const { return false; }
+  // A pass of a source with weights_fixed() ran as a replayed step: between begin_pass and the
+  // next one nothing was acquired or released; the layers with run[l] ran (run empty: all).
+  // Sources that count the bytes a pass reads count them here.
+  virtual void pass_replayed(const std::vector<bool>& run) {}
 
   // Layer skip (Model::set_layer_mask): whether a pass may leave out the layers with run[l] ==
   // false, calling neither acquire nor release for them. A source that fetches ahead in layer

@@ -844,6 +844,15 @@ Status DeviceStreamer::begin_pass(int n_tokens) {
   return pump(-1);
 }
 
+void DeviceStreamer::pass_replayed(const std::vector<bool>& run) {
+  // Every layer is resident (weights_fixed): the replayed step read each one it ran from VRAM.
+  for (size_t l = 0; l < layout_.layers.size(); ++l) {
+    if (skipped(int(l)) || (!run.empty() && !run[l])) continue;
+    stats_.vram_bytes += layout_.layers[l].bytes;
+    if (decode_pass_) stats_.decode_vram_bytes += layout_.layers[l].bytes;
+  }
+}
+
 Result<const model::LayerWeights*> DeviceStreamer::acquire(int layer) {
   if (!failed_.is_ok()) return failed_;
   SLUICE_CHECK(layer >= 0 && size_t(layer) < stream_index_.size(), "stream: layer out of range");

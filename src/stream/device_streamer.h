@@ -196,6 +196,7 @@ class DeviceStreamer final : public model::LayerSource {
   bool release_needs_sync() const override { return false; }
   // Only when every layer is resident (then decode steps may be replayed).
   bool weights_fixed() const override { return streamed_.empty(); }
+  void pass_replayed(const std::vector<bool>& run) override;
   HostExecutor host_executor() override { return {host_be_.get(), host_rope_freqs_}; }
   bool host_capable(int layer) const override { return size_t(layer) < host_capable_.size() && host_capable_[size_t(layer)]; }
   bool on_host(int layer) const override { return hybrid_pass_ && host_capable(layer); }

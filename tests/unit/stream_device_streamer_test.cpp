@@ -850,6 +850,46 @@ TEST(StreamDevice, AutoBudgetPlansTheFreeMemoryLessTheMargin) {
   std::filesystem::remove(path);
 }
 
+// A decode pass replayed as a recorded step (CUDA graphs, every layer resident) acquires nothing:
+// the model reports it with pass_replayed, and the stats count the layers it ran, so the
+// "per token" bytes of a resident run are the model's, not the first (recorded) pass's share.
+TEST(StreamDevice, ReplayedPassesCountTheLayersTheyRan) {
+  const std::string path = write_synthetic("replay");
+  auto file = gguf::File::open(path);
+  ASSERT_TRUE(file.is_ok());
+  auto name = file->get_string("general.architecture");
+  const model::ArchSpec* arch = model::find_arch(*name);
+  auto cfg = model::read_config(*file, *arch);
+  ASSERT_TRUE(cfg.is_ok());
+  auto w = model::load_weights(*file, *arch, *cfg);
+  ASSERT_TRUE(w.is_ok()) << w.status().message();
+  auto layout = layout_of(*file);
+  ASSERT_TRUE(layout.is_ok());
+  const size_t n = w->layers.size();
+  uint64_t total = 0;
+  for (const UnitLayout& u : layout->layers) total += u.bytes;
+  LateCopyBackend be;
+  auto s = DeviceStreamer::create(path, *file, *w, be, host_options(std::vector<Home>(n, A), 2));
+  ASSERT_TRUE(s.is_ok()) << s.status().message();
+  ASSERT_TRUE((*s)->weights_fixed());
+  ASSERT_TRUE((*s)->begin_pass(1).is_ok());  // recorded: every layer acquired
+  for (int l = 0; l < int(n); ++l) {
+    ASSERT_TRUE((*s)->acquire(l).is_ok());
+    (*s)->release(l);
+  }
+  EXPECT_EQ((*s)->stats().decode_vram_bytes, total);
+  ASSERT_TRUE((*s)->begin_pass(1).is_ok());  // replayed
+  (*s)->pass_replayed({});
+  EXPECT_EQ((*s)->stats().decode_vram_bytes, 2 * total);
+  std::vector<bool> run(n, true);
+  run[0] = false;  // a layer mask's step leaves layer 0 out
+  ASSERT_TRUE((*s)->begin_pass(1).is_ok());
+  (*s)->pass_replayed(run);
+  EXPECT_EQ((*s)->stats().decode_vram_bytes, 3 * total - layout->layers[0].bytes);
+  EXPECT_EQ((*s)->stats().decode_passes, 3u);
+  std::filesystem::remove(path);
+}
+
 TEST(StreamDevice, LateCopiesAreWaitedForBeforeComputeAndStagingReuse) {
   const std::string path = write_synthetic("late");
   auto file = gguf::File::open(path);
