@@ -734,6 +734,24 @@ TEST(StreamDevice, RowSplitOnlyForDensePinnedLayersAtSharesInside01) {
   std::filesystem::remove(moe);
 }
 
+// A synthetic file opened for tests that drive a DeviceStreamer directly: the file, its weights
+// (views into the file's mapping, which a move keeps) and its layout.
+struct Opened {
+  gguf::File file;
+  model::Weights w;
+  FileLayout layout;
+};
+Result<Opened> open_synthetic(const std::string& path) {
+  SLUICE_ASSIGN_OR_RETURN(gguf::File file, gguf::File::open(path));
+  SLUICE_ASSIGN_OR_RETURN(std::string name, file.get_string("general.architecture"));
+  const model::ArchSpec* arch = model::find_arch(name);
+  if (!arch) return invalid_argument(path + ": no architecture " + name);
+  SLUICE_ASSIGN_OR_RETURN(model::Config cfg, model::read_config(file, *arch));
+  SLUICE_ASSIGN_OR_RETURN(model::Weights w, model::load_weights(file, *arch, cfg));
+  SLUICE_ASSIGN_OR_RETURN(FileLayout layout, layout_of(file));
+  return Opened{std::move(file), std::move(w), std::move(layout)};
+}
+
 // ---- ordering: a backend whose copies run only when their mark is waited for ------------------
 
 // Wraps the CPU backend. copy_to_slot queues the copy; it runs (in order) only when compute_wait
@@ -812,16 +830,11 @@ class LateCopyBackend final : public backend::Backend {
 // so a backend with room for two layers and two slots past the margin gets exactly that.
 TEST(StreamDevice, AutoBudgetPlansTheFreeMemoryLessTheMargin) {
   const std::string path = write_synthetic("auto");
-  auto file = gguf::File::open(path);
-  ASSERT_TRUE(file.is_ok());
-  auto name = file->get_string("general.architecture");
-  const model::ArchSpec* arch = model::find_arch(*name);
-  auto cfg = model::read_config(*file, *arch);
-  ASSERT_TRUE(cfg.is_ok());
-  auto w = model::load_weights(*file, *arch, *cfg);
-  ASSERT_TRUE(w.is_ok()) << w.status().message();
-  auto layout = layout_of(*file);
-  ASSERT_TRUE(layout.is_ok());
+  auto opened = open_synthetic(path);
+  ASSERT_TRUE(opened.is_ok()) << opened.status().message();
+  const gguf::File* file = &opened->file;
+  const model::Weights* w = &opened->w;
+  const FileLayout* layout = &opened->layout;
   uint64_t layer = 0;
   for (const UnitLayout& u : layout->layers) layer = std::max(layer, u.bytes);
   DeviceStreamOptions o = host_options({}, 2);
@@ -855,16 +868,11 @@ TEST(StreamDevice, AutoBudgetPlansTheFreeMemoryLessTheMargin) {
 // "per token" bytes of a resident run are the model's, not the first (recorded) pass's share.
 TEST(StreamDevice, ReplayedPassesCountTheLayersTheyRan) {
   const std::string path = write_synthetic("replay");
-  auto file = gguf::File::open(path);
-  ASSERT_TRUE(file.is_ok());
-  auto name = file->get_string("general.architecture");
-  const model::ArchSpec* arch = model::find_arch(*name);
-  auto cfg = model::read_config(*file, *arch);
-  ASSERT_TRUE(cfg.is_ok());
-  auto w = model::load_weights(*file, *arch, *cfg);
-  ASSERT_TRUE(w.is_ok()) << w.status().message();
-  auto layout = layout_of(*file);
-  ASSERT_TRUE(layout.is_ok());
+  auto opened = open_synthetic(path);
+  ASSERT_TRUE(opened.is_ok()) << opened.status().message();
+  const gguf::File* file = &opened->file;
+  const model::Weights* w = &opened->w;
+  const FileLayout* layout = &opened->layout;
   const size_t n = w->layers.size();
   uint64_t total = 0;
   for (const UnitLayout& u : layout->layers) total += u.bytes;
@@ -892,14 +900,10 @@ TEST(StreamDevice, ReplayedPassesCountTheLayersTheyRan) {
 
 TEST(StreamDevice, LateCopiesAreWaitedForBeforeComputeAndStagingReuse) {
   const std::string path = write_synthetic("late");
-  auto file = gguf::File::open(path);
-  ASSERT_TRUE(file.is_ok());
-  auto name = file->get_string("general.architecture");
-  const model::ArchSpec* arch = model::find_arch(*name);
-  auto cfg = model::read_config(*file, *arch);
-  ASSERT_TRUE(cfg.is_ok());
-  auto w = model::load_weights(*file, *arch, *cfg);
-  ASSERT_TRUE(w.is_ok()) << w.status().message();
+  auto opened = open_synthetic(path);
+  ASSERT_TRUE(opened.is_ok()) << opened.status().message();
+  const gguf::File* file = &opened->file;
+  const model::Weights* w = &opened->w;
   using Field = model::TensorRef model::LayerWeights::*;
   const Field fields[] = {&model::LayerWeights::attn_norm, &model::LayerWeights::wq, &model::LayerWeights::wk,
                           &model::LayerWeights::wv, &model::LayerWeights::wo, &model::LayerWeights::ffn_norm,
