@@ -446,7 +446,7 @@ Result<std::unique_ptr<backend::Backend>> make_backend(const LoadOptions& opts, 
     if (opts.backend == BackendKind::kAuto) return backend::make_cpu_backend(cpu_options(opts));
     return out_of_memory("the model needs about " + std::to_string(need >> 20) + " MiB of GPU memory, " +
                          std::to_string(uint64_t(free) >> 20) +
-                         " MiB are free (stream it with --vram-budget, or a smaller -c lowers the KV cache)");
+                         " MiB are free (stream it with --vram-budget auto, or a smaller -c lowers the KV cache)");
   }
   return std::move(gpu).value();
 }
