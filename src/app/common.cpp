@@ -209,10 +209,9 @@ Result<LoadedModel> load_device_streamed(const ModelFlags& mf, const StreamFlags
   return lm;
 }
 
-// The VRAM budget --plan plans with: the flag's size, or for auto what a load would resolve it
-// to (the GPU's free memory now, less the margin).
-Result<uint64_t> plan_vram_budget(const std::string& flag) {
-  SLUICE_ASSIGN_OR_RETURN(const uint64_t v, stream::parse_vram_budget(flag));
+// The VRAM budget --plan plans with, from the parsed flag: its size, or for auto (0) what a
+// load would resolve it to (the GPU's free memory now, less the margin).
+Result<uint64_t> plan_vram_budget(uint64_t v) {
   if (v != 0) return v;
   if (backend::cuda_device_count() == 0) {
     return invalid_argument("--vram-budget auto sizes itself from the GPU's free memory, and this machine has no GPU");
@@ -242,7 +241,8 @@ Status print_plan(const ModelFlags& mf, const StreamFlags& sf, const gguf::File&
     if (!arch) return unsupported(file.path() + ": architecture \"" + arch_name + "\" is not supported");
     SLUICE_ASSIGN_OR_RETURN(model::Config cfg, model::read_config(file, *arch));
     SLUICE_ASSIGN_OR_RETURN(model::Weights w, model::load_weights(file, *arch, cfg));
-    SLUICE_ASSIGN_OR_RETURN(const uint64_t vram, plan_vram_budget(sf.vram_budget));
+    SLUICE_ASSIGN_OR_RETURN(const uint64_t parsed, stream::parse_vram_budget(sf.vram_budget));
+    SLUICE_ASSIGN_OR_RETURN(const uint64_t vram, plan_vram_budget(parsed));
     double h2d = 25e9, vram_bw = 1e12;
     std::string source = "default (no GPU)";
     if (backend::cuda_device_count() > 0) {
@@ -262,7 +262,7 @@ Status print_plan(const ModelFlags& mf, const StreamFlags& sf, const gguf::File&
   }
   if (device) {
     SLUICE_ASSIGN_OR_RETURN(stream::DeviceStreamOptions o, device_options(mf, sf, probe));
-    SLUICE_ASSIGN_OR_RETURN(o.vram_budget, plan_vram_budget(sf.vram_budget));
+    SLUICE_ASSIGN_OR_RETURN(o.vram_budget, plan_vram_budget(o.vram_budget));  // parsed by device_options
     SLUICE_RETURN_IF_ERROR(stream::leave_out_layers(layout, o.skip));
     // The GPU terms measured where there is a GPU (the pipeline measures them again at load).
     std::string gpu_source = "default (no GPU)";

@@ -77,12 +77,17 @@ __device__ __forceinline__ int seg_of(const Segs& s, int64_t row) {
 // the slow, general path.
 template <class F>
 inline constexpr bool kHasWords = F::kBlockBytes % 16 != 0;  // rows can be 2- or 4- but not 16-byte aligned
-// The byte offset of chunk c of global row `row` (matrix m) past its 4-byte word: where the word
-// copies leave the chunk's first byte in the stage.
+// The first weight byte of chunk c (cb blocks a chunk) of global row `row`, in matrix m.
+template <class F>
+__device__ __forceinline__ const uint8_t* chunk_src(const Segs& segs, int m, int64_t row, int64_t row_bytes, int c,
+                                                    int cb) {
+  return segs.w[m] + (row - segs.row0[m]) * row_bytes + int64_t(c) * cb * F::kBlockBytes;
+}
+// The chunk's byte offset past its 4-byte word: where the word copies leave its first byte in the
+// stage.
 template <class F>
 __device__ __forceinline__ int word_head(const Segs& segs, int m, int64_t row, int64_t row_bytes, int c, int cb) {
-  const uint8_t* src = segs.w[m] + (row - segs.row0[m]) * row_bytes + int64_t(c) * cb * F::kBlockBytes;
-  return int(reinterpret_cast<uintptr_t>(src) & 3);
+  return int(reinterpret_cast<uintptr_t>(chunk_src<F>(segs, m, row, row_bytes, c, cb)) & 3);
 }
 template <class F, int NT, bool kAligned, class Cfg>
 __global__ void __launch_bounds__(Cfg::kWarps * kWarpSize) gemv_kernel(const __grid_constant__ Segs segs,
@@ -105,7 +110,7 @@ __global__ void __launch_bounds__(Cfg::kWarps * kWarpSize) gemv_kernel(const __g
     const int c = int(i % nchunks);
     const int nblk = min(cb, nb - c * cb);
     const int bytes = nblk * F::kBlockBytes;
-    const uint8_t* src = segs.w[m] + (row - segs.row0[m]) * row_bytes + int64_t(c) * cb * F::kBlockBytes;
+    const uint8_t* src = chunk_src<F>(segs, m, row, row_bytes, c, cb);
     uint8_t* dst = stage[warp][i % kStages];
     if constexpr (kAligned && kHasWords<F>) {
       if (words) {
