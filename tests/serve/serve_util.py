@@ -89,6 +89,17 @@ class Server:
             out[name] = float(value)
         return out
 
+    def settled_metrics(self, timeout=30):
+        """/metrics once no request is active (or at the deadline): the scheduler sends a request's
+        last event before the end of its step, where the gauges are updated, so a client can hold
+        its whole reply a moment before the request leaves the active count."""
+        deadline = time.time() + timeout
+        m = self.metrics()
+        while m["sluice_requests_active"] != 0 and time.time() < deadline:
+            time.sleep(0.05)
+            m = self.metrics()
+        return m
+
     def rss_kib(self):
         with open(f"/proc/{self.proc.pid}/status") as f:
             for line in f:

@@ -70,7 +70,7 @@ class Load(unittest.TestCase):
             peak = max(warm)
             print(f"requests: {sum(counts)}, RSS after warm-up {base} KiB, peak {peak} KiB", file=sys.stderr)
             self.assertLess(peak - base, GROWTH_KIB, f"RSS grew from {base} to {peak} KiB: {samples}")
-            m = s.metrics()
+            m = s.settled_metrics()
             self.assertEqual(m['sluice_requests_total{outcome="failed"}'], 0)
             self.assertEqual(m["sluice_requests_active"], 0)
             self.assertEqual(m["sluice_kv_blocks_reserved"], 0)
