@@ -326,7 +326,7 @@ step_hybrid() {
     SLUICE="$SLUICE_BIN" LLAMA="$LLAMA_CUDA" HOLD="$hold" bash bench/e2e/hybrid_s2.sh "$shm" "$dir" 16
     echo "### sweep of free VRAM"
     # shellcheck disable=SC2086
-    SLUICE="$SLUICE_BIN" LLAMA="$LLAMA_CUDA" HOLD="$hold" TG=8 LOGDIR="$dir" \
+    SLUICE="$SLUICE_BIN" LLAMA="$LLAMA_CUDA" HOLD="$hold" TG=16 REPS=2 LOGDIR="$dir" \
       bash bench/e2e/hybrid_sweep.sh "$shm" "$dir/sweep.csv" ${HYBRID_POINTS:-8 12 16 24 32 48}
     python3 bench/plot/sweep.py "$dir/sweep.csv" -o "$dir/sweep.png"
   } >"$OUT_DIR/hybrid.txt" 2>&1
@@ -360,12 +360,12 @@ step_serve() {
       python3 bench/e2e/serve_bench.py --url http://127.0.0.1:8089 --tokens 128 --concurrency 1,8,32 \
         --server "$server -m $m8 --port 8089 -np 32 -c 65536 -ngl 99"
     fi
-    echo "### 70B Q4_K_M, 16 GiB free: sluice serve --vram-budget 15G --parallel 32"
+    echo "### 70B Q4_K_M, 16 GiB free: sluice serve --vram-budget auto --parallel 32"
     local fifo; fifo=$(mktemp -u) && mkfifo "$fifo"
     "$hold" 16 >"$fifo" 2>&1 & local hp=$!
     read -r line <"$fifo"; rm -f "$fifo"; echo "$line"
     python3 bench/e2e/serve_bench.py --url http://127.0.0.1:8089 --tokens 64 --concurrency 1,16,32 \
-      --server "$SLUICE_BIN serve -m $m70 --port 8089 --parallel 32 -c 1024 --kv-positions 4096 --vram-budget 15G"
+      --server "$SLUICE_BIN serve -m $m70 --port 8089 --parallel 32 -c 1024 --kv-positions 4096 --vram-budget auto -b cuda"
     kill "$hp"; wait "$hp" 2>/dev/null
   } >"$OUT_DIR/serve.txt" 2>&1
   record serve ok "$OUT_DIR/serve.txt"
