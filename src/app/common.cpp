@@ -424,9 +424,11 @@ Status finish_stream(FILE* out, LoadedModel& lm, const decode::Timings& t) {
     const double cpu = double(decode ? s.decode_cpu_bytes : s.cpu_bytes) / n;
     std::fprintf(out,
                  "stream:  device pipeline, %d slots of %.1f MB; per %s: VRAM-resident %.1f MB, pinned RAM copied %.1f MB, "
-                 "computed by the CPU %.1f MB, disk %.1f MB; pinned %.1f MB; layers found in their slots %.2f per pass\n",
+                 "computed by the CPU %.1f MB, disk %.1f MB; pinned %.1f MB; layers found in their slots %.2f per pass; "
+                 "%llu of %llu passes with a batch placement\n",
                  p.n_slots, double(p.slot_bytes) / 1e6, per, vram / 1e6, ram / 1e6, cpu / 1e6, disk / 1e6,
-                 double(ds.pinned_bytes()) / 1e6, double(s.kept_hits) / double(std::max<uint64_t>(s.passes, 1)));
+                 double(ds.pinned_bytes()) / 1e6, double(s.kept_hits) / double(std::max<uint64_t>(s.passes, 1)),
+                 (unsigned long long)s.batch_passes, (unsigned long long)s.passes);
     std::fprintf(out,
                  "copies:  %.2f GB/s while copying (%.1f ms per %s), compute waiting for copies %.2f ms per %s%s; host "
                  "waits: disk %.2f ms per %s, staging %.2f ms in all\n",

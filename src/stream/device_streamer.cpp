@@ -240,14 +240,22 @@ Result<DevicePlan> plan_device(const gguf::File& file, const FileLayout& layout,
   return dp;
 }
 
-bool hybrid_faster(const DevicePlan& dp, int n_tokens) {
+PassPlacement pass_placement(const DevicePlan& dp, int n_tokens) {
   PlanInput in = dp.input;
-  in.batch = n_tokens;
-  Plan hybrid = dp.plan, gpu = dp.plan;
-  for (UnitPlan& u : gpu.units) u.exec = Executor::kGpu;
-  score_plan(in, hybrid);
-  score_plan(in, gpu);
-  return hybrid.token_seconds <= gpu.token_seconds;
+  in.batch = std::max(n_tokens, 1);
+  PassPlacement all{PassKind::kAll, dp.plan};
+  for (UnitPlan& u : all.plan.units) u.exec = Executor::kGpu;
+  score_plan(in, all.plan);
+  if (dp.plan.cpu_exec_bytes == 0 || n_tokens >= dp.prefill_batch) return all;
+  PassPlacement decode{PassKind::kDecode, dp.plan};
+  score_plan(in, decode.plan);
+  if (dp.forced || dp.input.hybrid_mode == HybridMode::kSplit) return decode;
+  if (n_tokens <= dp.input.batch) {
+    return decode.plan.token_seconds <= all.plan.token_seconds ? decode : all;
+  }
+  PassPlacement batch{PassKind::kBatch, batch_placement(in, dp.plan)};
+  if (decode.plan.token_seconds <= std::min(all.plan.token_seconds, batch.plan.token_seconds)) return decode;
+  return batch.plan.cpu_exec_bytes > 0 ? batch : all;
 }
 
 std::string DevicePlan::describe() const {
@@ -265,14 +273,35 @@ std::string DevicePlan::describe() const {
                   "pass = %.0f tok/s (bound by %s)\n",
                   prefill_batch, pin.batch, pp.token_seconds * 1e3, double(pin.batch) / pp.token_seconds, pp.bound.c_str());
     s += line;
-    // Passes shorter than prefill_batch (several sequences, speculative verification) take the
-    // hybrid placement while the cost model predicts it faster than streaming every layer.
-    int upto = 0;
-    const bool forced_split = input.hybrid_mode == HybridMode::kSplit;
-    while (upto + 1 < prefill_batch && (forced_split || hybrid_faster(*this, upto + 1))) ++upto;
-    std::snprintf(line, sizeof line, "  hybrid for passes of 1..%d tokens%s; longer passes stream every layer to the GPU\n",
-                  upto, forced_split ? " (--hybrid split)" : "");
-    s += line;
+    // Passes shorter than prefill_batch (several sequences, speculative verification): the
+    // placement the cost model predicts fastest for each size, in runs of sizes that agree.
+    auto key = [](const PassPlacement& pp) { return std::make_pair(int(pp.kind), pp.plan.cpu_exec_bytes); };
+    int from = 1;
+    PassPlacement run = pass_placement(*this, 1);
+    for (int n = 2; n <= prefill_batch; ++n) {
+      PassPlacement next = n < prefill_batch ? pass_placement(*this, n) : PassPlacement{};
+      if (n < prefill_batch && key(next) == key(run)) {
+        run = std::move(next);
+        continue;
+      }
+      const int to = n - 1;
+      const double ms = run.plan.token_seconds * 1e3;
+      if (run.kind == PassKind::kDecode) {
+        std::snprintf(line, sizeof line, "  passes of %d..%d tokens: this placement%s (predicted %.1f ms at %d)\n", from, to,
+                      forced || input.hybrid_mode == HybridMode::kSplit ? " (forced)" : "", ms, to);
+      } else if (run.kind == PassKind::kBatch) {
+        std::snprintf(line, sizeof line,
+                      "  passes of %d..%d tokens: %s of its CPU layers on the CPU, every other streamed layer on the GPU "
+                      "(predicted %.1f ms at %d, bound by %s)\n",
+                      from, to, format_bytes(run.plan.cpu_exec_bytes).c_str(), ms, to, run.plan.bound.c_str());
+      } else {
+        std::snprintf(line, sizeof line, "  passes of %d..%d tokens: every streamed layer on the GPU (predicted %.1f ms at %d)\n",
+                      from, to, ms, to);
+      }
+      s += line;
+      from = n;
+      run = std::move(next);
+    }
   }
   std::snprintf(line, sizeof line,
                 "  VRAM %s of the %s budget: KV cache %s (%d positions), activations %s, workspace %s, output head and "
@@ -810,13 +839,28 @@ void DeviceStreamer::set_list(const std::vector<int>* list) {
   ring_ = list->size();
 }
 
-bool DeviceStreamer::hybrid_for(int n_tokens) {
-  // Forced placements (tests, --hybrid split) run hybrid for every pass below prefill_batch.
-  if (plan_.forced || plan_.input.hybrid_mode == HybridMode::kSplit || n_tokens < 1) return true;
-  if (hybrid_wins_.size() <= size_t(n_tokens)) hybrid_wins_.resize(size_t(n_tokens) + 1, -1);
-  int8_t& wins = hybrid_wins_[size_t(n_tokens)];
-  if (wins < 0) wins = hybrid_faster(plan_, n_tokens) ? 1 : 0;
-  return wins == 1;
+int DeviceStreamer::choice_for(int n_tokens) {
+  const size_t n = size_t(std::max(n_tokens, 1));
+  if (pass_choice_.size() <= n) pass_choice_.resize(n + 1, -1);
+  int& c = pass_choice_[n];
+  if (c >= 0) return c;
+  const PassPlacement pp = pass_placement(plan_, n_tokens);
+  if (pp.kind != PassKind::kBatch) return c = pp.kind == PassKind::kDecode ? kPassDecode : kPassAll;
+  std::vector<bool> cpu(layout_.layers.size(), false);
+  for (size_t l = 0; l < cpu.size(); ++l) {
+    cpu[l] = pp.plan.units[l].exec == Executor::kCpu;
+    SLUICE_CHECK(!cpu[l] || host_capable(int(l)), "stream: a batch placement gives the CPU a layer it has no copy of");
+  }
+  for (size_t i = 0; i < batch_runs_.size(); ++i) {
+    if (batch_runs_[i]->cpu == cpu) return c = kPassBatch + int(i);
+  }
+  auto b = std::make_unique<BatchRun>();
+  for (size_t j = 0; j < streamed_.size(); ++j) {
+    if (!cpu[size_t(streamed_[j])]) b->list.push_back(int(j));
+  }
+  b->cpu = std::move(cpu);
+  batch_runs_.push_back(std::move(b));
+  return c = kPassBatch + int(batch_runs_.size() - 1);
 }
 
 Status DeviceStreamer::begin_pass(int n_tokens) {
@@ -826,10 +870,22 @@ Status DeviceStreamer::begin_pass(int n_tokens) {
   if (Status st = reader_->check_unchanged(); !st.is_ok()) return fail(std::move(st));
   collect();
   decode_pass_ = n_tokens == 1;
-  // Hybrid passes (decode, short prompts) leave the host layers to the CPU; long passes stream
-  // every layer to the GPU, where one copy serves the whole batch.
-  hybrid_pass_ = host_be_ != nullptr && n_tokens < prefill_batch_ && hybrid_for(n_tokens);
-  const std::vector<int>* list = hybrid_pass_ ? &list_hybrid_ : &list_all_;
+  // The placement the cost model chose for this many tokens (pass_placement): the decode one, a
+  // batch one (fewer CPU layers), or every layer streamed to the GPU (prefill: one copy serves the
+  // whole batch).
+  const int choice = host_be_ != nullptr ? choice_for(n_tokens) : kPassAll;
+  hybrid_pass_ = choice == kPassDecode;
+  const std::vector<int>* list = &list_all_;
+  pass_cpu_ = nullptr;
+  if (hybrid_pass_) {
+    list = &list_hybrid_;
+    pass_cpu_ = &host_capable_;
+  } else if (choice >= kPassBatch) {
+    const BatchRun& b = *batch_runs_[size_t(choice - kPassBatch)];
+    list = &b.list;
+    pass_cpu_ = &b.cpu;
+    ++stats_.batch_passes;
+  }
   if (list != list_ && !streamed_.empty()) SLUICE_RETURN_IF_ERROR(restart_ring(list));
   ++stats_.passes;
   if (decode_pass_) ++stats_.decode_passes;

@@ -43,6 +43,9 @@ class File;
 
 namespace sluice::stream {
 
+// Passes of at least this many tokens stream every layer to the GPU (DeviceStreamOptions).
+inline constexpr int kPrefillBatch = 64;
+
 struct DeviceStreamOptions {
   // Backend memory for everything the model puts there: uploaded output head and norms, resident
   // layers, slots, KV cache, activations and workspace. 0: the backend's free memory at load less
@@ -69,16 +72,18 @@ struct DeviceStreamOptions {
   // Optional: (bytes so far, bytes in all) while the pinned-RAM (B) layers are read at start-up.
   core::ProgressFn on_load_progress;
 
-  // Hybrid execution: during passes of fewer than prefill_batch tokens (decode), the host CPU
-  // computes the pinned-RAM (B) layers the planner gives it (allow_cpu_executor, from measured
-  // bandwidths) where they lie, while the copy queue streams the other B and C layers to the GPU.
-  // Longer passes (prefill: compute-bound on the CPU, and one copy serves the whole batch) stream
-  // every layer to the GPU, and so does a shorter pass (several sequences' decode tokens, a
-  // speculative verification) where the cost model predicts that faster for its token count
-  // (placement planned with force_homes/force_exec: only the prefill_batch rule). Off: every
-  // streamed layer is copied (pure streaming).
+  // Hybrid execution: during decode passes the host CPU computes the pinned-RAM (B) layers the
+  // planner gives it (allow_cpu_executor, from measured bandwidths) where they lie, while the copy
+  // queue streams the other B and C layers to the GPU. A pass of several tokens (several
+  // sequences' decode tokens, a speculative verification, a short prompt) takes the placement the
+  // cost model predicts fastest for its token count (pass_placement): the decode one, a subset of
+  // its CPU layers on the CPU (the CPU's time per layer grows with the tokens, a copy's does not),
+  // or every streamed layer on the GPU; passes of prefill_batch tokens or more (prefill:
+  // compute-bound on the CPU, and one copy serves the whole batch) always the last. Placements
+  // planned with force_homes/force_exec: the decode one below prefill_batch. Off: every streamed
+  // layer is copied (pure streaming).
   bool hybrid = true;
-  int prefill_batch = 32;
+  int prefill_batch = kPrefillBatch;
   // Tokens per decode pass the placement is planned for: 1, or K + 1 when speculative decoding
   // verifies K drafted tokens per pass (a larger batch favours streaming to the GPU over CPU
   // compute).
@@ -118,7 +123,7 @@ struct DevicePlan {
   uint64_t vram_budget = 0, ram_budget = 0;
   int n_staging = 0;            // pinned staging buffers for C reads (0 without C layers)
   bool forced = false;          // homes came from force_homes
-  int prefill_batch = 32;       // passes of at least this many tokens stream every layer to the GPU
+  int prefill_batch = kPrefillBatch;  // passes of at least this many tokens stream every layer to the GPU
   uint64_t reserved_bytes() const { return globals_bytes + kv_bytes + activation_bytes + workspace_bytes; }
   // Backend bytes the plan uses: reserved + resident layers + slots.
   uint64_t vram_used() const { return reserved_bytes() + plan.resident_bytes + uint64_t(plan.n_slots) * plan.slot_bytes; }
@@ -138,9 +143,18 @@ Result<uint64_t> auto_vram_budget(int64_t free_bytes, const char* backend_name);
 // hold the reserved memory plus n_slots slots of the largest layer, or the RAM budget cannot hold
 // the staging that reading from disk needs, stating the minimum.
 Result<DevicePlan> plan_device(const gguf::File& file, const FileLayout& layout, const DeviceStreamOptions& opts);
-// True when the cost model predicts a pass of n_tokens faster with the plan's hybrid placement
-// (its CPU-executed layers on the host) than with every streamed layer on the GPU.
-bool hybrid_faster(const DevicePlan& dp, int n_tokens);
+// The placement a pass of n_tokens runs (with a host executor): kDecode, the plan's own (its CPU
+// layers on the host); kBatch, batch_placement's for n_tokens (a subset of those CPU layers); kAll,
+// every streamed layer copied to the GPU. Passes of at least prefill_batch tokens take kAll, and
+// with a forced placement or --hybrid split every shorter pass takes kDecode; otherwise the
+// fastest prediction for n_tokens, the decode placement on ties, and for passes no longer than the
+// plan's own batch (decode) only kDecode or kAll. `plan` is the chosen placement scored at n_tokens.
+enum class PassKind { kAll, kDecode, kBatch };
+struct PassPlacement {
+  PassKind kind = PassKind::kAll;
+  Plan plan;
+};
+PassPlacement pass_placement(const DevicePlan& dp, int n_tokens);
 
 // Counters since load; "decode" is passes of one token. Bytes are counted as passes consume them.
 struct DeviceStreamStats {
@@ -171,6 +185,7 @@ struct DeviceStreamStats {
   uint64_t split_layers = 0;  // split layers computed (all passes)
   double cpu_seconds = 0, decode_cpu_seconds = 0;
   uint64_t phase_changes = 0;  // passes whose executor set differed from the last (ring restarted)
+  uint64_t batch_passes = 0;   // passes that ran a batch placement (pass_placement: kBatch)
   bool device_timed = false;  // copy_seconds / compute stalls come from the backend's marks
 };
 
@@ -199,7 +214,9 @@ class DeviceStreamer final : public model::LayerSource {
   void pass_replayed(const std::vector<bool>& run) override;
   HostExecutor host_executor() override { return {host_be_.get(), host_rope_freqs_}; }
   bool host_capable(int layer) const override { return size_t(layer) < host_capable_.size() && host_capable_[size_t(layer)]; }
-  bool on_host(int layer) const override { return hybrid_pass_ && host_capable(layer); }
+  bool on_host(int layer) const override {
+    return pass_cpu_ != nullptr && size_t(layer) < pass_cpu_->size() && (*pass_cpu_)[size_t(layer)];
+  }
   bool split_capable(int layer) const override {
     return size_t(layer) < split_capable_.size() && split_capable_[size_t(layer)];
   }
@@ -299,17 +316,28 @@ class DeviceStreamer final : public model::LayerSource {
   std::vector<bool> skip_;             // DeviceStreamOptions::skip (per layer, or empty)
   bool skipped(int layer) const { return !skip_.empty() && skip_[size_t(layer)]; }
   // The streamed sequence of a pass: indices j in order. all_: every streamed layer (prefill and
-  // pure streaming); hybrid_: those the GPU computes in hybrid passes (the others run on the
-  // host). list_ points at the one the ring is running.
+  // pure streaming); hybrid_: those the GPU computes in passes of the decode placement (the others
+  // run on the host); a batch placement's own (BatchRun). list_ points at the one the ring is
+  // running.
   std::vector<int> list_all_, list_hybrid_;
   const std::vector<int>* list_ = nullptr;
   size_t ring_ = 0;  // slots the ring on list_ uses (set_list): sequence s goes to slot s % ring_
-  bool hybrid_pass_ = false;
+  bool hybrid_pass_ = false;  // this pass runs the decode placement
+  const std::vector<bool>* pass_cpu_ = nullptr;  // per layer: the host computes it this pass
   int prefill_batch_ = 32;
-  // Per pass size n < prefill_batch: 1 where the cost model predicts the hybrid placement faster
-  // than streaming every layer to the GPU for n tokens, 0 where not, -1 not yet scored.
-  std::vector<int8_t> hybrid_wins_;
-  bool hybrid_for(int n_tokens);
+  // A batch placement (pass_placement: kBatch): its CPU layers and its streamed sequence. Held by
+  // pointer so list_ and pass_cpu_ stay valid as more are added; passes of different sizes that
+  // choose the same layers share one (no ring restart between them).
+  struct BatchRun {
+    std::vector<bool> cpu;
+    std::vector<int> list;
+  };
+  std::vector<std::unique_ptr<BatchRun>> batch_runs_;
+  // Per pass size n: the placement chosen for n tokens (kPassAll, kPassDecode, or kPassBatch + the
+  // index into batch_runs_), -1 not yet chosen.
+  static constexpr int kPassAll = 0, kPassDecode = 1, kPassBatch = 2;
+  std::vector<int> pass_choice_;
+  int choice_for(int n_tokens);
   std::unique_ptr<backend::Backend> host_be_;   // the host executor (hybrid), or null
   backend::WeightView host_rope_freqs_;
   std::vector<bool> host_capable_;              // per layer

@@ -458,6 +458,33 @@ Result<Plan> make_plan(const PlanInput& in) {
   return *best;
 }
 
+Plan batch_placement(const PlanInput& in, const Plan& decode) {
+  SLUICE_CHECK(decode.units.size() == in.units.size(), "batch_placement: plan and input differ in unit count");
+  Plan base = decode;
+  if (!in.has_gpu) {  // CPU only: every unit is the CPU's already
+    score_plan(in, base);
+    return base;
+  }
+  std::vector<size_t> cpu_units;
+  for (size_t i = 0; i < decode.units.size(); ++i) {
+    if (decode.units[i].exec == Executor::kCpu) cpu_units.push_back(i);
+  }
+  for (UnitPlan& u : base.units) {
+    if (u.exec != Executor::kGpu) u = {u.home, Executor::kGpu, 0.0};
+  }
+  score_plan(in, base);
+  // The same spread as best_alternating, over the decode placement's CPU units.
+  const size_t nk = cpu_units.size();
+  Plan chosen = base;
+  for (size_t c = 1; c <= nk; ++c) {
+    Plan trial = base;
+    for (size_t k = 0; k < c; ++k) trial.units[cpu_units[(2 * k + 1) * nk / (2 * c)]].exec = Executor::kCpu;
+    score_plan(in, trial);
+    if (trial.token_seconds < chosen.token_seconds * (1 - 1e-12)) chosen = std::move(trial);
+  }
+  return chosen;
+}
+
 void score_plan(const PlanInput& in, Plan& p) {
   SLUICE_CHECK(p.units.size() == in.units.size(), "score_plan: plan and input differ in unit count");
   p.resident_bytes = 0;

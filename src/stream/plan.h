@@ -187,6 +187,14 @@ Result<Plan> make_plan(const PlanInput& in);
 // byte totals, the cost terms and the bound exactly as make_plan does for its own placements.
 void score_plan(const PlanInput& in, Plan& p);
 
+// A placement for passes of in.batch tokens (several sequences' decode tokens, a verification)
+// that keeps `decode`'s homes and computes on the CPU a subset of the units `decode` computes
+// there (only those have the CPU's copies of their weights and KV cache): every count c = 0 .. |K|
+// of them, the k-th at floor((k + 0.5) * |K| / c) among them in layer order; every other unit,
+// split ones included, on the GPU. The fastest prediction wins, ties going to fewer CPU units
+// (c = 0: every streamed unit copied to the GPU). Returned scored at in.batch.
+Plan batch_placement(const PlanInput& in, const Plan& decode);
+
 // llama.cpp's partial offload (`-ngl N`), as a baseline to compare plans with: the LAST N of
 // `layers` are resident in VRAM and run on the GPU, the others run on the CPU from RAM, strictly
 // in sequence, nothing streamed. The output head (optional) goes to the GPU only when

@@ -663,6 +663,63 @@ TEST(StreamDevice, PlannedRowSplitMatchesResident) {
   std::filesystem::remove(path);
 }
 
+// A planned hybrid placement whose multi-token pass takes a batch placement (pass_placement):
+// rates set like the plan test's four_streamed, scaled to this model's layers (a copy and a CPU
+// layer 1 ms each, the CPU's compute term 1.5 ms at 9 tokens), so the decode plan computes 2 of
+// the 4 pinned-RAM layers on the CPU and keeps the other 2 in the slots; the session's 9-token
+// prompt takes 1 of those on the CPU and copies the other 3 (3 ms against 3.04 ms for the decode
+// placement and 4 ms for copying all four), its 5-token turn and single tokens the decode
+// placement. Same kernels (the host's layers unpacked): the resident run's tokens and logits.
+TEST(StreamDevice, PlannedBatchPlacementMatchesResident) {
+  const std::string path = write_synthetic("plan_batch");
+  const Session ref = resident_session(path);
+  auto f = gguf::File::open(path);
+  auto layout = layout_of(*f);
+  ASSERT_TRUE(layout.is_ok());
+  DeviceStreamOptions o = host_options({}, 2);
+  o.workspace_bytes = 1 << 20;
+  o.host_cpu.pack_weights = false;
+  o.hybrid_mode = HybridMode::kAlternate;
+  auto probe = plan_device(*f, *layout, [&] { DeviceStreamOptions q = o; q.vram_budget = 1ull << 40; return q; }());
+  ASSERT_TRUE(probe.is_ok()) << probe.status().message();
+  uint64_t layer = 0, params = 0;
+  for (const Unit& u : probe->input.units) {
+    layer = std::max(layer, u.bytes);
+    params = std::max(params, u.params);
+  }
+  ASSERT_GT(params, 0u);
+  o.vram_budget = probe->reserved_bytes() + 4 * layer;  // 2 resident + 2 slots
+  const double b = double(layer);
+  o.bw = {.vram = 1e6 * b, .h2d = 1e3 * b, .disk = 1e3 * b, .cpu = 1e3 * b, .dram = 1e6 * b,
+          .cpu_flops = 9 * 2 * double(params) / 1.5e-3, .gpu_flops = 1e6 * 2 * double(params), .switch_seconds = 1e-5};
+  DeviceStreamer* s = nullptr;
+  auto m = load_streamed(path, o, &s);
+  ASSERT_TRUE(m.is_ok()) << m.status().message();
+  const DevicePlan& dp = s->plan();
+  int n_cpu = 0;
+  for (const UnitPlan& u : dp.plan.units) n_cpu += u.exec == Executor::kCpu;
+  EXPECT_EQ(n_cpu, 2) << dp.describe();
+  EXPECT_EQ(dp.plan.kept_units, 2) << dp.describe();
+  EXPECT_EQ(pass_placement(dp, 1).kind, PassKind::kDecode);
+  EXPECT_EQ(pass_placement(dp, 5).kind, PassKind::kDecode);
+  const PassPlacement p9 = pass_placement(dp, 9);
+  EXPECT_EQ(p9.kind, PassKind::kBatch) << dp.describe();
+  EXPECT_EQ(p9.plan.cpu_exec_bytes * 2, dp.plan.cpu_exec_bytes) << dp.describe();
+  EXPECT_NE(dp.describe().find("of its CPU layers on the CPU"), std::string::npos) << dp.describe();
+  const Session got = run_session(**m);
+  EXPECT_EQ(got.tokens, ref.tokens);
+  EXPECT_EQ(got.first_logits, ref.first_logits);
+  EXPECT_EQ(got.last_logits, ref.last_logits);
+  const DeviceStreamStats& st = s->stats();
+  EXPECT_EQ(st.batch_passes, 1u);
+  // The ring starts on the decode placement's sequence and restarts when the placement changes:
+  // into the 9-token prompt's batch placement and out of it; the 5-token turn and every single
+  // token run the decode placement.
+  EXPECT_EQ(st.phase_changes, 2u);
+  EXPECT_GT(st.decode_cpu_bytes, 0u);
+  std::filesystem::remove(path);
+}
+
 // The host's rows from its packed layout (host_cpu.pack_weights on): a packed matrix is cut at
 // whole row groups (WeightView::rows), so a wrong group offset would compute other rows. The
 // "GPU" rows run the row kernels on the slot, the CPU's the packed kernels (another summation
@@ -1002,12 +1059,14 @@ TEST(StreamDevice, ModelFileChangedWhileRunningIsAnError) {
   std::filesystem::remove(path);
 }
 
-// A pass of n tokens takes the hybrid placement while the cost model predicts it faster than
-// streaming every layer to the GPU: the 70B Q4_K_M shape on the measured H100 host (16 GiB, the
-// plan for one-token decode puts 26 layers on the CPU). The CPU's time grows with the tokens
-// (n x 2 x params / cpu_flops per layer), the copies' does not, so hybrid wins for short passes
-// and loses from some n on, and stays lost; --plan prints that crossover.
-TEST(DeviceStreamer, HybridOnlyForPassesItWins) {
+// A pass of n tokens takes the placement the cost model predicts fastest for n tokens: the 70B
+// Q4_K_M shape on the measured H100 host (16 GiB; the plan for one-token decode puts 26 layers on
+// the CPU). The CPU's time grows with the tokens (n x 2 x params / cpu_flops per layer), a copy's
+// does not: the decode placement wins for short passes; longer ones take ever fewer of its CPU
+// layers (each still hides a copy of the next GPU layer), then none (every layer copied), and
+// passes of prefill_batch tokens or more stream every layer. A CPU four times as fast keeps the
+// decode placement for longer passes. --plan prints the runs.
+TEST(DeviceStreamer, EachPassSizeTakesTheFastestPlacement) {
   constexpr uint64_t kGiB = 1ull << 30;
   DevicePlan dp;
   for (int i = 0; i < 80; ++i) dp.input.units.push_back({"blk." + std::to_string(i), 544'000'000ull, 870'000'000ull});
@@ -1019,16 +1078,67 @@ TEST(DeviceStreamer, HybridOnlyForPassesItWins) {
   auto p = make_plan(dp.input);
   ASSERT_TRUE(p.is_ok()) << p.status().message();
   dp.plan = std::move(p).value();
-  dp.prefill_batch = 32;
+  dp.prefill_batch = 64;
   ASSERT_GT(dp.plan.cpu_exec_bytes, 0u);
-  EXPECT_TRUE(hybrid_faster(dp, 1));
-  EXPECT_FALSE(hybrid_faster(dp, 31));
-  int last = 0;
-  while (last < 31 && hybrid_faster(dp, last + 1)) ++last;
+  // The decode placement and every streamed layer on the GPU, scored at n tokens.
+  auto scored = [&](int n, bool gpu_only) {
+    PlanInput in = dp.input;
+    in.batch = n;
+    Plan g = dp.plan;
+    if (gpu_only) {
+      for (UnitPlan& u : g.units) u.exec = Executor::kGpu;
+    }
+    score_plan(in, g);
+    return g.token_seconds;
+  };
+  // Returns the last pass size that takes the decode placement.
+  auto check_sizes = [&] {
+    int last_decode = 0, batch = 0, all = 0;
+    uint64_t cpu_bytes = dp.plan.cpu_exec_bytes;
+    for (int n = 1; n <= 70; ++n) {
+      SCOPED_TRACE(std::to_string(n) + " tokens");
+      const PassPlacement pp = pass_placement(dp, n);
+      const double decode = scored(n, false), gpu = scored(n, true);
+      if (n < 64) EXPECT_LE(pp.plan.token_seconds, std::min(decode, gpu) * (1 + 1e-12));
+      EXPECT_LE(pp.plan.cpu_exec_bytes, cpu_bytes);  // fewer CPU bytes as passes grow
+      cpu_bytes = pp.plan.cpu_exec_bytes;
+      if (pp.kind == PassKind::kDecode) {
+        EXPECT_EQ(last_decode, n - 1);  // only the shortest passes
+        last_decode = n;
+        EXPECT_DOUBLE_EQ(pp.plan.token_seconds, decode);
+      } else if (pp.kind == PassKind::kBatch) {
+        ++batch;
+        EXPECT_GT(pp.plan.cpu_exec_bytes, 0u);
+        EXPECT_LT(pp.plan.token_seconds, std::min(decode, gpu));
+        for (size_t l = 0; l < pp.plan.units.size(); ++l) {  // a subset of the decode placement's CPU layers
+          if (pp.plan.units[l].exec == Executor::kCpu) EXPECT_EQ(dp.plan.units[l].exec, Executor::kCpu) << l;
+        }
+      } else {
+        ++all;
+        EXPECT_EQ(pp.plan.cpu_exec_bytes, 0u);
+        EXPECT_DOUBLE_EQ(pp.plan.token_seconds, gpu);
+      }
+      if (n >= 64) EXPECT_EQ(pp.kind, PassKind::kAll);
+    }
+    EXPECT_GT(batch, 0);
+    EXPECT_GE(all, 70 - 63);  // 64..70 at least
+    return last_decode;
+  };
+  const int last = check_sizes();
   EXPECT_GE(last, 2);
-  for (int n = last + 1; n <= 31; ++n) EXPECT_FALSE(hybrid_faster(dp, n)) << n << " tokens";
-  EXPECT_NE(dp.describe().find("hybrid for passes of 1.." + std::to_string(last) + " tokens"), std::string::npos)
-      << dp.describe();
+  EXPECT_EQ(pass_placement(dp, 63).kind, PassKind::kAll);
+  const std::string d = dp.describe();
+  EXPECT_NE(d.find("passes of 1.." + std::to_string(last) + " tokens: this placement"), std::string::npos) << d;
+  EXPECT_NE(d.find("passes of " + std::to_string(last + 1) + ".."), std::string::npos) << d;
+  EXPECT_NE(d.find("of its CPU layers on the CPU"), std::string::npos) << d;
+  EXPECT_NE(d.find("..63 tokens: every streamed layer on the GPU"), std::string::npos) << d;
+
+  dp.input.bw.cpu_flops = 8e12;
+  EXPECT_GT(check_sizes(), last);
+  // Forced placements keep the decode placement for every pass below prefill_batch.
+  dp.forced = true;
+  EXPECT_EQ(pass_placement(dp, 63).kind, PassKind::kDecode);
+  EXPECT_EQ(pass_placement(dp, 64).kind, PassKind::kAll);
 }
 
 }  // namespace

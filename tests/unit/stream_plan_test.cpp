@@ -327,6 +327,53 @@ TEST(StreamPlan, LargeBatchKeepsTheCpuOut) {
       << p->describe(in);
 }
 
+TEST(StreamPlan, BatchPlacementKeepsHomesAndTakesASubsetOfTheCpuUnits) {
+  // four_streamed's decode plan: [G C G C], its GPU units kept in the 2 slots, 2.042 s. For a pass
+  // of n tokens a CPU unit takes max(1 s, n x 2e9 / 4e10) = max(1, 0.05 n) s, a GPU unit
+  // max(1 ms, n x 2e9 / 1e14). Candidates c of its CPU units {1, 3} (the k-th at floor((k + 0.5) x
+  // 2 / c)):
+  //   n = 30 (CPU unit 1.5 s): c=2 [G C G C]: 2 x 1.5 + 2 x 1 ms + 4 switches = 3.042 s;
+  //     c=1 [G G G C] (unit 3): exec 3 ms + 1.5 s + 2 switches = 1.523 s under 3 copies of 1 s; the
+  //     copies of the next pass's first two GPU units run during the CPU unit (their slots are
+  //     free by then), so the copy engine never waits: 3.0 s, bound by h2d; c=0: 4 copies, 4 s.
+  //   n = 64 (CPU unit 3.2 s): c=1: the third copy waits for the first unit's slot, which the
+  //     next pass frees after the CPU's 3.2 s: per pass unit 0 (1.28 ms), then the copy (1 s),
+  //     unit 2 (1.28 ms), 2 switches and the CPU unit: 4.22256 s > 4 s of c=0.
+  //   n = 1: the decode placement itself.
+  PlanInput in = four_streamed();
+  auto decode = make_plan(in);
+  ASSERT_TRUE(decode.is_ok()) << decode.status().message();
+  ASSERT_EQ(cpu_positions(*decode), (std::vector<int>{1, 3}));
+
+  Plan one = batch_placement(in, *decode);
+  EXPECT_EQ(cpu_positions(one), (std::vector<int>{1, 3}));
+  EXPECT_NEAR(one.token_seconds, 2.042, 1e-9);
+
+  in.batch = 30;
+  Plan b30 = batch_placement(in, *decode);
+  EXPECT_EQ(cpu_positions(b30), (std::vector<int>{3}));
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(b30.units[i].home, decode->units[i].home) << i;
+  EXPECT_EQ(b30.n_slots, decode->n_slots);
+  EXPECT_EQ(b30.cpu_exec_bytes, 1'000'000'000ull);
+  EXPECT_EQ(b30.kept_units, 0);
+  EXPECT_NEAR(b30.t_exec, 1.523, 1e-9);
+  EXPECT_NEAR(b30.t_h2d, 3.0, 1e-9);
+  EXPECT_NEAR(b30.token_seconds, 3.0, 1e-9);
+  EXPECT_EQ(b30.bound, "h2d");
+  Plan d30 = *decode;
+  score_plan(in, d30);
+  EXPECT_NEAR(d30.token_seconds, 3.042, 1e-9);
+
+  in.batch = 64;
+  Plan b64 = batch_placement(in, *decode);
+  EXPECT_TRUE(cpu_positions(b64).empty());
+  EXPECT_EQ(b64.cpu_exec_bytes, 0u);
+  EXPECT_NEAR(b64.token_seconds, 4.0, 1e-9);
+  Plan c1 = b30;
+  score_plan(in, c1);
+  EXPECT_NEAR(c1.t_pipeline, 4.22256, 1e-9);
+}
+
 TEST(StreamPlan, SeventyBOnTheH100HostDecodeVsPrefill) {
   // 70B Q4_K_M shape (80 x 0.544 GB / 0.87e9 params + head 0.82 GB / 1.05e9) on the measured
   // H100 host with 16 GiB: 24 layers + head resident, 56 in pinned RAM.
