@@ -165,6 +165,8 @@ int cmd_serve(int argc, char** argv) {
   scheduler.shutdown(std::chrono::milliseconds(0));
   if (!st.is_ok()) return report_error("serve", st);
   std::fprintf(stderr, "sluice serve: stopped\n");
+  // A streamed model's counters over every pass served (tiers, copies, CPU layers, batch placements).
+  if (Status fs = finish_stream(stderr, *loaded, decode::Timings{}); !fs.is_ok()) return report_error("serve", fs);
   return kExitOk;
 }
 

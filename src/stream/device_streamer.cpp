@@ -250,11 +250,17 @@ PassPlacement pass_placement(const DevicePlan& dp, int n_tokens) {
   PassPlacement decode{PassKind::kDecode, dp.plan};
   score_plan(in, decode.plan);
   if (dp.forced || dp.input.hybrid_mode == HybridMode::kSplit) return decode;
-  if (n_tokens <= dp.input.batch) {
+  // Row-split layers only in one-token passes: at 32 tokens a split pass measured ~2x its
+  // prediction (H200 host, 2026-11-27 and -28: 855-879 ms against 448), so a multi-token pass
+  // chooses among whole-layer placements.
+  const bool split = std::any_of(dp.plan.units.begin(), dp.plan.units.end(),
+                                 [](const UnitPlan& u) { return u.exec == Executor::kSplit; });
+  const bool decode_ok = n_tokens == 1 || !split;
+  if (n_tokens <= dp.input.batch && decode_ok) {
     return decode.plan.token_seconds <= all.plan.token_seconds ? decode : all;
   }
   PassPlacement batch{PassKind::kBatch, batch_placement(in, dp.plan)};
-  if (decode.plan.token_seconds <= std::min(all.plan.token_seconds, batch.plan.token_seconds)) return decode;
+  if (decode_ok && decode.plan.token_seconds <= std::min(all.plan.token_seconds, batch.plan.token_seconds)) return decode;
   return batch.plan.cpu_exec_bytes > 0 ? batch : all;
 }
 

@@ -148,7 +148,8 @@ Result<DevicePlan> plan_device(const gguf::File& file, const FileLayout& layout,
 // every streamed layer copied to the GPU. Passes of at least prefill_batch tokens take kAll, and
 // with a forced placement or --hybrid split every shorter pass takes kDecode; otherwise the
 // fastest prediction for n_tokens, the decode placement on ties, and for passes no longer than the
-// plan's own batch (decode) only kDecode or kAll. `plan` is the chosen placement scored at n_tokens.
+// plan's own batch (decode) only kDecode or kAll. A decode placement with row-split layers serves
+// one-token passes only. `plan` is the chosen placement scored at n_tokens.
 enum class PassKind { kAll, kDecode, kBatch };
 struct PassPlacement {
   PassKind kind = PassKind::kAll;

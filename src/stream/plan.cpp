@@ -317,16 +317,17 @@ void tally(const PlanInput& in, Plan& p) {
   }
 }
 
-// Alternating: every count c = 1 .. |B| of CPU-computed B units, spread evenly over the B units
-// in layer order so CPU units alternate with streamed ones (the copy engine fills slots while the
-// CPU computes); `base` (no CPU unit) unless one is strictly faster.
-Plan best_alternating(const PlanInput& in, const Plan& base, const std::vector<size_t>& ram_units) {
-  const size_t nb = ram_units.size();
+// Alternating: the fastest of `base` and, for c = 1 .. |candidates| (the B units, or a decode
+// placement's CPU units), `base` with c of them on the CPU, the k-th at floor((k + 0.5) *
+// |candidates| / c) in layer order (distinct because |candidates| / c >= 1), so CPU units
+// alternate with streamed ones (the copy engine fills slots while the CPU computes); ties keep
+// fewer CPU units.
+Plan best_spread(const PlanInput& in, const Plan& base, const std::vector<size_t>& candidates) {
+  const size_t nb = candidates.size();
   Plan chosen = base;
   for (size_t c = 1; c <= nb; ++c) {
     Plan trial = base;
-    // k-th CPU unit at floor((k + 0.5) * nb / c): distinct because nb / c >= 1.
-    for (size_t k = 0; k < c; ++k) trial.units[ram_units[(2 * k + 1) * nb / (2 * c)]].exec = Executor::kCpu;
+    for (size_t k = 0; k < c; ++k) trial.units[candidates[(2 * k + 1) * nb / (2 * c)]].exec = Executor::kCpu;
     score(in, trial);
     if (trial.token_seconds < chosen.token_seconds * (1 - 1e-12)) chosen = std::move(trial);
   }
@@ -418,7 +419,7 @@ Result<Plan> make_plan(const PlanInput& in) {
       // Strictly better only, so ties keep fewer CPU units, and alternating over split.
       Plan chosen = p;
       if (in.hybrid_mode != HybridMode::kSplit && !ram_units.empty()) {
-        chosen = best_alternating(in, p, ram_units);
+        chosen = best_spread(in, p, ram_units);
         p.alternating_seconds = chosen.token_seconds;
       }
       if (in.hybrid_mode != HybridMode::kAlternate) {
@@ -473,15 +474,9 @@ Plan batch_placement(const PlanInput& in, const Plan& decode) {
     if (u.exec != Executor::kGpu) u = {u.home, Executor::kGpu, 0.0};
   }
   score_plan(in, base);
-  // The same spread as best_alternating, over the decode placement's CPU units.
-  const size_t nk = cpu_units.size();
-  Plan chosen = base;
-  for (size_t c = 1; c <= nk; ++c) {
-    Plan trial = base;
-    for (size_t k = 0; k < c; ++k) trial.units[cpu_units[(2 * k + 1) * nk / (2 * c)]].exec = Executor::kCpu;
-    score_plan(in, trial);
-    if (trial.token_seconds < chosen.token_seconds * (1 - 1e-12)) chosen = std::move(trial);
-  }
+  // The alternating placements' spread, over the decode placement's CPU units.
+  Plan chosen = best_spread(in, base, cpu_units);
+  score_plan(in, chosen);  // the byte totals of the chosen units
   return chosen;
 }
 

@@ -1099,7 +1099,9 @@ TEST(DeviceStreamer, EachPassSizeTakesTheFastestPlacement) {
       SCOPED_TRACE(std::to_string(n) + " tokens");
       const PassPlacement pp = pass_placement(dp, n);
       const double decode = scored(n, false), gpu = scored(n, true);
-      if (n < 64) EXPECT_LE(pp.plan.token_seconds, std::min(decode, gpu) * (1 + 1e-12));
+      if (n < 64) {
+        EXPECT_LE(pp.plan.token_seconds, std::min(decode, gpu) * (1 + 1e-12));
+      }
       EXPECT_LE(pp.plan.cpu_exec_bytes, cpu_bytes);  // fewer CPU bytes as passes grow
       cpu_bytes = pp.plan.cpu_exec_bytes;
       if (pp.kind == PassKind::kDecode) {
@@ -1111,14 +1113,18 @@ TEST(DeviceStreamer, EachPassSizeTakesTheFastestPlacement) {
         EXPECT_GT(pp.plan.cpu_exec_bytes, 0u);
         EXPECT_LT(pp.plan.token_seconds, std::min(decode, gpu));
         for (size_t l = 0; l < pp.plan.units.size(); ++l) {  // a subset of the decode placement's CPU layers
-          if (pp.plan.units[l].exec == Executor::kCpu) EXPECT_EQ(dp.plan.units[l].exec, Executor::kCpu) << l;
+          if (pp.plan.units[l].exec == Executor::kCpu) {
+            EXPECT_EQ(dp.plan.units[l].exec, Executor::kCpu) << l;
+          }
         }
       } else {
         ++all;
         EXPECT_EQ(pp.plan.cpu_exec_bytes, 0u);
         EXPECT_DOUBLE_EQ(pp.plan.token_seconds, gpu);
       }
-      if (n >= 64) EXPECT_EQ(pp.kind, PassKind::kAll);
+      if (n >= 64) {
+        EXPECT_EQ(pp.kind, PassKind::kAll);
+      }
     }
     EXPECT_GT(batch, 0);
     EXPECT_GE(all, 70 - 63);  // 64..70 at least
@@ -1139,6 +1145,21 @@ TEST(DeviceStreamer, EachPassSizeTakesTheFastestPlacement) {
   dp.forced = true;
   EXPECT_EQ(pass_placement(dp, 63).kind, PassKind::kDecode);
   EXPECT_EQ(pass_placement(dp, 64).kind, PassKind::kAll);
+
+  // A planned placement with row-split layers, even one planned for 32-token passes, serves
+  // one-token passes only; longer ones choose among whole-layer placements.
+  dp.forced = false;
+  dp.input.batch = 32;
+  for (UnitPlan& u : dp.plan.units) {
+    if (u.exec == Executor::kCpu) u = {u.home, Executor::kSplit, 0.4};
+  }
+  score_plan(dp.input, dp.plan);
+  ASSERT_GT(dp.plan.cpu_exec_bytes, 0u);
+  for (int n = 2; n < 64; ++n) {
+    const PassPlacement pp = pass_placement(dp, n);
+    EXPECT_NE(pp.kind, PassKind::kDecode) << n;
+    for (const UnitPlan& u : pp.plan.units) EXPECT_NE(u.exec, Executor::kSplit) << n;
+  }
 }
 
 }  // namespace
