@@ -112,6 +112,7 @@ Result<stream::DeviceStreamOptions> device_options(const ModelFlags& mf, const S
   o.n_slots = sf.n_slots;
   o.skip = sf.skip_layers;
   o.hybrid = !sf.no_hybrid;
+  o.learn_cpu_flops = !sf.fixed_cpu_rate;
   SLUICE_RETURN_IF_ERROR(stream::parse_hybrid_mode(sf.hybrid, &o.hybrid_mode, &o.split_share));
   o.host_cpu.n_threads = mf.n_threads;
   o.n_ctx = kv_pool_positions(mf);
@@ -435,6 +436,17 @@ Status finish_stream(FILE* out, LoadedModel& lm, const decode::Timings& t) {
                  s.copy_seconds > 0 ? double(s.copy_bytes_timed) / s.copy_seconds / 1e9 : 0.0,
                  s.copy_seconds / double(std::max<uint64_t>(s.passes, 1)) * 1e3, "pass", stall * 1e3, per,
                  s.device_timed ? "" : " (not timed)", disk_wait * 1e3, per, s.staging_wait_seconds * 1e3);
+    if (s.batch_cpu_seconds > 0) {
+      // CPU layers of multi-token passes (several sequences, verification): their rate, and the
+      // ops rate the cost model chooses those passes' placements with (learned from them).
+      std::fprintf(out,
+                   "batch:   CPU layers of multi-token passes: %.1f GB, %.1f Tops in %.2f s = %.1f GB/s, %.2f Tops/s "
+                   "measured; their placements planned with %.2f Tops/s (%.2f at load, %llu updates)\n",
+                   double(s.batch_cpu_bytes) / 1e9, s.batch_cpu_ops / 1e12, s.batch_cpu_seconds,
+                   double(s.batch_cpu_bytes) / s.batch_cpu_seconds / 1e9, s.batch_cpu_ops / s.batch_cpu_seconds / 1e12,
+                   ds.plan().input.bw.cpu_flops / 1e12, ds.initial_cpu_flops() / 1e12,
+                   (unsigned long long)s.cpu_flops_updates);
+    }
     if (!decode && s.cpu_bytes > 0 && s.cpu_seconds > 0) {
       // Batched passes with CPU layers (bench --batch-seqs, serving): the CPU's measured rate on
       // them against the rate its plan assumed (bytes of its units over its predicted seconds).

@@ -51,6 +51,9 @@ void add_stream_flags(CLI::App& app, StreamFlags& f) {
   app.add_flag("--no-hybrid", f.no_hybrid,
                "with --vram-budget: copy every streamed layer to the GPU (pure streaming) instead of letting the CPU "
                "compute some pinned-RAM layers where they lie");
+  app.add_flag("--fixed-cpu-rate", f.fixed_cpu_rate,
+               "with --vram-budget: choose the placements of multi-token passes with the default CPU ops rate instead "
+               "of starting from the measured bare rate and learning the rate the CPU's layers reach in those passes");
   app.add_option("--hybrid", f.hybrid,
                  "with --vram-budget: the hybrid placements the planner scores: alternate (the CPU computes whole "
                  "pinned-RAM layers), split (every pinned-RAM layer's matrices split by rows between CPU and GPU; "

@@ -44,6 +44,7 @@ struct StreamFlags {
   std::string trace_path;  // --trace FILE: per-layer access trace (CSV), needs --ram-budget
   bool no_probe = false;   // --no-probe: planner uses the default disk bandwidth (tests, scripts)
   bool no_hybrid = false;  // --no-hybrid: the device pipeline copies every streamed layer (no CPU executor)
+  bool fixed_cpu_rate = false;  // --fixed-cpu-rate: multi-token passes placed with the default CPU ops rate, not learned
   // --hybrid auto|alternate|split|split=SHARE: which hybrid placements the planner scores (whole
   // layers alternating between CPU and GPU, layers split by rows, or the faster); SHARE fixes the
   // CPU's share of a split layer's rows.

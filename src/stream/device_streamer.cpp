@@ -362,6 +362,7 @@ Result<std::unique_ptr<DeviceStreamer>> DeviceStreamer::create(const std::string
   s->timed_ = !host && opts.time_marks;
   s->trace_ = opts.trace;
   s->stats_.device_timed = s->timed_;
+  s->learn_cpu_flops_ = opts.learn_cpu_flops && opts.force_exec.empty();
   SLUICE_ASSIGN_OR_RETURN(s->layout_, layout_of(file));
   const size_t n_layer = w.layers.size();
   if (s->layout_.layers.size() != n_layer) {
@@ -371,6 +372,7 @@ Result<std::unique_ptr<DeviceStreamer>> DeviceStreamer::create(const std::string
   SLUICE_RETURN_IF_ERROR(leave_out_layers(s->layout_, opts.skip));
   s->skip_ = opts.skip;
   SLUICE_ASSIGN_OR_RETURN(s->plan_, plan_device(file, s->layout_, opts));
+  s->initial_cpu_flops_ = s->plan_.input.bw.cpu_flops;
   SLUICE_ASSIGN_OR_RETURN(s->reader_, open_reader(file, opts.io));
   FileReader& rd = *s->reader_;
   const Plan& plan = s->plan_.plan;
@@ -845,6 +847,16 @@ void DeviceStreamer::set_list(const std::vector<int>* list) {
   ring_ = list->size();
 }
 
+void DeviceStreamer::relearn_cpu_flops() {
+  if (!learn_cpu_flops_ || learn_seconds_ <= 0) return;
+  const double measured = learn_ops_ / learn_seconds_;
+  double& planned = plan_.input.bw.cpu_flops;
+  if (!(measured > 0) || std::abs(measured / planned - 1) <= kRelearnTolerance) return;
+  planned = measured;
+  std::fill(pass_choice_.begin(), pass_choice_.end(), -1);  // every size chooses again
+  ++stats_.cpu_flops_updates;
+}
+
 int DeviceStreamer::choice_for(int n_tokens) {
   const size_t n = size_t(std::max(n_tokens, 1));
   if (pass_choice_.size() <= n) pass_choice_.resize(n + 1, -1);
@@ -876,6 +888,8 @@ Status DeviceStreamer::begin_pass(int n_tokens) {
   if (Status st = reader_->check_unchanged(); !st.is_ok()) return fail(std::move(st));
   collect();
   decode_pass_ = n_tokens == 1;
+  pass_tokens_ = std::max(n_tokens, 1);
+  relearn_cpu_flops();
   // The placement the cost model chose for this many tokens (pass_placement): the decode one, a
   // batch one (fewer CPU layers), or every layer streamed to the GPU (prefill: one copy serves the
   // whole batch).
@@ -989,6 +1003,20 @@ void DeviceStreamer::release(int layer) {
     const double dt = seconds(host_start_, t1);
     stats_.cpu_seconds += dt;
     if (decode_pass_) stats_.decode_cpu_seconds += dt;
+    if (pass_tokens_ > 1) {
+      const Unit& u = plan_.input.units[size_t(layer)];
+      const double ops = 2.0 * double(pass_tokens_) * double(u.params);
+      stats_.batch_cpu_bytes += u.bytes;
+      stats_.batch_cpu_ops += ops;
+      stats_.batch_cpu_seconds += dt;
+      // Only layers the model predicts compute-bound tell the ops rate (the others are timed by
+      // their bytes, which the decode placement's CPU rate already covers).
+      const Bandwidths& bw = plan_.input.bw;
+      if (learn_cpu_flops_ && ops / bw.cpu_flops >= double(u.bytes) / bw.cpu) {
+        learn_ops_ += ops;
+        learn_seconds_ += dt;
+      }
+    }
     if (trace_) {
       const UnitLayout& u = layout_.layers[size_t(layer)];
       trace_->append({trace_->us(host_start_), trace_->us(t1), "cpu", layer, u.name, "ram", u.bytes});
@@ -1094,12 +1122,13 @@ std::string measure_hybrid_bandwidths(const gguf::File& file, DeviceStreamOption
   } else {
     opts.bw.cpu = p->alone;
   }
-  // The batched rate (p->flops) is reported, not planned with. Measured on the H200 host (16
-  // cores, 2026-11-27, 70B Q4_K_M, 16 GiB free, 32-token passes forced hybrid): a bare 32-token
-  // product reached 2.6-3.0 Tops/s, but the CPU's whole layers in a pass ran at 17.9 GB/s of
-  // weights, which the default Bandwidths::cpu_flops (2e12) predicts (18.3 GB/s); the bare rate
-  // would promise ~1.5x that (attention, norms and activation quantization of 32 rows are not in
-  // it). Row-split layers at 32 tokens ran 879 ms a pass against 448 predicted.
+  // The batched rate: a bare 32-token product (p->flops) runs faster than a layer in a pass
+  // (measured on the H200 host, 16 cores, 2026-11-27, 70B Q4_K_M: 2.6-3.0 Tops/s bare, whole CPU
+  // layers in 32-token passes 17.9 GB/s of weights, ~2e12 ops/s: attention, norms and activation
+  // quantization of 32 rows and the copy engine's share of DRAM are not in the bare product). With
+  // learn_cpu_flops the streamer starts from the bare rate, so the first multi-token passes try
+  // CPU layers, and replaces it with the rate those layers reach; without, the default stays.
+  if (opts.learn_cpu_flops && p->flops > 0) opts.bw.cpu_flops = p->flops;
   return p->describe();
 }
 

@@ -45,6 +45,9 @@ namespace sluice::stream {
 
 // Passes of at least this many tokens stream every layer to the GPU (DeviceStreamOptions).
 inline constexpr int kPrefillBatch = 64;
+// learn_cpu_flops: the relative difference between the measured and the planned rate that
+// re-plans the multi-token passes.
+inline constexpr double kRelearnTolerance = 0.1;
 
 struct DeviceStreamOptions {
   // Backend memory for everything the model puts there: uploaded output head and norms, resident
@@ -91,6 +94,13 @@ struct DeviceStreamOptions {
   int cpu_threads = 0;      // the host executor's threads (0: physical cores)
   // Measure the CPU's GB/s (alone and while the GPU copies) at load for the plan (GPU only).
   bool measure_cpu = true;
+  // Learn the CPU's rate on multi-token passes from the passes themselves: the CPU layers of
+  // passes whose predicted CPU time is compute-bound (n x 2 x params / cpu_flops above bytes /
+  // cpu) are timed, and once their ops over their seconds differ from bw.cpu_flops by more than
+  // kRelearnTolerance, bw.cpu_flops takes the measured rate and every pass size's placement is
+  // chosen again (the start-up probe times a bare product; a layer in a pass also runs its
+  // attention, norms and activations while the copy engine shares DRAM).
+  bool learn_cpu_flops = true;
 
   // Tests: run the pipeline on a backend that reads host weights (the CPU backend implements the
   // streaming calls synchronously), and force each layer's home instead of planning.
@@ -187,6 +197,11 @@ struct DeviceStreamStats {
   double cpu_seconds = 0, decode_cpu_seconds = 0;
   uint64_t phase_changes = 0;  // passes whose executor set differed from the last (ring restarted)
   uint64_t batch_passes = 0;   // passes that ran a batch placement (pass_placement: kBatch)
+  // CPU layers of multi-token passes (any placement): bytes, ops (2 x tokens x params) and host
+  // seconds; how many times their measured rate replaced the planned cpu_flops.
+  uint64_t batch_cpu_bytes = 0;
+  double batch_cpu_ops = 0, batch_cpu_seconds = 0;
+  uint64_t cpu_flops_updates = 0;
   bool device_timed = false;  // copy_seconds / compute stalls come from the backend's marks
 };
 
@@ -230,6 +245,9 @@ class DeviceStreamer final : public model::LayerSource {
   uint64_t split_cpu_bytes(int layer) const;
 
   const DevicePlan& plan() const { return plan_; }
+  // The CPU's ops/s for multi-token passes the streamer started with (the plan's, before any
+  // learn_cpu_flops update); plan().input.bw.cpu_flops is the rate in use now.
+  double initial_cpu_flops() const { return initial_cpu_flops_; }
   // The CPU probe behind the plan's CPU terms (measured at load; empty when not measured).
   const std::string& cpu_probe() const { return cpu_probe_; }
   void set_cpu_probe(std::string note) { cpu_probe_ = std::move(note); }
@@ -355,6 +373,12 @@ class DeviceStreamer final : public model::LayerSource {
   std::vector<uint64_t> split_copy_bytes_, split_cpu_bytes_;
   std::vector<model::LayerWeights> split_views_;
   FileReader::Clock::time_point host_start_{};  // acquire of the host layer being computed
+  int pass_tokens_ = 1;                         // tokens of the pass being run
+  // learn_cpu_flops: compute-bound CPU layers of multi-token passes since load (ops, seconds).
+  bool learn_cpu_flops_ = false;
+  double learn_ops_ = 0, learn_seconds_ = 0;
+  double initial_cpu_flops_ = 0;
+  void relearn_cpu_flops();
   std::string cpu_probe_;
   std::vector<HostBlock> host_packed_;  // host layers' packed matrices, one block per layer
   uint64_t host_packed_bytes_ = 0;

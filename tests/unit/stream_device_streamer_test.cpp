@@ -680,6 +680,7 @@ TEST(StreamDevice, PlannedBatchPlacementMatchesResident) {
   o.workspace_bytes = 1 << 20;
   o.host_cpu.pack_weights = false;
   o.hybrid_mode = HybridMode::kAlternate;
+  o.learn_cpu_flops = false;  // the placements below follow the rates set here (see the next test)
   auto probe = plan_device(*f, *layout, [&] { DeviceStreamOptions q = o; q.vram_budget = 1ull << 40; return q; }());
   ASSERT_TRUE(probe.is_ok()) << probe.status().message();
   uint64_t layer = 0, params = 0;
@@ -717,6 +718,65 @@ TEST(StreamDevice, PlannedBatchPlacementMatchesResident) {
   // token run the decode placement.
   EXPECT_EQ(st.phase_changes, 2u);
   EXPECT_GT(st.decode_cpu_bytes, 0u);
+  std::filesystem::remove(path);
+}
+
+// learn_cpu_flops: the CPU layers of multi-token passes are timed and their ops rate replaces the
+// planned one. Planned here at 60 ms a CPU layer for the 9-token prompt (copies 40 ms a layer,
+// the CPU's bytes 10 ms), so the prompt's batch placement computes one layer on the CPU; this
+// 256-wide model's layer takes well under a millisecond, so the measured rate is far above the
+// planned one and the next pass re-plans with it (ops / seconds of the timed layers). Output is
+// the resident run's either way (placement never changes the numbers); off, nothing changes.
+TEST(StreamDevice, LearnedCpuRateReplansMultiTokenPasses) {
+  const std::string path = write_synthetic("learn_rate");
+  const Session ref = resident_session(path);
+  auto f = gguf::File::open(path);
+  auto layout = layout_of(*f);
+  ASSERT_TRUE(layout.is_ok());
+  DeviceStreamOptions o = host_options({}, 2);
+  o.workspace_bytes = 1 << 20;
+  o.host_cpu.pack_weights = false;
+  o.hybrid_mode = HybridMode::kAlternate;
+  auto probe = plan_device(*f, *layout, [&] { DeviceStreamOptions q = o; q.vram_budget = 1ull << 40; return q; }());
+  ASSERT_TRUE(probe.is_ok()) << probe.status().message();
+  uint64_t layer = 0, params = 0;
+  for (const Unit& u : probe->input.units) {
+    layer = std::max(layer, u.bytes);
+    params = std::max(params, u.params);
+  }
+  o.vram_budget = probe->reserved_bytes() + 4 * layer;  // 2 resident + 2 slots
+  const double b = double(layer);
+  const double planned_flops = 9 * 2 * double(params) / 60e-3;
+  o.bw = {.vram = 1e6 * b, .h2d = 25 * b, .disk = 25 * b, .cpu = 100 * b, .dram = 1e6 * b,
+          .cpu_flops = planned_flops, .gpu_flops = 1e6 * 2 * double(params), .switch_seconds = 1e-5};
+  for (bool learn : {true, false}) {
+    SCOPED_TRACE(learn ? "learning" : "fixed rate");
+    o.learn_cpu_flops = learn;
+    DeviceStreamer* s = nullptr;
+    auto m = load_streamed(path, o, &s);
+    ASSERT_TRUE(m.is_ok()) << m.status().message();
+    ASSERT_EQ(pass_placement(s->plan(), 9).kind, PassKind::kBatch) << s->plan().describe();
+    const Session got = run_session(**m);
+    EXPECT_EQ(got.tokens, ref.tokens);
+    EXPECT_EQ(got.first_logits, ref.first_logits);
+    EXPECT_EQ(got.last_logits, ref.last_logits);
+    const DeviceStreamStats& st = s->stats();
+    EXPECT_DOUBLE_EQ(s->initial_cpu_flops(), planned_flops);
+    // The prompt's CPU layer at least; every layer the CPU computed in a multi-token pass counts.
+    EXPECT_GE(st.batch_cpu_bytes, layer / 2);
+    EXPECT_GT(st.batch_cpu_seconds, 0.0);
+    EXPECT_GE(st.batch_cpu_ops, 9 * 2 * double(params) / 2);
+    const double now = s->plan().input.bw.cpu_flops;
+    if (learn) {
+      EXPECT_GE(st.cpu_flops_updates, 1u);
+      // Measured: ~1 ms or less against 60 ms planned (a 10x margin for slow sanitizer builds).
+      EXPECT_GT(now, 10 * planned_flops) << st.batch_cpu_seconds << " s for " << st.batch_cpu_ops << " ops";
+      EXPECT_LE(now, st.batch_cpu_ops / st.batch_cpu_seconds * 1.5);
+    } else {
+      EXPECT_EQ(st.cpu_flops_updates, 0u);
+      EXPECT_EQ(now, planned_flops);
+    }
+  }
   std::filesystem::remove(path);
 }
 
