@@ -623,29 +623,46 @@ TEST(StreamDevice, RowSplitMixesMatchResident) {
   std::filesystem::remove(path);
 }
 
+// The planned tests' setting on the synthetic model: the planner chooses (no forced homes), the
+// host's layers unpacked (the resident run's kernels), 2 slots, and a VRAM budget of 2 resident
+// layers + 2 slots. `layer` and `params`: the largest layer's bytes and multiply-adds.
+struct PlannedSetup {
+  DeviceStreamOptions o;
+  uint64_t layer = 0, params = 0;
+};
+Result<PlannedSetup> planned_setup(const std::string& path, HybridMode mode) {
+  SLUICE_ASSIGN_OR_RETURN(gguf::File f, gguf::File::open(path));
+  SLUICE_ASSIGN_OR_RETURN(FileLayout layout, layout_of(f));
+  PlannedSetup r;
+  r.o = host_options({}, 2);
+  r.o.workspace_bytes = 1 << 20;
+  r.o.host_cpu.pack_weights = false;
+  r.o.hybrid_mode = mode;
+  DeviceStreamOptions q = r.o;
+  q.vram_budget = 1ull << 40;
+  SLUICE_ASSIGN_OR_RETURN(DevicePlan probe, plan_device(f, layout, q));
+  for (const Unit& u : probe.input.units) {
+    r.layer = std::max(r.layer, u.bytes);
+    r.params = std::max(r.params, u.params);
+  }
+  r.o.vram_budget = probe.reserved_bytes() + 4 * r.layer;  // 2 resident + 2 slots
+  return r;
+}
+
 // --hybrid split=0.5 through the planner (no forced homes): 2 layers resident, the 4 pinned ones
 // split at half their rows, output as the resident run's.
 TEST(StreamDevice, PlannedRowSplitMatchesResident) {
   const std::string path = write_synthetic("plan_split");
   const Session ref = resident_session(path);
-  auto f = gguf::File::open(path);
-  auto layout = layout_of(*f);
-  ASSERT_TRUE(layout.is_ok());
-  uint64_t layer = 0;
-  for (const UnitLayout& u : layout->layers) layer = std::max(layer, u.bytes);
-  DeviceStreamOptions o = host_options({}, 2);
-  o.workspace_bytes = 1 << 20;
-  o.host_cpu.pack_weights = false;
-  o.hybrid_mode = HybridMode::kSplit;
+  auto setup = planned_setup(path, HybridMode::kSplit);
+  ASSERT_TRUE(setup.is_ok()) << setup.status().message();
+  DeviceStreamOptions o = setup->o;
   o.split_share = 0.5;
-  auto probe = plan_device(*f, *layout, [&] { DeviceStreamOptions q = o; q.vram_budget = 1ull << 40; return q; }());
-  ASSERT_TRUE(probe.is_ok()) << probe.status().message();
-  o.vram_budget = probe->reserved_bytes() + 4 * layer;  // 2 resident + 2 slots
   DeviceStreamer* s = nullptr;
   auto m = load_streamed(path, o, &s);
   ASSERT_TRUE(m.is_ok()) << m.status().message();
   int split = 0;
-  for (size_t l = 0; l < layout->layers.size(); ++l) {
+  for (size_t l = 0; l < s->plan().plan.units.size(); ++l) {
     const UnitPlan& u = s->plan().plan.units[l];
     if (u.home == B) {
       EXPECT_EQ(u.exec, S);
@@ -673,24 +690,13 @@ TEST(StreamDevice, PlannedRowSplitMatchesResident) {
 TEST(StreamDevice, PlannedBatchPlacementMatchesResident) {
   const std::string path = write_synthetic("plan_batch");
   const Session ref = resident_session(path);
-  auto f = gguf::File::open(path);
-  auto layout = layout_of(*f);
-  ASSERT_TRUE(layout.is_ok());
-  DeviceStreamOptions o = host_options({}, 2);
-  o.workspace_bytes = 1 << 20;
-  o.host_cpu.pack_weights = false;
-  o.hybrid_mode = HybridMode::kAlternate;
+  auto setup = planned_setup(path, HybridMode::kAlternate);
+  ASSERT_TRUE(setup.is_ok()) << setup.status().message();
+  DeviceStreamOptions o = setup->o;
   o.learn_cpu_flops = false;  // the placements below follow the rates set here (see the next test)
-  auto probe = plan_device(*f, *layout, [&] { DeviceStreamOptions q = o; q.vram_budget = 1ull << 40; return q; }());
-  ASSERT_TRUE(probe.is_ok()) << probe.status().message();
-  uint64_t layer = 0, params = 0;
-  for (const Unit& u : probe->input.units) {
-    layer = std::max(layer, u.bytes);
-    params = std::max(params, u.params);
-  }
+  const uint64_t params = setup->params;
   ASSERT_GT(params, 0u);
-  o.vram_budget = probe->reserved_bytes() + 4 * layer;  // 2 resident + 2 slots
-  const double b = double(layer);
+  const double b = double(setup->layer);
   o.bw = {.vram = 1e6 * b, .h2d = 1e3 * b, .disk = 1e3 * b, .cpu = 1e3 * b, .dram = 1e6 * b,
           .cpu_flops = 9 * 2 * double(params) / 1.5e-3, .gpu_flops = 1e6 * 2 * double(params), .switch_seconds = 1e-5};
   DeviceStreamer* s = nullptr;
@@ -730,21 +736,11 @@ TEST(StreamDevice, PlannedBatchPlacementMatchesResident) {
 TEST(StreamDevice, LearnedCpuRateReplansMultiTokenPasses) {
   const std::string path = write_synthetic("learn_rate");
   const Session ref = resident_session(path);
-  auto f = gguf::File::open(path);
-  auto layout = layout_of(*f);
-  ASSERT_TRUE(layout.is_ok());
-  DeviceStreamOptions o = host_options({}, 2);
-  o.workspace_bytes = 1 << 20;
-  o.host_cpu.pack_weights = false;
-  o.hybrid_mode = HybridMode::kAlternate;
-  auto probe = plan_device(*f, *layout, [&] { DeviceStreamOptions q = o; q.vram_budget = 1ull << 40; return q; }());
-  ASSERT_TRUE(probe.is_ok()) << probe.status().message();
-  uint64_t layer = 0, params = 0;
-  for (const Unit& u : probe->input.units) {
-    layer = std::max(layer, u.bytes);
-    params = std::max(params, u.params);
-  }
-  o.vram_budget = probe->reserved_bytes() + 4 * layer;  // 2 resident + 2 slots
+  auto setup = planned_setup(path, HybridMode::kAlternate);
+  ASSERT_TRUE(setup.is_ok()) << setup.status().message();
+  DeviceStreamOptions o = setup->o;
+  const uint64_t layer = setup->layer, params = setup->params;
+  ASSERT_GT(params, 0u);
   const double b = double(layer);
   const double planned_flops = 9 * 2 * double(params) / 60e-3;
   o.bw = {.vram = 1e6 * b, .h2d = 25 * b, .disk = 25 * b, .cpu = 100 * b, .dram = 1e6 * b,
