@@ -894,10 +894,9 @@ Status DeviceStreamer::begin_pass(int n_tokens) {
   // batch one (fewer CPU layers), or every layer streamed to the GPU (prefill: one copy serves the
   // whole batch).
   const int choice = host_be_ != nullptr ? choice_for(n_tokens) : kPassAll;
-  hybrid_pass_ = choice == kPassDecode;
   const std::vector<int>* list = &list_all_;
   pass_cpu_ = nullptr;
-  if (hybrid_pass_) {
+  if (choice == kPassDecode) {
     list = &list_hybrid_;
     pass_cpu_ = &host_capable_;
   } else if (choice >= kPassBatch) {

@@ -237,7 +237,7 @@ class DeviceStreamer final : public model::LayerSource {
     return size_t(layer) < split_capable_.size() && split_capable_[size_t(layer)];
   }
   const model::LayerWeights* split_host(int layer) const override {
-    return hybrid_pass_ && split_capable(layer) ? &host_views_[size_t(layer)] : nullptr;
+    return decode_placement() && split_capable(layer) ? &host_views_[size_t(layer)] : nullptr;
   }
   // A split layer's bytes copied per hybrid pass (its matrices' GPU rows, its other tensors
   // whole) and its matrices' CPU rows' bytes; 0 for other layers.
@@ -341,9 +341,9 @@ class DeviceStreamer final : public model::LayerSource {
   std::vector<int> list_all_, list_hybrid_;
   const std::vector<int>* list_ = nullptr;
   size_t ring_ = 0;  // slots the ring on list_ uses (set_list): sequence s goes to slot s % ring_
-  bool hybrid_pass_ = false;  // this pass runs the decode placement
   const std::vector<bool>* pass_cpu_ = nullptr;  // per layer: the host computes it this pass
-  int prefill_batch_ = 32;
+  bool decode_placement() const { return pass_cpu_ == &host_capable_; }  // this pass runs the plan's own
+  int prefill_batch_ = kPrefillBatch;
   // A batch placement (pass_placement: kBatch): its CPU layers and its streamed sequence. Held by
   // pointer so list_ and pass_cpu_ stay valid as more are added; passes of different sizes that
   // choose the same layers share one (no ring restart between them).
