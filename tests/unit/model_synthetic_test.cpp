@@ -394,15 +394,19 @@ TEST(ModelSynthetic, ForwardMatchesScalarReference) {
     SCOPED_TRACE(c.name);
     std::vector<int32_t> toks;
     for (int i = 0; i < 12; ++i) toks.push_back((i * 7 + 3) % c.spec.n_vocab);
-    // Random weights whose routing has no near-tie (margin 1e-2 >> the 5e-3-level logit error).
+    // Random weights whose routing has no near-tie. The router's logits reach |z| ~ 8 here and
+    // carry the backend's relative error (~1e-3, f16 attention) into their absolute value: with a
+    // required gap of 1e-2, 5 seeds of 5000 chose another expert somewhere (seed 1158 at a gap of
+    // 0.013: logits 4.602 vs 4.616, mixtral layer 1), so draws need a gap of 0.1 (no failure in
+    // the same 5000 seeds).
     Tensors t;
     std::vector<float> ref;
     for (uint64_t salt = 100;; salt += 1000) {
       t = make_tensors(c.spec, salt);
       double margin = 0;
       ref = reference_forward(c.spec, t, toks, &margin);
-      if (margin > 1e-2) break;
-      ASSERT_LT(salt, 100u + 20 * 1000) << "no tie-free routing in 20 draws";
+      if (margin > 0.1) break;
+      ASSERT_LT(salt, 100u + 50 * 1000) << "no tie-free routing in 50 draws";
     }
     const std::string path = write_model(c.spec, t, c.name);
     LoadOptions opts;
