@@ -1123,8 +1123,10 @@ std::string measure_hybrid_bandwidths(const gguf::File& file, DeviceStreamOption
   }
   // The batched rate: a bare 32-token product (p->flops) runs faster than a layer in a pass
   // (measured on the H200 host, 16 cores, 2026-11-27, 70B Q4_K_M: 2.6-3.0 Tops/s bare, whole CPU
-  // layers in 32-token passes 17.9 GB/s of weights, ~2e12 ops/s: attention, norms and activation
-  // quantization of 32 rows and the copy engine's share of DRAM are not in the bare product). With
+  // layers in 32-token passes 17.9 GB/s of weights, ~2e12 ops/s). The probe times the file's most
+  // common format (Q4_K in a Q4_K_M file); the layers also hold Q6_K matrices, whose products ran
+  // at 2.2 Tops/s against Q4_K's 3.1-3.2 (2026-11-28, same host; the layer's other work, attention
+  // and norms of 32 rows included, was under 5% of its time in a profile). With
   // learn_cpu_flops the streamer starts from the bare rate, so the first multi-token passes try
   // CPU layers, and replaces it with the rate those layers reach; without, the default stays.
   if (opts.learn_cpu_flops && p->flops > 0) opts.bw.cpu_flops = p->flops;
