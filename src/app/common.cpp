@@ -113,6 +113,7 @@ Result<stream::DeviceStreamOptions> device_options(const ModelFlags& mf, const S
   o.skip = sf.skip_layers;
   o.hybrid = !sf.no_hybrid;
   o.learn_cpu_flops = !sf.fixed_cpu_rate;
+  o.tune_passes = !sf.no_pass_tuning;
   SLUICE_RETURN_IF_ERROR(stream::parse_hybrid_mode(sf.hybrid, &o.hybrid_mode, &o.split_share));
   o.host_cpu.n_threads = mf.n_threads;
   o.n_ctx = kv_pool_positions(mf);
@@ -446,6 +447,11 @@ Status finish_stream(FILE* out, LoadedModel& lm, const decode::Timings& t) {
                    double(s.batch_cpu_bytes) / s.batch_cpu_seconds / 1e9, s.batch_cpu_ops / s.batch_cpu_seconds / 1e12,
                    ds.plan().input.bw.cpu_flops / 1e12, ds.initial_cpu_flops() / 1e12,
                    (unsigned long long)s.cpu_flops_updates);
+    }
+    for (const std::string& t : ds.tuning()) {
+      // Pass tuning: the CPU layer count of each batch-placed pass size, from the passes' times.
+      std::fprintf(out, "tuned:   passes of %s; %llu passes timed, %llu moves in all\n", t.c_str(),
+                   (unsigned long long)s.tuned_passes, (unsigned long long)s.tuner_moves);
     }
     if (!decode && s.cpu_bytes > 0 && s.cpu_seconds > 0) {
       // Batched passes with CPU layers (bench --batch-seqs, serving): the CPU's measured rate on

@@ -54,6 +54,9 @@ void add_stream_flags(CLI::App& app, StreamFlags& f) {
   app.add_flag("--fixed-cpu-rate", f.fixed_cpu_rate,
                "with --vram-budget: choose the placements of multi-token passes with the default CPU ops rate instead "
                "of starting from the measured bare rate and learning the rate the CPU's layers reach in those passes");
+  app.add_flag("--no-pass-tuning", f.no_pass_tuning,
+               "with --vram-budget: keep the cost model's CPU layer count for multi-token passes instead of tuning it "
+               "from the passes' own times (one layer fewer or more while that is faster)");
   app.add_option("--hybrid", f.hybrid,
                  "with --vram-budget: the hybrid placements the planner scores: alternate (the CPU computes whole "
                  "pinned-RAM layers), split (every pinned-RAM layer's matrices split by rows between CPU and GPU; "

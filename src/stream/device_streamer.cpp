@@ -363,6 +363,7 @@ Result<std::unique_ptr<DeviceStreamer>> DeviceStreamer::create(const std::string
   s->trace_ = opts.trace;
   s->stats_.device_timed = s->timed_;
   s->learn_cpu_flops_ = opts.learn_cpu_flops && opts.force_exec.empty();
+  s->tune_passes_ = opts.tune_passes && opts.force_exec.empty();
   SLUICE_ASSIGN_OR_RETURN(s->layout_, layout_of(file));
   const size_t n_layer = w.layers.size();
   if (s->layout_.layers.size() != n_layer) {
@@ -853,8 +854,28 @@ void DeviceStreamer::relearn_cpu_flops() {
   double& planned = plan_.input.bw.cpu_flops;
   if (!(measured > 0) || std::abs(measured / planned - 1) <= kRelearnTolerance) return;
   planned = measured;
-  std::fill(pass_choice_.begin(), pass_choice_.end(), -1);  // every size chooses again
+  // Every size chooses again. A size's tuner stays: its times are measured, not predicted, so a
+  // new rate does not make them stale (while its placement is a batch one, its count stands).
+  std::fill(pass_choice_.begin(), pass_choice_.end(), -1);
   ++stats_.cpu_flops_updates;
+}
+
+void DeviceStreamer::observe_pass(Clock::time_point now) {
+  const int n = timed_tokens_;
+  timed_tokens_ = 0;
+  if (n == 0) return;
+  const auto it = tuners_.find(n);
+  if (it == tuners_.end()) return;
+  ++stats_.tuned_passes;
+  if (!it->second.observe(seconds(timed_start_, now))) return;
+  ++stats_.tuner_moves;
+  if (size_t(n) < pass_choice_.size()) pass_choice_[size_t(n)] = -1;  // placed anew at the next such pass
+}
+
+std::vector<std::string> DeviceStreamer::tuning() const {
+  std::vector<std::string> out;
+  for (const auto& [n, t] : tuners_) out.push_back(std::to_string(n) + " tokens: " + t.describe());
+  return out;
 }
 
 int DeviceStreamer::choice_for(int n_tokens) {
@@ -862,8 +883,22 @@ int DeviceStreamer::choice_for(int n_tokens) {
   if (pass_choice_.size() <= n) pass_choice_.resize(n + 1, -1);
   int& c = pass_choice_[n];
   if (c >= 0) return c;
-  const PassPlacement pp = pass_placement(plan_, n_tokens);
+  PassPlacement pp = pass_placement(plan_, n_tokens);
   if (pp.kind != PassKind::kBatch) return c = pp.kind == PassKind::kDecode ? kPassDecode : kPassAll;
+  if (tune_passes_) {
+    // The tuner starts at the planner's count and may move it (pass_tuner.h).
+    const int planned = int(std::count_if(pp.plan.units.begin(), pp.plan.units.end(),
+                                          [](const UnitPlan& u) { return u.exec == Executor::kCpu; }));
+    auto it = tuners_.find(n_tokens);
+    if (it == tuners_.end()) {
+      it = tuners_.emplace(n_tokens, CountTuner(planned, batch_placement_candidates(plan_.plan))).first;
+    }
+    if (it->second.count() != planned) {
+      PlanInput in = plan_.input;
+      in.batch = n_tokens;
+      pp.plan = batch_placement_count(in, plan_.plan, it->second.count());
+    }
+  }
   std::vector<bool> cpu(layout_.layers.size(), false);
   for (size_t l = 0; l < cpu.size(); ++l) {
     cpu[l] = pp.plan.units[l].exec == Executor::kCpu;
@@ -886,6 +921,8 @@ Status DeviceStreamer::begin_pass(int n_tokens) {
   // Once per pass: a file replaced or truncated under us must stop generation, not feed the
   // layers a mix of two files (fstat + stat: microseconds).
   if (Status st = reader_->check_unchanged(); !st.is_ok()) return fail(std::move(st));
+  const Clock::time_point now = Clock::now();
+  observe_pass(now);  // the pass before this one, if it is timed for a tuner
   collect();
   decode_pass_ = n_tokens == 1;
   pass_tokens_ = std::max(n_tokens, 1);
@@ -905,7 +942,15 @@ Status DeviceStreamer::begin_pass(int n_tokens) {
     pass_cpu_ = &b.cpu;
     ++stats_.batch_passes;
   }
-  if (list != list_ && !streamed_.empty()) SLUICE_RETURN_IF_ERROR(restart_ring(list));
+  const bool restart = list != list_ && !streamed_.empty();
+  if (restart) SLUICE_RETURN_IF_ERROR(restart_ring(list));
+  if (choice >= kPassBatch && !restart) {
+    const auto it = tuners_.find(pass_tokens_);
+    if (it != tuners_.end() && !it->second.settled()) {
+      timed_start_ = now;
+      timed_tokens_ = pass_tokens_;
+    }
+  }
   ++stats_.passes;
   if (decode_pass_) ++stats_.decode_passes;
   if (trace_ && timed_ && !streamed_.empty()) {

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,6 +35,7 @@
 #include "stream/cpu_streamer.h"
 #include "stream/host_memory.h"
 #include "stream/io.h"
+#include "stream/pass_tuner.h"
 #include "stream/plan.h"
 #include "stream/trace.h"
 
@@ -101,6 +103,10 @@ struct DeviceStreamOptions {
   // chosen again (the start-up probe times a bare product; a layer in a pass also runs its
   // attention, norms and activations while the copy engine shares DRAM).
   bool learn_cpu_flops = true;
+  // Tune each multi-token pass size's CPU layer count from the passes' own times (CountTuner,
+  // stream/pass_tuner.h): starting at the batch placement's count, one layer fewer or more at a
+  // time while that is faster. Only sizes whose placement is a batch one (kBatch).
+  bool tune_passes = true;
 
   // Tests: run the pipeline on a backend that reads host weights (the CPU backend implements the
   // streaming calls synchronously), and force each layer's home instead of planning.
@@ -202,6 +208,8 @@ struct DeviceStreamStats {
   uint64_t batch_cpu_bytes = 0;
   double batch_cpu_ops = 0, batch_cpu_seconds = 0;
   uint64_t cpu_flops_updates = 0;
+  // Pass tuning: passes timed for a tuner, and count changes it made.
+  uint64_t tuned_passes = 0, tuner_moves = 0;
   bool device_timed = false;  // copy_seconds / compute stalls come from the backend's marks
 };
 
@@ -252,6 +260,9 @@ class DeviceStreamer final : public model::LayerSource {
   const std::string& cpu_probe() const { return cpu_probe_; }
   void set_cpu_probe(std::string note) { cpu_probe_ = std::move(note); }
   const DeviceStreamStats& stats() const { return stats_; }
+  // Pass tuning, per pass size: "32 tokens: 19 -> 16 CPU layers (settled; 19: 512.3 ms, ...)",
+  // one entry per tuned size, in size order (empty: nothing tuned).
+  std::vector<std::string> tuning() const;
   // Folds the timings of copies and stalls whose marks have passed into stats() (begin_pass does
   // it for earlier passes; call after a run, once the backend is idle, for the last one).
   void collect();
@@ -357,6 +368,14 @@ class DeviceStreamer final : public model::LayerSource {
   static constexpr int kPassAll = 0, kPassDecode = 1, kPassBatch = 2;
   std::vector<int> pass_choice_;
   int choice_for(int n_tokens);
+  // Pass tuning (DeviceStreamOptions::tune_passes): a tuner per batch-placed pass size, and the
+  // pass being timed (begin_pass to the next begin_pass; not a pass that restarted the ring, whose
+  // first copies were not issued ahead).
+  bool tune_passes_ = false;
+  std::map<int, CountTuner> tuners_;
+  FileReader::Clock::time_point timed_start_{};
+  int timed_tokens_ = 0;  // 0: the pass running is not timed
+  void observe_pass(FileReader::Clock::time_point now);
   std::unique_ptr<backend::Backend> host_be_;   // the host executor (hybrid), or null
   backend::WeightView host_rope_freqs_;
   std::vector<bool> host_capable_;              // per layer

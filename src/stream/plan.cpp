@@ -322,12 +322,19 @@ void tally(const PlanInput& in, Plan& p) {
 // |candidates| / c) in layer order (distinct because |candidates| / c >= 1), so CPU units
 // alternate with streamed ones (the copy engine fills slots while the CPU computes); ties keep
 // fewer CPU units.
+// `base` with c of `candidates` on the CPU, the k-th at floor((k + 0.5) * |candidates| / c), unscored.
+Plan spread(const Plan& base, const std::vector<size_t>& candidates, size_t c) {
+  const size_t nb = candidates.size();
+  Plan trial = base;
+  for (size_t k = 0; k < c; ++k) trial.units[candidates[(2 * k + 1) * nb / (2 * c)]].exec = Executor::kCpu;
+  return trial;
+}
+
 Plan best_spread(const PlanInput& in, const Plan& base, const std::vector<size_t>& candidates) {
   const size_t nb = candidates.size();
   Plan chosen = base;
   for (size_t c = 1; c <= nb; ++c) {
-    Plan trial = base;
-    for (size_t k = 0; k < c; ++k) trial.units[candidates[(2 * k + 1) * nb / (2 * c)]].exec = Executor::kCpu;
+    Plan trial = spread(base, candidates, c);
     score(in, trial);
     if (trial.token_seconds < chosen.token_seconds * (1 - 1e-12)) chosen = std::move(trial);
   }
@@ -459,6 +466,23 @@ Result<Plan> make_plan(const PlanInput& in) {
   return *best;
 }
 
+namespace {
+
+// The decode placement's CPU units, and that placement with every unit on the GPU (unscored).
+std::vector<size_t> batch_candidates(const Plan& decode, Plan* base) {
+  std::vector<size_t> cpu_units;
+  for (size_t i = 0; i < decode.units.size(); ++i) {
+    if (decode.units[i].exec == Executor::kCpu) cpu_units.push_back(i);
+  }
+  *base = decode;
+  for (UnitPlan& u : base->units) {
+    if (u.exec != Executor::kGpu) u = {u.home, Executor::kGpu, 0.0};
+  }
+  return cpu_units;
+}
+
+}  // namespace
+
 Plan batch_placement(const PlanInput& in, const Plan& decode) {
   SLUICE_CHECK(decode.units.size() == in.units.size(), "batch_placement: plan and input differ in unit count");
   Plan base = decode;
@@ -466,17 +490,28 @@ Plan batch_placement(const PlanInput& in, const Plan& decode) {
     score_plan(in, base);
     return base;
   }
-  std::vector<size_t> cpu_units;
-  for (size_t i = 0; i < decode.units.size(); ++i) {
-    if (decode.units[i].exec == Executor::kCpu) cpu_units.push_back(i);
-  }
-  for (UnitPlan& u : base.units) {
-    if (u.exec != Executor::kGpu) u = {u.home, Executor::kGpu, 0.0};
-  }
+  const std::vector<size_t> cpu_units = batch_candidates(decode, &base);
   score_plan(in, base);
   // The alternating placements' spread, over the decode placement's CPU units.
   Plan chosen = best_spread(in, base, cpu_units);
   score_plan(in, chosen);  // the byte totals of the chosen units
+  return chosen;
+}
+
+int batch_placement_candidates(const Plan& decode) {
+  return int(std::count_if(decode.units.begin(), decode.units.end(),
+                           [](const UnitPlan& u) { return u.exec == Executor::kCpu; }));
+}
+
+Plan batch_placement_count(const PlanInput& in, const Plan& decode, int count) {
+  SLUICE_CHECK(decode.units.size() == in.units.size(), "batch_placement_count: plan and input differ in unit count");
+  SLUICE_CHECK(in.has_gpu, "batch_placement_count: a CPU-only placement has no count to choose");
+  Plan base;
+  const std::vector<size_t> cpu_units = batch_candidates(decode, &base);
+  SLUICE_CHECK(count >= 0 && size_t(count) <= cpu_units.size(),
+               "batch_placement_count: the count is outside 0 .. the decode placement's CPU units");
+  Plan chosen = spread(base, cpu_units, size_t(count));
+  score_plan(in, chosen);
   return chosen;
 }
 

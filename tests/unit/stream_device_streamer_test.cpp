@@ -727,6 +727,76 @@ TEST(StreamDevice, PlannedBatchPlacementMatchesResident) {
   std::filesystem::remove(path);
 }
 
+// Pass tuning (tune_passes, stream/pass_tuner.h) through the pipeline: the rates of the test
+// above, so a 9-token pass takes a batch placement with 1 of the decode placement's 2 CPU layers.
+// Fourteen 9-token passes: the first restarts the ring (not timed), the next three time count 1,
+// then the tuner tries 0 (and 2 if 0 was no faster), each new count's first pass restarting the
+// ring. Whatever it measures, every pass's logits are the resident run's (placement never changes
+// the numbers). Off: no tuner, no pass timed.
+TEST(StreamDevice, TunedPassesKeepTheResidentOutput) {
+  const std::string path = write_synthetic("tuned");
+  constexpr int kPasses = 14, kTokens = 9;
+  auto chunk = [](int i) {
+    std::vector<int32_t> in;
+    for (int k = 0; k < kTokens; ++k) in.push_back(int32_t(1 + (i * 31 + k * 7) % 90));  // the synthetic vocabulary is 96
+    return in;
+  };
+  auto run = [&](model::Model& m) {
+    std::vector<std::vector<float>> out;
+    std::vector<float> logits(size_t(m.n_vocab()));
+    for (int i = 0; i < kPasses; ++i) {
+      const Status st = m.eval(chunk(i), logits);
+      EXPECT_TRUE(st.is_ok()) << st.message();
+      if (!st.is_ok()) break;
+      out.push_back(logits);
+    }
+    return out;
+  };
+  model::LoadOptions ro;
+  ro.backend = model::BackendKind::kCpu;
+  ro.cpu_pack_weights = false;
+  ro.n_ctx = 128;
+  auto resident = model::Model::load(path, ro);
+  ASSERT_TRUE(resident.is_ok()) << resident.status().message();
+  const std::vector<std::vector<float>> ref = run(**resident);
+  ASSERT_EQ(ref.size(), size_t(kPasses));
+  auto setup = planned_setup(path, HybridMode::kAlternate);
+  ASSERT_TRUE(setup.is_ok()) << setup.status().message();
+  DeviceStreamOptions o = setup->o;
+  o.learn_cpu_flops = false;
+  const double params = double(setup->params), b = double(setup->layer);
+  o.bw = {.vram = 1e6 * b, .h2d = 1e3 * b, .disk = 1e3 * b, .cpu = 1e3 * b, .dram = 1e6 * b,
+          .cpu_flops = 9 * 2 * params / 1.5e-3, .gpu_flops = 1e6 * 2 * params, .switch_seconds = 1e-5};
+  for (bool tune : {true, false}) {
+    SCOPED_TRACE(tune ? "tuned" : "not tuned");
+    o.tune_passes = tune;
+    DeviceStreamer* s = nullptr;
+    auto m = load_streamed(path, o, &s);
+    ASSERT_TRUE(m.is_ok()) << m.status().message();
+    ASSERT_EQ(pass_placement(s->plan(), kTokens).kind, PassKind::kBatch) << s->plan().describe();
+    EXPECT_EQ(run(**m), ref);
+    const DeviceStreamStats& st = s->stats();
+    EXPECT_EQ(st.batch_passes, uint64_t(kPasses));
+    const std::vector<std::string> t = s->tuning();
+    if (tune) {
+      ASSERT_EQ(t.size(), 1u);
+      EXPECT_EQ(t[0].rfind("9 tokens: 1 ", 0), 0u) << t[0];
+      // Counts 1 and 0 measured at least (three passes each), so the tuner moved at least once.
+      EXPECT_GE(st.tuned_passes, 6u) << t[0];
+      EXPECT_GE(st.tuner_moves, 1u) << t[0];
+      EXPECT_NE(t[0].find(" 1: "), std::string::npos) << t[0];
+      EXPECT_NE(t[0].find(" 0: "), std::string::npos) << t[0];
+      // The ring restarts at least into the first count and at each move.
+      EXPECT_GE(st.phase_changes, 1 + st.tuner_moves);
+    } else {
+      EXPECT_TRUE(t.empty());
+      EXPECT_EQ(st.tuned_passes, 0u);
+      EXPECT_EQ(st.tuner_moves, 0u);
+    }
+  }
+  std::filesystem::remove(path);
+}
+
 // learn_cpu_flops: the CPU layers of multi-token passes are timed and their ops rate replaces the
 // planned one. Planned here at 60 ms a CPU layer for the 9-token prompt (copies 40 ms a layer,
 // the CPU's bytes 10 ms), so the prompt's batch placement computes one layer on the CPU; this

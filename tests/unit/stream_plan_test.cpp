@@ -374,6 +374,32 @@ TEST(StreamPlan, BatchPlacementKeepsHomesAndTakesASubsetOfTheCpuUnits) {
   EXPECT_NEAR(c1.t_pipeline, 4.22256, 1e-9);
 }
 
+TEST(StreamPlan, BatchPlacementCountPlacesExactlyThatManyCpuUnits) {
+  // The same decode plan as above; batch_placement_count(c) is the spread batch_placement scores
+  // for c (so at n = 30 its choice, c = 1, is the same plan), scored at in.batch.
+  PlanInput in = four_streamed();
+  auto decode = make_plan(in);
+  ASSERT_TRUE(decode.is_ok()) << decode.status().message();
+  EXPECT_EQ(batch_placement_candidates(*decode), 2);
+  in.batch = 30;
+  const Plan best = batch_placement(in, *decode);
+  const Plan c1 = batch_placement_count(in, *decode, 1);
+  EXPECT_EQ(cpu_positions(c1), cpu_positions(best));
+  EXPECT_NEAR(c1.token_seconds, best.token_seconds, 1e-12);
+  EXPECT_EQ(c1.cpu_exec_bytes, best.cpu_exec_bytes);
+  const Plan c2 = batch_placement_count(in, *decode, 2);
+  EXPECT_EQ(cpu_positions(c2), (std::vector<int>{1, 3}));
+  EXPECT_NEAR(c2.token_seconds, 3.042, 1e-9);
+  EXPECT_EQ(c2.cpu_exec_bytes, 2'000'000'000ull);
+  const Plan c0 = batch_placement_count(in, *decode, 0);
+  EXPECT_TRUE(cpu_positions(c0).empty());
+  EXPECT_NEAR(c0.token_seconds, 4.0, 1e-9);
+  for (const Plan* p : {&c0, &c1, &c2}) {
+    for (size_t i = 0; i < 4; ++i) EXPECT_EQ(p->units[i].home, decode->units[i].home) << i;
+  }
+  EXPECT_DEATH(batch_placement_count(in, *decode, 3), "outside 0");
+}
+
 TEST(StreamPlan, SeventyBOnTheH100HostDecodeVsPrefill) {
   // 70B Q4_K_M shape (80 x 0.544 GB / 0.87e9 params + head 0.82 GB / 1.05e9) on the measured
   // H100 host with 16 GiB: 24 layers + head resident, 56 in pinned RAM.

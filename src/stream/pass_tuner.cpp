@@ -1,0 +1,74 @@
+#include "stream/pass_tuner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "core/status.h"
+
+namespace sluice::stream {
+
+CountTuner::CountTuner(int start, int max_count, Options opts) : opts_(opts) {
+  SLUICE_CHECK(max_count >= 0, "CountTuner: negative count range");
+  SLUICE_CHECK(opts_.samples >= 1 && opts_.min_gain >= 0, "CountTuner: samples must be >= 1, min_gain >= 0");
+  max_count_ = max_count;
+  start_ = std::clamp(start, 0, max_count);
+  current_ = best_ = start_;
+  if (max_count_ == 0) settled_ = true;  // nothing to choose
+}
+
+bool CountTuner::observe(double seconds) {
+  if (settled_ || !(seconds > 0) || !std::isfinite(seconds)) return false;
+  samples_.push_back(seconds);
+  if (int(samples_.size()) < opts_.samples) return false;
+  std::vector<double> s = samples_;
+  samples_.clear();
+  std::nth_element(s.begin(), s.begin() + s.size() / 2, s.end());
+  const int before = current_;
+  finish_count(s[s.size() / 2]);
+  return current_ != before;
+}
+
+void CountTuner::finish_count(double median) {
+  measured_.push_back({current_, median});
+  if (measured_.size() == 1) {  // the planner's count
+    best_seconds_ = median;
+  } else if (median < best_seconds_ * (1 - opts_.min_gain)) {
+    best_ = current_;
+    best_seconds_ = median;
+    moved_ = true;
+  } else if (direction_ < 0 && !moved_) {
+    direction_ = 1;  // one fewer was no faster: try one more
+  } else {
+    return settle();
+  }
+  const int next = best_ + direction_;
+  if (next >= 0 && next <= max_count_) {
+    current_ = next;
+    return;
+  }
+  if (direction_ < 0 && !moved_ && best_ + 1 <= max_count_) {
+    direction_ = 1;
+    current_ = best_ + 1;
+    return;
+  }
+  settle();
+}
+
+void CountTuner::settle() {
+  current_ = best_;
+  settled_ = true;
+}
+
+std::string CountTuner::describe() const {
+  std::string s = std::to_string(start_) + (settled_ ? " -> " : " .. ") + std::to_string(current_) +
+                  (settled_ ? " (settled;" : " (tuning;");
+  char item[64];
+  for (size_t i = 0; i < measured_.size(); ++i) {
+    std::snprintf(item, sizeof item, "%s %d: %.1f ms", i > 0 ? "," : "", measured_[i].count, measured_[i].seconds * 1e3);
+    s += item;
+  }
+  return s + ")";
+}
+
+}  // namespace sluice::stream

@@ -1,0 +1,157 @@
+#include "stream/pass_tuner.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <random>
+
+#include "test_util.h"
+
+namespace sluice::stream {
+namespace {
+
+// A 32-token pass of the 70B on the H200 host as measured (docs/SERVING.md): a CPU layer ~23 ms,
+// a copy ~9.4 ms hidden behind the CPU, 57 streamed layers, the GPU's layers ~45 ms in all.
+double pass_ms(int cpu) { return std::max(23.0 * cpu, 9.4 * (57 - cpu)) + 45.0; }
+
+// Feeds the tuner until it settles (at most `limit` passes), each pass's time f(count) times a
+// noise factor; returns the passes used (limit + 1 if it never settled).
+int drive(CountTuner& t, const std::function<double(int)>& f, double noise, std::mt19937& rng, int limit = 400) {
+  std::uniform_real_distribution<double> u(1 - noise, 1 + noise);
+  for (int i = 0; i < limit; ++i) {
+    if (t.settled()) return i;
+    t.observe(f(t.count()) * 1e-3 * u(rng));
+  }
+  return t.settled() ? limit : limit + 1;
+}
+
+// The exact minimum of pass_ms over 0 .. 57: the copy and CPU terms cross at 16.5.
+int best_count() {
+  int best = 0;
+  for (int c = 1; c <= 57; ++c) best = pass_ms(c) < pass_ms(best) ? c : best;
+  return best;
+}
+
+// A clear valley at 8, 10% a step.
+double valley_ms(int c) { return 100.0 + 10.0 * std::abs(c - 8); }
+
+TEST(CountTuner, WalksDownToTheFastestCount) {
+  std::mt19937 rng(uint32_t(test::test_seed()));
+  CountTuner t(11, 20);
+  EXPECT_EQ(t.count(), 11);
+  const int passes = drive(t, valley_ms, 0, rng);
+  EXPECT_TRUE(t.settled());
+  EXPECT_EQ(t.count(), 8) << t.describe();
+  // 11 (the planner's), 10, 9, 8, then 7 (slower: stop) at three passes each.
+  EXPECT_EQ(passes, 15) << t.describe();
+  EXPECT_EQ(t.counts_measured(), 5);
+  EXPECT_EQ(t.describe().rfind("11 -> 8 (settled; 11: 130.0 ms, 10: 120.0 ms", 0), 0u) << t.describe();
+}
+
+TEST(CountTuner, WalksUpWhenOneFewerIsNoFaster) {
+  std::mt19937 rng(uint32_t(test::test_seed()));
+  CountTuner t(5, 20);
+  drive(t, valley_ms, 0, rng);
+  EXPECT_TRUE(t.settled());
+  // 5, then 4 (slower), then up 6, 7, 8, and 9 slower: settles on 8.
+  EXPECT_EQ(t.count(), 8) << t.describe();
+  EXPECT_EQ(t.counts_measured(), 6) << t.describe();
+}
+
+TEST(CountTuner, TheMeasuredSeventyBPassStopsWithinTheMargin) {
+  // pass_ms: 19 -> 18 -> 17 are 4.8% and 5.0% faster; 16 is 1.3% faster than 17, under the 2%
+  // margin, so the tuner stops at 17, one layer from the optimum.
+  std::mt19937 rng(uint32_t(test::test_seed()));
+  ASSERT_EQ(best_count(), 16);
+  CountTuner t(19, 57);
+  drive(t, pass_ms, 0, rng);
+  EXPECT_EQ(t.count(), 17) << t.describe();
+  EXPECT_EQ(t.counts_measured(), 4) << t.describe();
+}
+
+TEST(CountTuner, StaysWhenNeitherNeighbourIsFasterByTheMargin) {
+  std::mt19937 rng(uint32_t(test::test_seed()));
+  // Flat within 1%: the planner's count stands (after trying one fewer and one more).
+  CountTuner t(10, 20);
+  drive(t, [](int c) { return 100.0 * (1 + 0.005 * std::abs(c - 9)); }, 0, rng);
+  EXPECT_TRUE(t.settled());
+  EXPECT_EQ(t.count(), 10) << t.describe();
+  EXPECT_EQ(t.counts_measured(), 3) << t.describe();
+}
+
+TEST(CountTuner, NoisyPassesLandNearTheMinimum) {
+  // 1% noise per pass (the median of three): from above or at the optimum the walk ends at 16 or
+  // 17, never slower than where it started, and always settles.
+  std::mt19937 rng(uint32_t(test::test_seed()));
+  for (int start : {17, 19, 22}) {
+    for (int trial = 0; trial < 100; ++trial) {
+      CountTuner t(start, 57);
+      const int passes = drive(t, pass_ms, 0.01, rng);
+      ASSERT_LE(passes, 400) << t.describe();
+      EXPECT_TRUE(t.count() == 16 || t.count() == 17) << "start " << start << ": " << t.describe();
+      EXPECT_LE(pass_ms(t.count()), pass_ms(start)) << t.describe();
+    }
+  }
+}
+
+TEST(CountTuner, EdgesOfTheRange) {
+  std::mt19937 rng(uint32_t(test::test_seed()));
+  {
+    CountTuner t(0, 4);  // 0 first, then 1 (fewer is impossible)
+    drive(t, [](int c) { return 100.0 - 10 * c; }, 0, rng);
+    EXPECT_EQ(t.count(), 4) << t.describe();  // up to the top, then nothing further
+    EXPECT_TRUE(t.settled());
+  }
+  {
+    CountTuner t(4, 4);
+    drive(t, [](int c) { return 100.0 - 10 * c; }, 0, rng);
+    EXPECT_EQ(t.count(), 4) << t.describe();  // 3 slower, 5 out of range
+    EXPECT_EQ(t.counts_measured(), 2);
+  }
+  {
+    CountTuner t(7, 0);  // clamped; nothing to choose
+    EXPECT_EQ(t.count(), 0);
+    EXPECT_TRUE(t.settled());
+    EXPECT_FALSE(t.observe(1.0));
+  }
+  {
+    CountTuner t(-3, 5);
+    EXPECT_EQ(t.count(), 0);
+  }
+}
+
+TEST(CountTuner, IgnoresTimesThatAreNotPositive) {
+  CountTuner t(5, 10, {.samples = 1, .min_gain = 0.02});
+  EXPECT_FALSE(t.observe(0));
+  EXPECT_FALSE(t.observe(-1));
+  EXPECT_FALSE(t.observe(std::numeric_limits<double>::quiet_NaN()));
+  EXPECT_FALSE(t.observe(std::numeric_limits<double>::infinity()));
+  EXPECT_EQ(t.counts_measured(), 0);
+  EXPECT_TRUE(t.observe(1.0));  // one sample per count: measured, and the next count is tried
+  EXPECT_EQ(t.count(), 4);
+}
+
+TEST(CountTuner, MedianRejectsOneOutlier) {
+  // One pass in three is 10x slower (a pause between requests): the median ignores it, and one
+  // fewer (faster by 5%) is still taken.
+  CountTuner t(5, 10);
+  t.observe(1.0);
+  t.observe(10.0);
+  t.observe(1.0);
+  ASSERT_EQ(t.count(), 4);
+  t.observe(0.95);
+  t.observe(0.95);
+  t.observe(9.5);
+  EXPECT_EQ(t.count(), 3);
+}
+
+TEST(CountTuner, BadOptionsAreProgrammingErrors) {
+  EXPECT_DEATH(CountTuner(1, 2, {.samples = 0, .min_gain = 0.02}), "samples");
+  EXPECT_DEATH(CountTuner(1, -1), "negative");
+}
+
+}  // namespace
+}  // namespace sluice::stream
