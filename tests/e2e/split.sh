@@ -35,12 +35,13 @@ case $case_name in
     "$bin" "${run[@]}" -m "$model" >"$tmp/ref" 2>"$tmp/ref.err" || fail "single file: $(cat "$tmp/ref.err")"
     "$bin" "${run[@]}" -m "$first" >"$tmp/res" 2>"$tmp/res.err" || fail "split resident: $(cat "$tmp/res.err")"
     cmp -s "$tmp/ref" "$tmp/res" || fail "resident split output differs: $(cat "$tmp/res") vs $(cat "$tmp/ref")"
-    # 40 MiB: the 28.7 MiB embedding table plus a few layers; the rest stream from the shards.
-    "$bin" "${run[@]}" -m "$first" --ram-budget 40M --no-probe >"$tmp/str" 2>"$tmp/str.err" ||
+    # 72 MiB: the 28.7 MiB embedding table, on CPUs that repack matrices (AVX-512) its 30.4 MiB
+    # repacked copy as the tied output head, plus a few layers; the rest stream from the shards.
+    "$bin" "${run[@]}" -m "$first" --ram-budget 72M --no-probe >"$tmp/str" 2>"$tmp/str.err" ||
       fail "split streamed: $(cat "$tmp/str.err")"
     grep -q "^stream: .*from disk per decoded token" "$tmp/str.err" || fail "not streamed: $(cat "$tmp/str.err")"
     cmp -s "$tmp/ref" "$tmp/str" || fail "streamed split output differs: $(cat "$tmp/str") vs $(cat "$tmp/ref")"
-    echo "ok: identical greedy output (32 tokens) single file, 3 shards resident, 3 shards at --ram-budget 40M";;
+    echo "ok: identical greedy output (32 tokens) single file, 3 shards resident, 3 shards at --ram-budget 72M";;
   inspect_lists_shards)
     "$bin" inspect "$first" >"$tmp/o" 2>"$tmp/e" || fail "inspect: $(cat "$tmp/e")"
     grep -q "^split: 3 shards" "$tmp/o" || fail "no split line: $(head -5 "$tmp/o")"

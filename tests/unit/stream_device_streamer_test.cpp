@@ -848,11 +848,17 @@ TEST(StreamDevice, LearnedCpuRateReplansMultiTokenPasses) {
 
 // The host's rows from its packed layout (host_cpu.pack_weights on): a packed matrix is cut at
 // whole row groups (WeightView::rows), so a wrong group offset would compute other rows. The
-// "GPU" rows run the row kernels on the slot, the CPU's the packed kernels (another summation
-// order), so the reference is the resident run within rounding: normalized error of the first
-// logits under 1e-3 and the greedy tokens equal. On a CPU without packed kernels at its vec_dot
-// ISA nothing is packed; the CTest variant isa_ref.* runs this with SLUICE_QUANT_ISA=ref, where it
-// is (and checks it).
+// "GPU" rows run the row kernels on the slot, the CPU's the packed kernels.
+//  - SLUICE_QUANT_ISA=ref (the CTest variant isa_ref.*), or a CPU without packed kernels at its
+//    vec_dot ISA (AVX2; nothing is packed): every row gets the row kernels' arithmetic, so the run
+//    equals the resident one bit for bit, tokens and logits.
+//  - AVX-512's packed kernels sum in another f32 order (~1e-5 relative per product). Where that
+//    moves an activation across a rounding boundary of its 8-bit quantization before the next
+//    matrix, the run continues with other quantized activations: the first logits then differ
+//    from the resident run's by the quantization's own noise. Measured on a 2-core AVX-512 VM
+//    over 60 seeds: 20 runs within 1e-6, the others 0.003 to 0.052 (normalized error), while the
+//    host's rows taken one group off (a planted bug in WeightView::rows) gave 1.32 to 1.47. So
+//    the bound is 0.15, and the greedy tokens are compared where the logits agree within 1e-4.
 TEST(StreamDevicePacked, RowSplitPackedHostRowsMatchResident) {
   const std::string path = write_synthetic("rowsplit_packed");
   const std::vector<int32_t> prompt = {1, 5, 9, 17, 33, 2, 64, 80, 3};
@@ -866,21 +872,25 @@ TEST(StreamDevicePacked, RowSplitPackedHostRowsMatchResident) {
   auto m = load_streamed(path, o, &s);
   ASSERT_TRUE(m.is_ok()) << m.status().message();
   const char* isa = std::getenv("SLUICE_QUANT_ISA");
-  if (isa && std::string(isa) == "ref") {
+  const bool ref_isa = isa && std::string(isa) == "ref";
+  if (ref_isa) {
     EXPECT_GT(s->host_packed_bytes(), 0u);
   } else if (s->host_packed_bytes() == 0) {
     std::printf("[ note ] this CPU has no packed kernels at its vec_dot ISA: the host rows are not packed\n");
   }
   const GreedyRun got = greedy(**m, prompt, 8);
-  EXPECT_EQ(got.tokens, ref.tokens);
   ASSERT_EQ(got.first_logits.size(), ref.first_logits.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.first_logits.size(); ++i) {
-    const double d = double(got.first_logits[i]) - double(ref.first_logits[i]);
-    num += d * d;
-    den += double(ref.first_logits[i]) * double(ref.first_logits[i]);
+  if (ref_isa || s->host_packed_bytes() == 0) {
+    EXPECT_EQ(got.tokens, ref.tokens);
+    EXPECT_EQ(got.first_logits, ref.first_logits);
+  } else {
+    const double err = test::normalized_error(got.first_logits.data(), ref.first_logits.data(), ref.first_logits.size());
+    std::printf("[ note ] first logits vs the resident run: normalized error %.3g\n", err);
+    EXPECT_LE(err, 0.15);
+    if (err <= 1e-4) {
+      EXPECT_EQ(got.tokens, ref.tokens);
+    }
   }
-  EXPECT_LE(std::sqrt(num / den), 1e-3);
   std::filesystem::remove(path);
 }
 
