@@ -448,10 +448,12 @@ Status finish_stream(FILE* out, LoadedModel& lm, const decode::Timings& t) {
                    ds.plan().input.bw.cpu_flops / 1e12, ds.initial_cpu_flops() / 1e12,
                    (unsigned long long)s.cpu_flops_updates);
     }
-    for (const std::string& t : ds.tuning()) {
+    const std::vector<std::string> tuned = ds.tuning();
+    if (!tuned.empty()) {
       // Pass tuning: the CPU layer count of each batch-placed pass size, from the passes' times.
-      std::fprintf(out, "tuned:   passes of %s; %llu passes timed, %llu moves in all\n", t.c_str(),
+      std::fprintf(out, "tuned:   %llu passes timed, %llu count changes; CPU layers per pass size:\n",
                    (unsigned long long)s.tuned_passes, (unsigned long long)s.tuner_moves);
+      for (const std::string& t : tuned) std::fprintf(out, "           passes of %s\n", t.c_str());
     }
     if (!decode && s.cpu_bytes > 0 && s.cpu_seconds > 0) {
       // Batched passes with CPU layers (bench --batch-seqs, serving): the CPU's measured rate on

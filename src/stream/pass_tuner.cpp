@@ -19,6 +19,7 @@ CountTuner::CountTuner(int start, int max_count, Options opts) : opts_(opts) {
 
 bool CountTuner::observe(double seconds) {
   if (settled_ || !(seconds > 0) || !std::isfinite(seconds)) return false;
+  if (!measured_.empty() && seconds > kOutlierFactor * best_seconds_) return false;
   samples_.push_back(seconds);
   if (int(samples_.size()) < opts_.samples) return false;
   std::vector<double> s = samples_;

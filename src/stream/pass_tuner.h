@@ -32,9 +32,12 @@ class CountTuner {
   int count() const { return current_; }  // the count the next pass runs
   int start() const { return start_; }
   bool settled() const { return settled_; }
-  // One pass at count() took `seconds` (ignored unless positive and finite). True when count()
-  // changed (the caller places the next pass anew).
+  // One pass at count() took `seconds` (ignored unless positive and finite, and, once a count has
+  // been measured, unless under kOutlierFactor times the best median: a pass timed to the next
+  // pass's start also spans any idle time between them, e.g. a server waiting for requests).
+  // True when count() changed (the caller places the next pass anew).
   bool observe(double seconds);
+  static constexpr double kOutlierFactor = 4.0;
   int counts_measured() const { return int(measured_.size()); }
   // "32 tokens: 19 -> 16 CPU layers (settled; 19: 512.3 ms, 18: 489.0 ms, ...)" style summary
   // of what was measured, for the stats line.

@@ -135,7 +135,8 @@ TEST(CountTuner, IgnoresTimesThatAreNotPositive) {
 }
 
 TEST(CountTuner, MedianRejectsOneOutlier) {
-  // One pass in three is 10x slower (a pause between requests): the median ignores it, and one
+  // One pass in three much slower: the median ignores it (the first count's 10x is counted, as
+  // no count has a median yet; later ones over 4x are dropped, IdleGapsAreNotPassTimes), and one
   // fewer (faster by 5%) is still taken.
   CountTuner t(5, 10);
   t.observe(1.0);
@@ -143,9 +144,25 @@ TEST(CountTuner, MedianRejectsOneOutlier) {
   t.observe(1.0);
   ASSERT_EQ(t.count(), 4);
   t.observe(0.95);
+  t.observe(3.5);
   t.observe(0.95);
-  t.observe(9.5);
   EXPECT_EQ(t.count(), 3);
+}
+
+TEST(CountTuner, IdleGapsAreNotPassTimes) {
+  // Once a count is measured, a time over 4x the best median is an idle gap, not a pass: ignored.
+  CountTuner t(5, 10);
+  t.observe(1.0);
+  t.observe(1.0);
+  t.observe(1.0);
+  ASSERT_EQ(t.count(), 4);
+  EXPECT_FALSE(t.observe(4.5));
+  EXPECT_FALSE(t.observe(30.0));
+  t.observe(0.9);
+  t.observe(0.9);
+  EXPECT_TRUE(t.observe(3.9));  // the third sample (under 4x): 4 measured at median 0.9, faster
+  EXPECT_EQ(t.count(), 3);
+  EXPECT_NE(t.describe().find("4: 900.0 ms"), std::string::npos) << t.describe();
 }
 
 TEST(CountTuner, BadOptionsAreProgrammingErrors) {
