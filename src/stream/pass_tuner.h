@@ -39,8 +39,8 @@ class CountTuner {
   bool observe(double seconds);
   static constexpr double kOutlierFactor = 4.0;
   int counts_measured() const { return int(measured_.size()); }
-  // "32 tokens: 19 -> 16 CPU layers (settled; 19: 512.3 ms, 18: 489.0 ms, ...)" style summary
-  // of what was measured, for the stats line.
+  // What was measured, for the stats line: "19 -> 17 (settled; 19: 519.9 ms, 18: 500.0 ms, ...)",
+  // or "19 .. 18 (tuning; ...)" while it is still moving.
   std::string describe() const;
 
  private:

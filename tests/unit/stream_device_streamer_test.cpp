@@ -70,15 +70,22 @@ Result<std::unique_ptr<model::Model>> load_streamed(const std::string& path, con
   return model::Model::load(path, o);
 }
 
-// run: the layer mask (Model::set_layer_mask; empty: every layer).
-GreedyRun resident_run(const std::string& path, const std::vector<int32_t>& prompt, int n, bool pack = false,
-                       const std::vector<bool>& run = {}) {
+// The all-resident reference: `path` on the CPU backend, 128 positions (a test failure when it
+// does not load).
+Result<std::unique_ptr<model::Model>> load_resident(const std::string& path, bool pack = false) {
   model::LoadOptions o;
   o.backend = model::BackendKind::kCpu;
   o.cpu_pack_weights = pack;
   o.n_ctx = 128;
   auto m = model::Model::load(path, o);
   EXPECT_TRUE(m.is_ok()) << m.status().message();
+  return m;
+}
+
+// run: the layer mask (Model::set_layer_mask; empty: every layer).
+GreedyRun resident_run(const std::string& path, const std::vector<int32_t>& prompt, int n, bool pack = false,
+                       const std::vector<bool>& run = {}) {
+  auto m = load_resident(path, pack);
   if (!m.is_ok()) return {};
   const Status masked = (*m)->set_layer_mask(run);
   EXPECT_TRUE(masked.is_ok()) << masked.message();
@@ -373,12 +380,7 @@ Session run_session(model::Model& m) {
 }
 
 Session resident_session(const std::string& path) {
-  model::LoadOptions o;
-  o.backend = model::BackendKind::kCpu;
-  o.cpu_pack_weights = false;
-  o.n_ctx = 128;
-  auto m = model::Model::load(path, o);
-  EXPECT_TRUE(m.is_ok()) << m.status().message();
+  auto m = load_resident(path);
   return m.is_ok() ? run_session(**m) : Session{};
 }
 
@@ -752,12 +754,8 @@ TEST(StreamDevice, TunedPassesKeepTheResidentOutput) {
     }
     return out;
   };
-  model::LoadOptions ro;
-  ro.backend = model::BackendKind::kCpu;
-  ro.cpu_pack_weights = false;
-  ro.n_ctx = 128;
-  auto resident = model::Model::load(path, ro);
-  ASSERT_TRUE(resident.is_ok()) << resident.status().message();
+  auto resident = load_resident(path);
+  ASSERT_TRUE(resident.is_ok());
   const std::vector<std::vector<float>> ref = run(**resident);
   ASSERT_EQ(ref.size(), size_t(kPasses));
   auto setup = planned_setup(path, HybridMode::kAlternate);
