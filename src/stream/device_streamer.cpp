@@ -891,7 +891,10 @@ int DeviceStreamer::choice_for(int n_tokens) {
                                           [](const UnitPlan& u) { return u.exec == Executor::kCpu; }));
     auto it = tuners_.find(n_tokens);
     if (it == tuners_.end()) {
-      it = tuners_.emplace(n_tokens, CountTuner(planned, batch_placement_candidates(plan_.plan))).first;
+      const int max_count = batch_placement_candidates(plan_.plan);
+      CountTuner t(corrected_start(planned, n_tokens, max_count, tuners_), max_count);
+      t.set_planned(planned);
+      it = tuners_.emplace(n_tokens, std::move(t)).first;
     }
     if (it->second.count() != planned) {
       PlanInput in = plan_.input;

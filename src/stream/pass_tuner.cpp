@@ -13,7 +13,7 @@ CountTuner::CountTuner(int start, int max_count, Options opts) : opts_(opts) {
   SLUICE_CHECK(opts_.samples >= 1 && opts_.min_gain >= 0, "CountTuner: samples must be >= 1, min_gain >= 0");
   max_count_ = max_count;
   start_ = std::clamp(start, 0, max_count);
-  current_ = best_ = start_;
+  current_ = best_ = planned_ = start_;
   if (max_count_ == 0) settled_ = true;  // nothing to choose
 }
 
@@ -64,12 +64,26 @@ void CountTuner::settle() {
 std::string CountTuner::describe() const {
   std::string s = std::to_string(start_) + (settled_ ? " -> " : " .. ") + std::to_string(current_) +
                   (settled_ ? " (settled;" : " (tuning;");
+  if (planned_ != start_) s += " planner " + std::to_string(planned_) + ";";
   char item[64];
   for (size_t i = 0; i < measured_.size(); ++i) {
     std::snprintf(item, sizeof item, "%s %d: %.1f ms", i > 0 ? "," : "", measured_[i].count, measured_[i].seconds * 1e3);
     s += item;
   }
   return s + ")";
+}
+
+int corrected_start(int planned, int n_tokens, int max_count, const std::map<int, CountTuner>& tuners) {
+  const CountTuner* nearest = nullptr;
+  int distance = 0;
+  for (const auto& [n, t] : tuners) {
+    const int d = std::abs(n - n_tokens);
+    if (!t.settled() || 4 * d > n_tokens || (nearest != nullptr && d >= distance)) continue;
+    nearest = &t;
+    distance = d;
+  }
+  const int correction = nearest != nullptr ? nearest->count() - nearest->planned() : 0;
+  return std::clamp(planned + correction, 0, std::max(max_count, 0));
 }
 
 }  // namespace sluice::stream

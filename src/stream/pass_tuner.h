@@ -14,6 +14,7 @@
 // rises, so the climb stops at the minimum up to noise.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,10 @@ class CountTuner {
 
   int count() const { return current_; }  // the count the next pass runs
   int start() const { return start_; }
+  // The planner's count for this pass size, where the tuner started elsewhere (corrected_start);
+  // start() unless set.
+  int planned() const { return planned_; }
+  void set_planned(int planned) { planned_ = planned; }
   bool settled() const { return settled_; }
   // One pass at count() took `seconds` (ignored unless positive and finite, and, once a count has
   // been measured, unless under kOutlierFactor times the best median: a pass timed to the next
@@ -52,7 +57,7 @@ class CountTuner {
   void settle();
 
   Options opts_;
-  int start_ = 0, max_count_ = 0;
+  int start_ = 0, max_count_ = 0, planned_ = 0;
   int current_ = 0;
   int best_ = 0;
   double best_seconds_ = 0;
@@ -62,5 +67,12 @@ class CountTuner {
   std::vector<double> samples_;
   std::vector<Measured> measured_;
 };
+
+// Where a new pass size's tuner starts: the planner's count for it, moved by the correction the
+// nearest settled size measured (its settled count minus the planner's count for it), when that
+// size is within a quarter of n_tokens; clamped to 0 .. max_count. The planner's error comes
+// mostly from its rates, which every size shares, so a size that appears while serving (requests
+// joining and finishing change the pass size) starts near its best count instead of walking there.
+int corrected_start(int planned, int n_tokens, int max_count, const std::map<int, CountTuner>& tuners);
 
 }  // namespace sluice::stream

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <map>
 #include <random>
 
 #include "test_util.h"
@@ -163,6 +164,41 @@ TEST(CountTuner, IdleGapsAreNotPassTimes) {
   EXPECT_TRUE(t.observe(3.9));  // the third sample (under 4x): 4 measured at median 0.9, faster
   EXPECT_EQ(t.count(), 3);
   EXPECT_NE(t.describe().find("4: 900.0 ms"), std::string::npos) << t.describe();
+}
+
+// A tuner for a size whose planner count is `planned`, settled at the valley's bottom `best`.
+CountTuner settled_at(int planned, int best, int max_count = 57) {
+  std::mt19937 rng(uint32_t(test::test_seed()));
+  CountTuner t(planned, max_count);
+  drive(t, [best](int c) { return 100.0 + 10.0 * std::abs(c - best); }, 0, rng);
+  EXPECT_TRUE(t.settled());
+  EXPECT_EQ(t.count(), best) << t.describe();
+  return t;
+}
+
+TEST(CountTuner, NewSizesStartFromTheNearestSettledSizesCorrection) {
+  std::map<int, CountTuner> tuners;
+  EXPECT_EQ(corrected_start(20, 32, 57, tuners), 20);  // nothing tuned yet: the planner's count
+  tuners.emplace(32, settled_at(19, 17));              // the planner was 2 too high at 32 tokens
+  EXPECT_EQ(corrected_start(20, 30, 57, tuners), 18);
+  EXPECT_EQ(corrected_start(1, 30, 57, tuners), 0);    // clamped
+  EXPECT_EQ(corrected_start(20, 16, 57, tuners), 20);  // 32 is not within a quarter of 16
+  EXPECT_EQ(corrected_start(20, 40, 57, tuners), 18);  // 32 is 8 away: within a quarter of 40
+  tuners.emplace(35, settled_at(15, 18));              // +3 at 35 tokens, nearer to 34
+  EXPECT_EQ(corrected_start(20, 34, 57, tuners), 23);
+  EXPECT_EQ(corrected_start(20, 33, 57, tuners), 18);  // 32 is nearer
+  EXPECT_EQ(corrected_start(56, 34, 57, tuners), 57);  // clamped to the candidates
+  CountTuner moving(10, 57);                           // not settled: no correction taken from it
+  tuners.emplace(31, moving);
+  EXPECT_EQ(corrected_start(20, 31, 57, tuners), 18);
+}
+
+TEST(CountTuner, DescribeNamesThePlannerWhereItStartedElsewhere) {
+  CountTuner t(17, 57);
+  EXPECT_EQ(t.planned(), 17);
+  t.set_planned(19);
+  EXPECT_EQ(t.planned(), 19);
+  EXPECT_EQ(t.describe().rfind("17 .. 17 (tuning; planner 19;", 0), 0u) << t.describe();
 }
 
 TEST(CountTuner, BadOptionsAreProgrammingErrors) {
