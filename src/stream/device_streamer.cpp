@@ -886,7 +886,8 @@ int DeviceStreamer::choice_for(int n_tokens) {
   PassPlacement pp = pass_placement(plan_, n_tokens);
   if (pp.kind != PassKind::kBatch) return c = pp.kind == PassKind::kDecode ? kPassDecode : kPassAll;
   if (tune_passes_) {
-    // The tuner starts at the planner's count and may move it (pass_tuner.h).
+    // The tuner starts at the planner's count, or where a nearby settled size's correction puts
+    // it, and may move it (pass_tuner.h).
     const int planned = int(std::count_if(pp.plan.units.begin(), pp.plan.units.end(),
                                           [](const UnitPlan& u) { return u.exec == Executor::kCpu; }));
     auto it = tuners_.find(n_tokens);

@@ -104,8 +104,9 @@ struct DeviceStreamOptions {
   // attention, norms and activations while the copy engine shares DRAM).
   bool learn_cpu_flops = true;
   // Tune each multi-token pass size's CPU layer count from the passes' own times (CountTuner,
-  // stream/pass_tuner.h): starting at the batch placement's count, one layer fewer or more at a
-  // time while that is faster. Only sizes whose placement is a batch one (kBatch).
+  // stream/pass_tuner.h): starting at the batch placement's count (moved by the correction a
+  // nearby settled size measured, corrected_start), one layer fewer or more at a time while that
+  // is faster. Only sizes whose placement is a batch one (kBatch).
   bool tune_passes = true;
 
   // Tests: run the pipeline on a backend that reads host weights (the CPU backend implements the
@@ -260,8 +261,8 @@ class DeviceStreamer final : public model::LayerSource {
   const std::string& cpu_probe() const { return cpu_probe_; }
   void set_cpu_probe(std::string note) { cpu_probe_ = std::move(note); }
   const DeviceStreamStats& stats() const { return stats_; }
-  // Pass tuning, per pass size: "32 tokens: 19 -> 16 CPU layers (settled; 19: 512.3 ms, ...)",
-  // one entry per tuned size, in size order (empty: nothing tuned).
+  // Pass tuning, per pass size: "32 tokens: 19 -> 17 (settled; 19: 519.9 ms, ...)" (CPU layers;
+  // CountTuner::describe), one entry per tuned size, in size order (empty: nothing tuned).
   std::vector<std::string> tuning() const;
   // Folds the timings of copies and stalls whose marks have passed into stats() (begin_pass does
   // it for earlier passes; call after a run, once the backend is idle, for the last one).

@@ -317,11 +317,6 @@ void tally(const PlanInput& in, Plan& p) {
   }
 }
 
-// Alternating: the fastest of `base` and, for c = 1 .. |candidates| (the B units, or a decode
-// placement's CPU units), `base` with c of them on the CPU, the k-th at floor((k + 0.5) *
-// |candidates| / c) in layer order (distinct because |candidates| / c >= 1), so CPU units
-// alternate with streamed ones (the copy engine fills slots while the CPU computes); ties keep
-// fewer CPU units.
 // `base` with c of `candidates` on the CPU, the k-th at floor((k + 0.5) * |candidates| / c), unscored.
 Plan spread(const Plan& base, const std::vector<size_t>& candidates, size_t c) {
   const size_t nb = candidates.size();
@@ -330,6 +325,11 @@ Plan spread(const Plan& base, const std::vector<size_t>& candidates, size_t c) {
   return trial;
 }
 
+// Alternating: the fastest of `base` and, for c = 1 .. |candidates| (the B units, or a decode
+// placement's CPU units), `base` with c of them on the CPU, the k-th at floor((k + 0.5) *
+// |candidates| / c) in layer order (distinct because |candidates| / c >= 1), so CPU units
+// alternate with streamed ones (the copy engine fills slots while the CPU computes); ties keep
+// fewer CPU units.
 Plan best_spread(const PlanInput& in, const Plan& base, const std::vector<size_t>& candidates) {
   const size_t nb = candidates.size();
   Plan chosen = base;
