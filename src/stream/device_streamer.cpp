@@ -888,11 +888,10 @@ int DeviceStreamer::choice_for(int n_tokens) {
   if (tune_passes_) {
     // The tuner starts at the planner's count, or where a nearby settled size's correction puts
     // it, and may move it (pass_tuner.h).
-    const int planned = int(std::count_if(pp.plan.units.begin(), pp.plan.units.end(),
-                                          [](const UnitPlan& u) { return u.exec == Executor::kCpu; }));
+    const int planned = cpu_unit_count(pp.plan);
     auto it = tuners_.find(n_tokens);
     if (it == tuners_.end()) {
-      const int max_count = batch_placement_candidates(plan_.plan);
+      const int max_count = cpu_unit_count(plan_.plan);
       CountTuner t(corrected_start(planned, n_tokens, max_count, tuners_), max_count);
       t.set_planned(planned);
       it = tuners_.emplace(n_tokens, std::move(t)).first;

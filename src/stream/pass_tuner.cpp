@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 
 #include "core/status.h"
@@ -22,11 +23,12 @@ bool CountTuner::observe(double seconds) {
   if (!measured_.empty() && seconds > kOutlierFactor * best_seconds_) return false;
   samples_.push_back(seconds);
   if (int(samples_.size()) < opts_.samples) return false;
-  std::vector<double> s = samples_;
+  const auto mid = samples_.begin() + std::ptrdiff_t(samples_.size() / 2);
+  std::nth_element(samples_.begin(), mid, samples_.end());
+  const double median = *mid;
   samples_.clear();
-  std::nth_element(s.begin(), s.begin() + s.size() / 2, s.end());
   const int before = current_;
-  finish_count(s[s.size() / 2]);
+  finish_count(median);
   return current_ != before;
 }
 
@@ -43,17 +45,14 @@ void CountTuner::finish_count(double median) {
   } else {
     return settle();
   }
-  const int next = best_ + direction_;
-  if (next >= 0 && next <= max_count_) {
-    current_ = next;
-    return;
-  }
-  if (direction_ < 0 && !moved_ && best_ + 1 <= max_count_) {
+  int next = best_ + direction_;
+  const auto outside = [&](int c) { return c < 0 || c > max_count_; };
+  if (outside(next) && direction_ < 0 && !moved_) {  // no count below: try one more
     direction_ = 1;
-    current_ = best_ + 1;
-    return;
+    next = best_ + 1;
   }
-  settle();
+  if (outside(next)) return settle();
+  current_ = next;
 }
 
 void CountTuner::settle() {

@@ -498,8 +498,8 @@ Plan batch_placement(const PlanInput& in, const Plan& decode) {
   return chosen;
 }
 
-int batch_placement_candidates(const Plan& decode) {
-  return int(std::count_if(decode.units.begin(), decode.units.end(),
+int cpu_unit_count(const Plan& p) {
+  return int(std::count_if(p.units.begin(), p.units.end(),
                            [](const UnitPlan& u) { return u.exec == Executor::kCpu; }));
 }
 

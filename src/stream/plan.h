@@ -194,8 +194,9 @@ void score_plan(const PlanInput& in, Plan& p);
 // split ones included, on the GPU. The fastest prediction wins, ties going to fewer CPU units
 // (c = 0: every streamed unit copied to the GPU). Returned scored at in.batch.
 Plan batch_placement(const PlanInput& in, const Plan& decode);
-// How many units batch_placement chooses among: the decode placement's CPU units.
-int batch_placement_candidates(const Plan& decode);
+// The units a placement computes on the CPU (Executor::kCpu; of a decode placement, the units
+// batch_placement chooses among).
+int cpu_unit_count(const Plan& p);
 // batch_placement's spread with exactly `count` of those units on the CPU (0 .. their number;
 // the pass tuner's trials, stream/pass_tuner.h), scored at in.batch. With a GPU only.
 Plan batch_placement_count(const PlanInput& in, const Plan& decode, int count);

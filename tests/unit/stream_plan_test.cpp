@@ -380,7 +380,7 @@ TEST(StreamPlan, BatchPlacementCountPlacesExactlyThatManyCpuUnits) {
   PlanInput in = four_streamed();
   auto decode = make_plan(in);
   ASSERT_TRUE(decode.is_ok()) << decode.status().message();
-  EXPECT_EQ(batch_placement_candidates(*decode), 2);
+  EXPECT_EQ(cpu_unit_count(*decode), 2);
   in.batch = 30;
   const Plan best = batch_placement(in, *decode);
   const Plan c1 = batch_placement_count(in, *decode, 1);
