@@ -856,7 +856,9 @@ TEST(StreamDevice, LearnedCpuRateReplansMultiTokenPasses) {
 //    from the resident run's by the quantization's own noise. Measured on a 2-core AVX-512 VM
 //    over 60 seeds: 20 runs within 1e-6, the others 0.003 to 0.052 (normalized error), while the
 //    host's rows taken one group off (a planted bug in WeightView::rows) gave 1.32 to 1.47. So
-//    the bound is 0.15, and the greedy tokens are compared where the logits agree within 1e-4.
+//    the bound is 0.15, and the first greedy token is compared where the first logits agree
+//    within 1e-4 (a later step can cross such a boundary too: seed 2146599891 agrees to 2.3e-7 on
+//    the first logits and its tokens part at the sixth step).
 TEST(StreamDevicePacked, RowSplitPackedHostRowsMatchResident) {
   const std::string path = write_synthetic("rowsplit_packed");
   const std::vector<int32_t> prompt = {1, 5, 9, 17, 33, 2, 64, 80, 3};
@@ -886,7 +888,8 @@ TEST(StreamDevicePacked, RowSplitPackedHostRowsMatchResident) {
     std::printf("[ note ] first logits vs the resident run: normalized error %.3g\n", err);
     EXPECT_LE(err, 0.15);
     if (err <= 1e-4) {
-      EXPECT_EQ(got.tokens, ref.tokens);
+      ASSERT_FALSE(got.tokens.empty());
+      EXPECT_EQ(got.tokens[0], ref.tokens[0]);
     }
   }
   std::filesystem::remove(path);
