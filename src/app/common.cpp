@@ -84,13 +84,18 @@ Result<std::optional<uint64_t>> resolve_stream_flags(const StreamFlags& sf) {
   return budget;
 }
 
+int stream_slots(const StreamFlags& sf, int max_sequences, bool device) {
+  if (sf.n_slots > 0) return sf.n_slots;
+  return device && max_sequences >= kServerSlotsSequences ? kServerSlots : kDefaultSlots;
+}
+
 namespace {
 
 // Streamer options from the flags; the disk bandwidth is measured unless --no-probe.
 Result<stream::CpuStreamOptions> stream_options(const ModelFlags& mf, const StreamFlags& sf,
                                                 std::optional<stream::DiskProbe>& probe) {
   stream::CpuStreamOptions o;
-  o.n_slots = sf.n_slots;
+  o.n_slots = stream_slots(sf, mf.max_sequences, /*device=*/false);
   o.skip = sf.skip_layers;
   if (!sf.no_probe) {
     SLUICE_ASSIGN_OR_RETURN(stream::DiskProbe p, stream::probe_disk(mf.model_path, o.io));
@@ -109,7 +114,7 @@ int kv_pool_positions(const ModelFlags& mf) { return mf.kv_positions > 0 ? mf.kv
 Result<stream::DeviceStreamOptions> device_options(const ModelFlags& mf, const StreamFlags& sf,
                                                    std::optional<stream::DiskProbe>& probe) {
   stream::DeviceStreamOptions o;
-  o.n_slots = sf.n_slots;
+  o.n_slots = stream_slots(sf, mf.max_sequences, /*device=*/true);
   o.skip = sf.skip_layers;
   o.hybrid = !sf.no_hybrid;
   o.learn_cpu_flops = !sf.fixed_cpu_rate;

@@ -39,7 +39,8 @@ struct StreamFlags {
   // beyond the budget are copied into VRAM slots each token from pinned RAM (--ram-budget bounds
   // it) or from disk. Empty: whole-model upload, or the pipeline when the model does not fit.
   std::string vram_budget;
-  int n_slots = 2;         // --slots: RAM slots for streamed layers (prefetch depth = slots - 1)
+  // --slots: ring slots for streamed layers (prefetch depth = slots - 1); 0: stream_slots' default.
+  int n_slots = 0;
   bool show_plan = false;  // --plan: print the placement and predicted token time, then exit
   std::string trace_path;  // --trace FILE: per-layer access trace (CSV), needs --ram-budget
   bool no_probe = false;   // --no-probe: planner uses the default disk bandwidth (tests, scripts)

@@ -63,13 +63,15 @@ TEST(CliOptions, ParseFlagsMapsHelpToZeroAndErrorsToTwo) {
   EXPECT_NE(err.find("bogus"), std::string::npos) << err;
 }
 
+std::optional<int> parse_stream(std::vector<std::string> args, StreamFlags& f) {
+  CLI::App app{"test", "sluice test"};
+  add_stream_flags(app, f);
+  Argv a(std::move(args));
+  return parse_flags(app, a.argc(), a.argv());
+}
+
 TEST(CliOptions, StreamFlagsParseAndAreCheckedBeforeLoading) {
-  auto parse = [](std::vector<std::string> args, StreamFlags& f) {
-    CLI::App app{"test", "sluice test"};
-    add_stream_flags(app, f);
-    Argv a(std::move(args));
-    return parse_flags(app, a.argc(), a.argv());
-  };
+  const auto parse = parse_stream;
   StreamFlags f;
   EXPECT_EQ(parse({"bench", "--ram-budget", "1.5G", "--slots", "3", "--trace", "t.csv", "--no-probe", "--plan"}, f),
             std::nullopt);
@@ -103,6 +105,29 @@ TEST(CliOptions, StreamFlagsParseAndAreCheckedBeforeLoading) {
   testing::internal::CaptureStderr();
   EXPECT_EQ(parse({"run", "--slots", "0"}, s), std::optional<int>(kExitBadInput));
   testing::internal::GetCapturedStderr();
+}
+
+// Ring slots: --slots as given, else 2, or 3 for the device pipeline when 16 or more sequences
+// share a pass (a server; app/common.h stream_slots).
+TEST(CliOptions, StreamSlotsDefaultToTwoAndThreeForADeviceStreamedServer) {
+  StreamFlags f;
+  ASSERT_EQ(parse_stream({"serve", "--vram-budget", "12G"}, f), std::nullopt);
+  EXPECT_EQ(stream_slots(f, 1, /*device=*/true), 2);
+  EXPECT_EQ(stream_slots(f, 15, /*device=*/true), 2);
+  EXPECT_EQ(stream_slots(f, 16, /*device=*/true), 3);
+  EXPECT_EQ(stream_slots(f, 32, /*device=*/true), 3);
+  // CPU streaming (--ram-budget alone): its slots hold layers read from disk; unchanged.
+  StreamFlags cpu;
+  ASSERT_EQ(parse_stream({"serve", "--ram-budget", "1G"}, cpu), std::nullopt);
+  EXPECT_EQ(stream_slots(cpu, 32, /*device=*/false), 2);
+  for (const char* n : {"1", "2", "3", "4"}) {
+    StreamFlags given;
+    ASSERT_EQ(parse_stream({"serve", "--vram-budget", "auto", "--slots", n}, given), std::nullopt);
+    for (int seqs : {1, 32}) {
+      EXPECT_EQ(stream_slots(given, seqs, /*device=*/true), std::stoi(n)) << n << " slots, " << seqs << " sequences";
+      EXPECT_EQ(stream_slots(given, seqs, /*device=*/false), std::stoi(n)) << n << " slots, " << seqs << " sequences";
+    }
+  }
 }
 
 TEST(CliOptions, ResolveSamplingValidatesAndDrawsASeedWhenNoneGiven) {
