@@ -854,6 +854,8 @@ void DeviceStreamer::relearn_cpu_flops() {
   double& planned = plan_.input.bw.cpu_flops;
   if (!(measured > 0) || std::abs(measured / planned - 1) <= kRelearnTolerance) return;
   planned = measured;
+  stats_.learned_cpu_ops = learn_ops_;
+  stats_.learned_cpu_seconds = learn_seconds_;
   // Every size chooses again. A size's tuner stays: its times are measured, not predicted, so a
   // new rate does not make them stale (while its placement is a batch one, its count stands).
   std::fill(pass_choice_.begin(), pass_choice_.end(), -1);

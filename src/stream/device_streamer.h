@@ -209,6 +209,9 @@ struct DeviceStreamStats {
   uint64_t batch_cpu_bytes = 0;
   double batch_cpu_ops = 0, batch_cpu_seconds = 0;
   uint64_t cpu_flops_updates = 0;
+  // The sample behind the last update (learn_cpu_flops): ops and seconds of the compute-bound CPU
+  // layers timed until then; the rate in use is their quotient.
+  double learned_cpu_ops = 0, learned_cpu_seconds = 0;
   // Pass tuning: passes timed for a tuner, and count changes it made.
   uint64_t tuned_passes = 0, tuner_moves = 0;
   bool device_timed = false;  // copy_seconds / compute stalls come from the backend's marks
