@@ -47,7 +47,8 @@ Result<std::unique_ptr<model::Model>> load_weights(const ModelFlags& f, double& 
 Result<std::optional<uint64_t>> resolve_stream_flags(const StreamFlags& sf);
 
 // The streamed layers' ring slots: --slots when given, else kDefaultSlots, or kServerSlots for the
-// device pipeline (--vram-budget) when at least kServerSlotsSequences sequences share a pass. A
+// device pipeline (`device`: --vram-budget, or a model larger than the GPU) when at least
+// kServerSlotsSequences sequences share a pass. A
 // pass of 32 sequences gives the CPU layers of ~23 ms each (70B), under which 2 slots let the
 // copy engine fill only 2 layers (~10 ms each); a third lets it run ahead, so fewer layers need
 // the CPU (measured on the H200 host, docs/SERVING.md).

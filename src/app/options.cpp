@@ -43,8 +43,8 @@ void add_stream_flags(CLI::App& app, StreamFlags& f) {
                  "GPU memory for the model (K/M/G suffixes, or auto: the GPU's free memory at load less 256 MiB); "
                  "layers beyond it are copied in from pinned RAM (bounded by --ram-budget) or disk each token");
   app.add_option("--slots", f.n_slots,
-                 "ring slots for streamed layers (prefetch depth = slots - 1; default 2, or 3 with --vram-budget when "
-                 "16 or more sequences run at once: sluice serve --parallel)")
+                 "ring slots for streamed layers (prefetch depth = slots - 1; default 2, or 3 where the GPU streams "
+                 "layers for 16 or more sequences at once: sluice serve --parallel 16+)")
       ->check(CLI::Range(1, 64));
   app.add_flag("--plan", f.show_plan, "print the placement plan and predicted token time, then exit");
   app.add_option("--trace", f.trace_path, "write a per-layer access trace (CSV) of the streamed run to FILE");
