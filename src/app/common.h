@@ -48,10 +48,10 @@ Result<std::optional<uint64_t>> resolve_stream_flags(const StreamFlags& sf);
 
 // The streamed layers' ring slots: --slots when given, else kDefaultSlots, or kServerSlots for the
 // device pipeline (`device`: --vram-budget, or a model larger than the GPU) when at least
-// kServerSlotsSequences sequences share a pass. A
-// pass of 32 sequences gives the CPU layers of ~23 ms each (70B), under which 2 slots let the
-// copy engine fill only 2 layers (~10 ms each); a third lets it run ahead, so fewer layers need
-// the CPU (measured on the H200 host, docs/SERVING.md).
+// kServerSlotsSequences sequences share a pass. A pass of 32 sequences gives the CPU layers of
+// ~23 ms each (70B), under which 2 slots let the copy engine fill only 2 layers (~10 ms each); a
+// third lets it run ahead, so fewer layers need the CPU (measured on the H200 host,
+// docs/SERVING.md).
 inline constexpr int kDefaultSlots = 2, kServerSlots = 3, kServerSlotsSequences = 16;
 int stream_slots(const StreamFlags& sf, int max_sequences, bool device);
 
