@@ -9,11 +9,15 @@
 // of the best ISA, alternated run by run so both see the same machine load; median GFLOP/s.
 // Where the format has a packed layout (quant::Kernels::vec_dot_packed) its kernel runs in the
 // same rotation ("packed": one 16-row group per chunk, as the backend's matmul hands it out).
+//
+// Threaded: bench_gemv_cpu [threads] [rows] [cols] [tokens]: gemv and a `tokens`-row (default
+// 64) gemm through the CPU backend's matmul.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -173,11 +177,17 @@ int main(int argc, char** argv) {
   const int threads = argc > 1 ? std::atoi(argv[1]) : 0;
   const int64_t n_out = argc > 2 ? std::atoll(argv[2]) : 8192;
   const int64_t k = argc > 3 ? std::atoll(argv[3]) : 2048;
+  const int64_t n_tok = argc > 4 ? std::atoll(argv[4]) : 64;
+  if (n_tok < 1) {
+    std::fprintf(stderr, "bench_gemv_cpu: tokens must be at least 1\n");
+    return 2;
+  }
   auto be = backend::make_cpu_backend({threads});
   std::mt19937 rng(1);
   std::normal_distribution<float> nd(0, 1);
   std::printf("isa %s, W [%lld x %lld]\n", quant::isa_name(quant::best_isa()), (long long)n_out, (long long)k);
-  std::printf("%-6s %10s %10s %12s\n", "type", "gemv us", "GB/s", "gemm64 GF/s");
+  const std::string gemm_head = "gemm" + std::to_string(n_tok) + " GF/s";
+  std::printf("%-6s %10s %10s %12s\n", "type", "gemv us", "GB/s", gemm_head.c_str());
   for (quant::Type t : {quant::Type::kF16, quant::Type::kQ4_0, quant::Type::kQ4_1, quant::Type::kQ8_0, quant::Type::kQ4_K,
                         quant::Type::kQ5_K, quant::Type::kQ6_K}) {
     const int64_t rb = quant::row_bytes(t, k);
@@ -193,9 +203,9 @@ int main(int argc, char** argv) {
     }
     const backend::WeightView wv{t, k, n_out, w.data()};
     const backend::WeightView wp = *be->upload_weight(wv);  // the backend's packed copy where it has one
-    auto x = *be->alloc(backend::DType::kF32, k, 64);
-    auto y = *be->alloc(backend::DType::kF32, n_out, 64);
-    std::vector<float> xs(size_t(k * 64));
+    auto x = *be->alloc(backend::DType::kF32, k, n_tok);
+    auto y = *be->alloc(backend::DType::kF32, n_out, n_tok);
+    std::vector<float> xs(size_t(k * n_tok));
     for (auto& v : xs) v = nd(rng);
     be->upload(x, xs.data());
     const int reps = 20;
@@ -217,10 +227,10 @@ int main(int argc, char** argv) {
       pgemm = tm.seconds();
     }
     std::printf("%-6s %10.1f %10.2f %12.1f", quant::type_name(t), gemv * 1e6, double(w.size()) / gemv / 1e9,
-                2.0 * double(n_out) * double(k) * 64 / gemm / 1e9);
+                2.0 * double(n_out) * double(k) * double(n_tok) / gemm / 1e9);
     if (wp.packed)
       std::printf("   packed: %10.1f %10.2f %12.1f", pgemv * 1e6, double(w.size()) / pgemv / 1e9,
-                  2.0 * double(n_out) * double(k) * 64 / pgemm / 1e9);
+                  2.0 * double(n_out) * double(k) * double(n_tok) / pgemm / 1e9);
     std::printf("\n");
   }
 }
