@@ -26,7 +26,9 @@
 // don't-care operand made from a self-initialised variable, and -Wuninitialized then flags every
 // caller; the operand is never read.
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#if !defined(__clang__)  // clang has no such group and would warn about the pragma
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 namespace sluice::quant::detail {
 namespace {

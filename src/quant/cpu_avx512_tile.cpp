@@ -37,7 +37,9 @@
 
 // As in cpu_avx512.cpp: GCC 12's reductions use a self-initialised don't-care operand.
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#if !defined(__clang__)  // clang has no such group and would warn about the pragma
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 namespace sluice::quant::detail {
 namespace {

@@ -821,7 +821,7 @@ TEST(FusedDecodeOps, GemmaNormsEqualSeparateOps) {
     }
   }
   // Q/K head norms: Gemma 3 270M (4 heads and 1 KV head of 256), Qwen3 (32 and 8 heads of 128).
-  for (const auto [nq, nk, hd] : {std::tuple{4, 1, 256}, std::tuple{32, 8, 128}}) {
+  for (const auto& [nq, nk, hd] : {std::tuple{4, 1, 256}, std::tuple{32, 8, 128}}) {
     for (const int rows : {1, 5}) {
       const int64_t qc = int64_t(nq) * hd, kc = int64_t(nk) * hd;
       const auto q = random_floats(size_t(rows * qc), 3.0f, 191), k = random_floats(size_t(rows * kc), 3.0f, 192);

@@ -265,7 +265,7 @@ TEST(Synth, MixtralQ4KMFollowsLlamaCpp) {
     if (t.name.find("attn_v.weight") != std::string::npos || t.name.find("attn_k.weight") != std::string::npos) {
       EXPECT_EQ(t.type, Type::kQ8_0) << t.name;
     }
-    if (t.name.find("attn_output") != std::string::npos) EXPECT_EQ(t.type, Type::kQ5_K) << t.name;
+    if (t.name.find("attn_output") != std::string::npos) { EXPECT_EQ(t.type, Type::kQ5_K) << t.name; }
     if (t.name.find("ffn_down_exps") != std::string::npos) {
       const int l = std::stoi(t.name.substr(4));
       const bool more = l < 1 || l >= 7 || (l - 1) % 3 == 2;  // layers 0, 3, 6, 7
@@ -278,7 +278,7 @@ TEST(Synth, MixtralQ4KMFollowsLlamaCpp) {
     if (t.name == "blk.1.attn_v.weight" || t.name == "blk.1.attn_k.weight" || t.name == "blk.1.attn_output.weight") {
       EXPECT_EQ(t.type, Type::kQ4_K) << t.name;
     }
-    if (t.name == "blk.0.attn_v.weight") EXPECT_EQ(t.type, Type::kQ6_K);
+    if (t.name == "blk.0.attn_v.weight") { EXPECT_EQ(t.type, Type::kQ6_K); }
   }
 }
 
@@ -569,7 +569,7 @@ TEST(Synth, RouteTargetsAreCappedZipf) {
   double sum = 0;
   for (size_t r = 0; r < z.size(); ++r) {
     sum += z[r];
-    if (r) EXPECT_NEAR(z[r] / z[0], 1.0 / double(r + 1), 1e-9);  // nothing capped: pure Zipf
+    if (r) { EXPECT_NEAR(z[r] / z[0], 1.0 / double(r + 1), 1e-9); }  // nothing capped: pure Zipf
   }
   EXPECT_NEAR(sum, 1.0, 1e-9);
   // 128 experts, top-8, S = 1.5: pure Zipf would give rank 1 43% of the selections, but an expert

@@ -145,7 +145,7 @@ void round_trip_many_tensors(uint64_t alignment, uint64_t chunk_bytes) {
   ASSERT_TRUE(r.is_ok()) << r.status().message();
   EXPECT_EQ(r->alignment(), alignment);
   EXPECT_EQ(r->data_offset() % alignment, 0u);
-  if (alignment != kDefaultAlignment) EXPECT_EQ(r->get_uint("general.alignment").value(), alignment);
+  if (alignment != kDefaultAlignment) { EXPECT_EQ(r->get_uint("general.alignment").value(), alignment); }
   ASSERT_EQ(r->tensors().size(), data.size());
   for (size_t i = 0; i < data.size(); ++i) {
     const TensorInfo& got = r->tensors()[i];

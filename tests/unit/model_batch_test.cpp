@@ -81,7 +81,7 @@ void expect_close(const float* got, const float* want, size_t nv, const std::str
   float second = -INFINITY;
   for (size_t v = 0; v < nv; ++v)
     if (v != top) second = std::max(second, want[v]);
-  if (want[top] - second > 0.5f) EXPECT_EQ(size_t(std::max_element(got, got + nv) - got), top) << where;
+  if (want[top] - second > 0.5f) { EXPECT_EQ(size_t(std::max_element(got, got + nv) - got), top) << where; }
 }
 
 TEST(ModelBatch, InterleavedSequencesMatchEachAlone) {

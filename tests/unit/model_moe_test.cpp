@@ -60,11 +60,11 @@ TEST(MoeRouting, GroupsTokensByExpertInAscendingOrder) {
   group_by_expert(r, x, b);
   size_t total = 0;
   for (size_t i = 0; i < b.size(); ++i) {
-    if (i > 0) EXPECT_LT(b[i - 1].expert, b[i].expert);
+    if (i > 0) { EXPECT_LT(b[i - 1].expert, b[i].expert); }
     ASSERT_FALSE(b[i].rows.empty());
     ASSERT_EQ(b[i].rows.size(), b[i].weights.size());
     for (size_t j = 0; j < b[i].rows.size(); ++j) {
-      if (j > 0) EXPECT_LT(b[i].rows[j - 1], b[i].rows[j]);
+      if (j > 0) { EXPECT_LT(b[i].rows[j - 1], b[i].rows[j]); }
       const int t = b[i].rows[j];
       bool found = false;
       for (int s = 0; s < k; ++s)

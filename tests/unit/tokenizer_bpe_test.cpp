@@ -188,7 +188,7 @@ TEST_F(SmolLM2Tokenizer, DetokenizerFlushesIncompleteTail) {
 
 TEST_F(SmolLM2Tokenizer, BuildsAndEncodesOneMegabyteFast) {
   std::printf("tokenizer build: %.3f s\n", build_seconds_);
-  if (!kSanitized) EXPECT_LT(build_seconds_, 1.0);
+  if (!kSanitized) { EXPECT_LT(build_seconds_, 1.0); }
 
   const nlohmann::json fixture = load_fixture();
   std::string corpus;
@@ -200,7 +200,7 @@ TEST_F(SmolLM2Tokenizer, BuildsAndEncodesOneMegabyteFast) {
   const double s = seconds_since(t0);
   std::printf("encode %zu bytes -> %zu tokens: %.3f s (%.1f MB/s)\n", text.size(), ids.size(), s,
               text.size() / s / 1e6);
-  if (!kSanitized) EXPECT_LT(s, 2.0);  // measured ~0.2 s; slack for shared CI cores
+  if (!kSanitized) { EXPECT_LT(s, 2.0); }  // measured ~0.2 s; slack for shared CI cores
   EXPECT_EQ(tok_->decode(ids), text);
 }
 
@@ -218,12 +218,12 @@ TEST_F(SmolLM2Tokenizer, PathologicalLongRunsAreNotQuadratic) {
         const auto t0 = Clock::now();
         const auto ids = tok_->encode(text, false, false);
         seconds[k] = std::min(seconds[k], seconds_since(t0));
-        if (rep == 0) EXPECT_EQ(tok_->decode(ids), text);
+        if (rep == 0) { EXPECT_EQ(tok_->decode(ids), text); }
       }
     }
     std::printf("run of 0x%02x: 256 KiB %.3f s, 1 MiB %.3f s\n", c, seconds[0], seconds[1]);
     EXPECT_LT(seconds[1], 12 * seconds[0] + 0.05) << "byte 0x" << std::hex << int(c);
-    if (!kSanitized) EXPECT_LT(seconds[1], 10.0);
+    if (!kSanitized) { EXPECT_LT(seconds[1], 10.0); }
   }
 }
 

@@ -17,7 +17,9 @@
 // GCC 12's AVX-512 headers give some intrinsics a don't-care operand made from a
 // self-initialised variable, and -Wuninitialized then flags every caller; it is never read.
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#if !defined(__clang__)  // clang has no such group and would warn about the pragma
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 namespace sluice::backend::cpu {
 namespace {
