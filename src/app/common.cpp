@@ -86,7 +86,8 @@ Result<std::optional<uint64_t>> resolve_stream_flags(const StreamFlags& sf) {
 
 int stream_slots(const StreamFlags& sf, int max_sequences, bool device) {
   if (sf.n_slots > 0) return sf.n_slots;
-  return device && max_sequences >= kServerSlotsSequences ? kServerSlots : kDefaultSlots;
+  if (!device) return stream::CpuStreamOptions{}.n_slots;
+  return max_sequences >= kServerSlotsSequences ? kServerSlots : stream::DeviceStreamOptions{}.n_slots;
 }
 
 namespace {

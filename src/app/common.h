@@ -46,13 +46,13 @@ Result<std::unique_ptr<model::Model>> load_weights(const ModelFlags& f, double& 
 // names the flag), --trace comes with one of them. Returns the RAM budget, if any.
 Result<std::optional<uint64_t>> resolve_stream_flags(const StreamFlags& sf);
 
-// The streamed layers' ring slots: --slots when given, else kDefaultSlots, or kServerSlots for the
-// device pipeline (`device`: --vram-budget, or a model larger than the GPU) when at least
-// kServerSlotsSequences sequences share a pass. A pass of 32 sequences gives the CPU layers of
-// ~23 ms each (70B), under which 2 slots let the copy engine fill only 2 layers (~10 ms each); a
-// third lets it run ahead, so fewer layers need the CPU (measured on the H200 host,
-// docs/SERVING.md).
-inline constexpr int kDefaultSlots = 2, kServerSlots = 3, kServerSlotsSequences = 16;
+// The streamed layers' ring slots: --slots when given, else the streamer's own default
+// (CpuStreamOptions / DeviceStreamOptions::n_slots, 2), or kServerSlots for the device pipeline
+// (`device`: --vram-budget, or a model larger than the GPU) when at least kServerSlotsSequences
+// sequences share a pass. A pass of 32 sequences gives the CPU layers of ~23 ms each (70B),
+// under which 2 slots let the copy engine fill only 2 layers (~10 ms each); a third lets it run
+// ahead, so fewer layers need the CPU (measured on the H200 host, docs/SERVING.md).
+inline constexpr int kServerSlots = 3, kServerSlotsSequences = 16;
 int stream_slots(const StreamFlags& sf, int max_sequences, bool device);
 
 // --plan: probes the disk (unless --no-probe), plans with --ram-budget (default: everything
