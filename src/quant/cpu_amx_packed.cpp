@@ -22,8 +22,9 @@
 // 16-element sub-block, the per-sub-block f32 epilogue (convert, scale, add per token and row)
 // costs as much as the AVX-512 kernel's whole multiply work, so tiles only remove the smaller
 // part; the unpacking and the tile store/reload add to it. Those formats keep the AVX-512 kernel.
-// A BF16 version (weights unpacked and scaled to BF16 B tiles, one epilogue per super-block) was
-// tried too; its numbers and why it was not kept are in docs/FORMATS.md.
+// A BF16 version (weights unpacked and scaled to BF16 B tiles, one epilogue per super-block) and
+// an INT8 one with the scale folded into two byte tiles per weight (exact; one epilogue per
+// super-block) were tried too; their numbers and why they were not kept are in docs/FORMATS.md.
 #include "quant/simd.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && \
