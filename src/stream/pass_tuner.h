@@ -9,9 +9,11 @@
 // it starts at the planner's count, times `samples` consecutive passes at each count (median), tries
 // one CPU layer fewer and keeps moving down while each step is faster by more than `min_gain`; if
 // the first step down is not faster, it tries one more layer, and keeps moving up the same way.
-// Then it settles on the fastest count measured. A hill climb over one integer: the pass time as a
-// function of the count is max(CPU time, copy time) plus the GPU's share, which falls and then
-// rises, so the climb stops at the minimum up to noise.
+// Then it settles on the best count: the last one that beat the best before it by more than
+// min_gain (a neighbour faster by less is measured but not taken: within the noise of a median of
+// three passes). A hill climb over one integer: the pass time as a function of the count is
+// max(CPU time, copy time) plus the GPU's share, which falls and then rises, so the climb stops
+// at the minimum up to noise and the margin.
 #pragma once
 
 #include <map>
