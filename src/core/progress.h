@@ -69,7 +69,10 @@ class Progress {
     const double t = out_.now();
     if (t - last_draw_ < kRedrawSeconds) return;
     last_draw_ = t;
-    out_.write("\r" + frame(t - start_));
+    // Appended, not "\r" + string&& (GCC 12's -Wrestrict false positive on that insert).
+    std::string line(1, '\r');
+    line += frame(t - start_);
+    out_.write(line);
   }
   // The last word: the terminal's line at its final state and a newline, or the one summary line.
   // Idempotent; the destructor calls it.
@@ -77,7 +80,10 @@ class Progress {
     if (finished_) return;
     finished_ = true;
     const double s = out_.now() - start_;
-    out_.write(out_.terminal ? "\r" + frame(s) + "\n" : summary(s) + "\n");
+    std::string line = out_.terminal ? std::string(1, '\r') : summary(s);
+    if (out_.terminal) line += frame(s);
+    line += '\n';
+    out_.write(line);
   }
 
   uint64_t done() const { return done_; }

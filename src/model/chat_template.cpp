@@ -153,7 +153,9 @@ Result<std::string> ChatTemplate::apply(std::span<const ChatMessage> messages, b
           // Every user turn opens a new sequence; the first BOS comes from the tokenizer.
           out += (first ? "" : "<s>") + std::string("[INST] ") + trim(content) + " [/INST]";
         } else {
-          out += " " + trim(m.content) + " </s>";
+          out += ' ';  // appended piece by piece: " " + string&& trips GCC 12's -Wrestrict
+          out += trim(m.content);
+          out += " </s>";
         }
         first = false;
       }
