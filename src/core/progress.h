@@ -69,10 +69,7 @@ class Progress {
     const double t = out_.now();
     if (t - last_draw_ < kRedrawSeconds) return;
     last_draw_ = t;
-    // Appended, not "\r" + string&& (GCC 12's -Wrestrict false positive on that insert).
-    std::string line(1, '\r');
-    line += frame(t - start_);
-    out_.write(line);
+    out_.write(redraw(t - start_));
   }
   // The last word: the terminal's line at its final state and a newline, or the one summary line.
   // Idempotent; the destructor calls it.
@@ -80,8 +77,7 @@ class Progress {
     if (finished_) return;
     finished_ = true;
     const double s = out_.now() - start_;
-    std::string line = out_.terminal ? std::string(1, '\r') : summary(s);
-    if (out_.terminal) line += frame(s);
+    std::string line = out_.terminal ? redraw(s) : summary(s);
     line += '\n';
     out_.write(line);
   }
@@ -89,6 +85,13 @@ class Progress {
   uint64_t done() const { return done_; }
   uint64_t total() const { return total_; }
 
+  // "\r" and the frame: the terminal's line redrawn in place. Appended, not "\r" + string&&
+  // (GCC 12's -Wrestrict false positive on that insert).
+  std::string redraw(double seconds) const {
+    std::string line(1, '\r');
+    line += frame(seconds);
+    return line;
+  }
   // "label [#####.....]  45%  1.23 / 2.73 GiB  1.52 GB/s  ETA 0:12" (padded so a shorter frame
   // overwrites a longer one).
   std::string frame(double seconds) const {
