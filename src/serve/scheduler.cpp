@@ -425,6 +425,18 @@ void Scheduler::finish(Active& a, FinishReason r, const std::string& error) {
   }
   reserved_blocks_ -= a.reserved;
   a.reserved = 0;
+  {
+    // The metrics change before the client can see its end: a client that reads /metrics after
+    // its last event sees its blocks released and its outcome counted.
+    std::lock_guard lk(mu_);
+    m_.kv_blocks_reserved = reserved_blocks_;
+    m_.kv_blocks_used = model_.kv_blocks_total() - model_.kv_blocks_free();
+    switch (r) {
+      case FinishReason::kCancelled: m_.requests_cancelled++; break;
+      case FinishReason::kError: m_.requests_failed++; break;
+      default: m_.requests_finished++; break;
+    }
+  }
   Event e;
   e.kind = Event::Kind::kDone;
   e.finish = r;
@@ -433,12 +445,6 @@ void Scheduler::finish(Active& a, FinishReason r, const std::string& error) {
   e.n_generated = a.n_generated;
   e.logprobs = std::move(a.logprobs);
   a.req->push(std::move(e));
-  std::lock_guard lk(mu_);
-  switch (r) {
-    case FinishReason::kCancelled: m_.requests_cancelled++; break;
-    case FinishReason::kError: m_.requests_failed++; break;
-    default: m_.requests_finished++; break;
-  }
 }
 
 }  // namespace sluice::serve

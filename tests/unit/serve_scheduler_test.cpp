@@ -7,6 +7,7 @@
 
 #include <map>
 #include <set>
+#include <thread>
 
 #include "app/common.h"
 #include "decode/generate.h"
@@ -34,6 +35,30 @@ class FakeTokenizer final : public model::Tokenizer {
   int32_t find_token(std::string_view) const override { return -1; }
   bool is_control(int32_t id) const override { return id == 14 || id == kEog; }
   bool strips_leading_space() const override { return false; }
+};
+
+// Slow text: every token's bytes take `delay`, so the scheduler thread is still inside a pass's
+// token handling while a client reads what it was sent.
+class SlowTokenizer final : public model::Tokenizer {
+ public:
+  explicit SlowTokenizer(std::chrono::milliseconds delay) : delay_(delay) {}
+  std::vector<int32_t> encode(std::string_view s, bool a, bool b) const override { return fast_.encode(s, a, b); }
+  std::string token_bytes(int32_t id) const override {
+    std::this_thread::sleep_for(delay_);
+    return fast_.token_bytes(id);
+  }
+  int n_vocab() const override { return fast_.n_vocab(); }
+  int32_t bos() const override { return fast_.bos(); }
+  int32_t eos() const override { return fast_.eos(); }
+  bool is_end_of_generation(int32_t id) const override { return fast_.is_end_of_generation(id); }
+  bool add_bos_default() const override { return fast_.add_bos_default(); }
+  int32_t find_token(std::string_view s) const override { return fast_.find_token(s); }
+  bool is_control(int32_t id) const override { return fast_.is_control(id); }
+  bool strips_leading_space() const override { return fast_.strips_leading_space(); }
+
+ private:
+  FakeTokenizer fast_;
+  std::chrono::milliseconds delay_;
 };
 
 // The most likely next token is (last token + 1) % 16 in every sequence, so each request's greedy
@@ -354,6 +379,34 @@ TEST(ServeScheduler, CancelFreesTheSequenceAndItsBlocks) {
   EXPECT_EQ(s.metrics().requests_cancelled, 1u);
   s.shutdown(1s);
   EXPECT_EQ(m.kv_blocks_free(), 2048);
+}
+
+TEST(ServeScheduler, MetricsCountARequestBeforeItsClientSeesTheEnd) {
+  // A finishes in a pass that B shares, and B's token handling comes after A's end in that pass
+  // (slow text): a client that reads the metrics as soon as A's last event arrives must already
+  // see A counted and its blocks released, not the numbers of the pass before.
+  FakeModel m(64, 4, 64);
+  m.delay = 20ms;
+  SlowTokenizer tok(50ms);
+  Scheduler s(m, tok, {});
+  auto a = s.submit(greedy({1}, 4));
+  ASSERT_TRUE(a.is_ok());
+  auto b = s.submit(greedy({5}, 8));
+  ASSERT_TRUE(b.is_ok());
+  Outcome oa = drain(**a);
+  const Metrics mid = s.metrics();
+  EXPECT_EQ(oa.done.finish, FinishReason::kLength);
+  EXPECT_EQ(mid.requests_finished, 1u);
+  EXPECT_EQ(mid.kv_blocks_reserved, 2);  // B's: 1 + 8 - 1 = 8 positions in blocks of 4
+  EXPECT_LE(mid.kv_blocks_used, 2);      // B's positions only
+  Outcome ob = drain(**b);
+  EXPECT_EQ(ob.text, "ghijklmn");
+  const Metrics end = s.metrics();
+  EXPECT_EQ(end.requests_finished, 2u);
+  EXPECT_EQ(end.kv_blocks_reserved, 0);
+  EXPECT_EQ(end.kv_blocks_used, 0);
+  s.shutdown(1s);
+  EXPECT_EQ(m.violations, 0);
 }
 
 TEST(ServeScheduler, QueueFullIsRefusedAndShutdownCancelsWhatIsLeft) {
