@@ -90,9 +90,10 @@ class Server:
         return out
 
     def settled_metrics(self, timeout=30):
-        """/metrics once no request is active (or at the deadline): the scheduler sends a request's
-        last event before the end of its step, where the gauges are updated, so a client can hold
-        its whole reply a moment before the request leaves the active count."""
+        """/metrics once no request is active (or at the deadline): a finished request's outcome
+        and KV blocks are counted before its last event is sent, but the active gauge changes at
+        the end of its step, so a client can hold its whole reply a moment before the request
+        leaves the active count."""
         deadline = time.time() + timeout
         m = self.metrics()
         while m["sluice_requests_active"] != 0 and time.time() < deadline:
