@@ -54,6 +54,9 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--queue", sched_opts.max_queue, "requests waiting for a slot beyond which the server answers 503")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
+  bool no_prompt_cache = false;
+  app.add_flag("--no-prompt-cache", no_prompt_cache,
+               "do not keep finished prompts' KV rows for later requests that start with the same tokens");
   app.add_option("--batch-tokens", sched_opts.step_tokens,
                  "tokens per batched pass: decode tokens plus prompt chunks (long prompts are prefilled in chunks)")
       ->check(CLI::Range(1, 512))
@@ -127,6 +130,7 @@ int cmd_serve(int argc, char** argv) {
                  m.max_sequences(), parallel, m.max_sequences());
   }
   sched_opts.parallel = parallel;
+  sched_opts.prompt_cache = !no_prompt_cache;
   serve::Scheduler scheduler(m, *meta->tokenizer, sched_opts);
   serve::HttpServer server(scheduler, *meta->tokenizer, chat ? &*chat : nullptr, so);
   if (Status st = server.bind(); !st.is_ok()) {

@@ -179,6 +179,7 @@ std::optional<ApiError> parse_common(Fields& f, Common& c, const ServerOptions& 
   std::string user;
   f.string("user", user);
   f.boolean("ignore_eos", p.ignore_eos);
+  f.boolean("cache_prompt", p.cache_prompt);
   if (const json* s = f.get("stop")) {
     if (s->is_string()) {
       p.stop.push_back(s->get<std::string>());
@@ -344,11 +345,12 @@ void HttpServer::Impl::handle_completion(const httplib::Request& req, httplib::R
   if (chat_endpoint) {
     err = check_unknown(body, {"model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
                                "temperature", "top_p", "top_k", "min_p", "seed", "stop", "logprobs", "top_logprobs",
-                               "n", "repeat_penalty", "presence_penalty", "frequency_penalty", "user", "ignore_eos"});
+                               "n", "repeat_penalty", "presence_penalty", "frequency_penalty", "user", "ignore_eos",
+                               "cache_prompt"});
   } else {
     err = check_unknown(body, {"model", "prompt", "stream", "stream_options", "max_tokens", "temperature", "top_p",
                                "top_k", "min_p", "seed", "stop", "logprobs", "n", "echo", "repeat_penalty",
-                               "presence_penalty", "frequency_penalty", "user", "best_of", "ignore_eos"});
+                               "presence_penalty", "frequency_penalty", "user", "best_of", "ignore_eos", "cache_prompt"});
   }
   if (err) return send_error(res, *err);
 
@@ -470,8 +472,10 @@ void HttpServer::Impl::handle_completion(const httplib::Request& req, httplib::R
   const int64_t created_at = int64_t(std::time(nullptr));
   const std::string model_id = opts.model_id;
   auto usage_json = [](const Event& e) {
-    return json{{"prompt_tokens", e.n_prompt}, {"completion_tokens", e.n_generated},
-                {"total_tokens", e.n_prompt + e.n_generated}};
+    return json{{"prompt_tokens", e.n_prompt},
+                {"completion_tokens", e.n_generated},
+                {"total_tokens", e.n_prompt + e.n_generated},
+                {"prompt_tokens_details", {{"cached_tokens", e.n_cached}}}};
   };
 
   if (!c.stream) {
@@ -679,6 +683,11 @@ std::string HttpServer::Impl::metrics_text() {
     << "sluice_requests_total{outcome=\"cancelled\"} " << m.requests_cancelled << '\n'
     << "sluice_requests_total{outcome=\"failed\"} " << m.requests_failed << '\n';
   metric("sluice_prompt_tokens_total", "counter", "Prompt tokens evaluated.", double(m.prompt_tokens));
+  metric("sluice_prompt_tokens_cached_total", "counter", "Prompt tokens taken from the prompt cache instead.",
+         double(m.prompt_tokens_cached));
+  metric("sluice_prompt_cache_prefixes", "gauge", "Cached prompt prefixes (sequences kept for later requests).",
+         m.cached_prefixes);
+  metric("sluice_kv_blocks_cached", "gauge", "KV cache blocks held by cached prompt prefixes.", m.kv_blocks_cached);
   metric("sluice_generated_tokens_total", "counter", "Tokens generated.", double(m.generated_tokens));
   metric("sluice_requests_queued", "gauge", "Requests waiting for admission.", m.queued);
   metric("sluice_requests_active", "gauge", "Requests admitted (prefilling or generating).", m.active);

@@ -10,6 +10,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Shorter prefixes are not worth a sequence: a request sharing fewer tokens prefills them.
+constexpr int kMinCachedTokens = 16;
+
 }  // namespace
 
 const char* finish_reason_name(FinishReason r) {
@@ -45,7 +48,8 @@ struct Scheduler::Active {
   std::shared_ptr<Request> req;
   int seq;
   int reserved;            // KV blocks reserved at admission
-  size_t n_prefilled = 0;  // prompt tokens evaluated
+  size_t n_prefilled = 0;  // prompt tokens evaluated (or taken from the prompt cache)
+  int cached = 0;          // prompt tokens taken from the prompt cache
   int32_t pending = -1;    // sampled, not yet evaluated (>= 0 while generating)
   int n_generated = 0;
   decode::Sampler sampler;
@@ -213,18 +217,49 @@ void Scheduler::admit() {
     const int need = model_.kv_blocks_for(int(positions));
     if (reserved_blocks_ + need > model_.kv_blocks_total()) return;  // waits for blocks to be freed
 
-    // A sequence: 0 when free, else a new one.
-    int seq = -1;
-    const bool zero_used = std::any_of(active_.begin(), active_.end(), [](const auto& a) { return a->seq == 0; });
-    if (!zero_used) {
-      seq = 0;
-      model_.seq_truncate(0, 0);
-    } else if (multi_) {
-      auto s = model_.seq_new();
-      if (!s.is_ok()) return;  // no sequence free yet: wait
-      seq = *s;
-    } else {
-      return;
+    // A sequence: one whose cached prefix this prompt starts with, else sequence 0 when it is
+    // free, else a new one (cached prefixes are evicted for it when none is left).
+    int seq = -1, reuse = 0;
+    if (opts_.prompt_cache && p.cache_prompt) {
+      const auto [i, n] = best_prefix(p.prompt);
+      if (i >= 0) {
+        Cached& c = cached_[size_t(i)];
+        seq = c.seq;
+        reuse = n;
+        cached_blocks_ -= model_.kv_blocks_for(int(c.tokens.size()));
+        cached_.erase(cached_.begin() + i);
+        model_.seq_truncate(seq, reuse);
+      }
+    }
+    if (seq < 0) {
+      const bool zero_active = std::any_of(active_.begin(), active_.end(), [](const auto& a) { return a->seq == 0; });
+      const auto zero_cached = std::find_if(cached_.begin(), cached_.end(), [](const Cached& c) { return c.seq == 0; });
+      if (!zero_active && (zero_cached == cached_.end() || !multi_)) {
+        if (zero_cached != cached_.end()) evict(size_t(zero_cached - cached_.begin()));
+        seq = 0;
+        model_.seq_truncate(0, 0);
+      } else if (multi_) {
+        while (seq < 0) {
+          auto s = model_.seq_new();
+          if (s.is_ok()) {
+            seq = *s;
+            break;
+          }
+          const int i = lru_prefix();
+          if (i < 0) return;  // no sequence free yet: wait
+          const bool zero = cached_[size_t(i)].seq == 0;
+          evict(size_t(i));
+          if (zero && !zero_active) seq = 0;  // evict() emptied it
+        }
+      } else {
+        return;
+      }
+    }
+    // Blocks: cached prefixes give way to what admitted requests may still need.
+    while (cached_blocks_ + reserved_blocks_ + need > model_.kv_blocks_total()) {
+      const int i = lru_prefix();
+      if (i < 0) break;  // cannot happen: reserved + need fits the pool (checked above)
+      evict(size_t(i));
     }
     {
       std::lock_guard lk(mu_);
@@ -234,12 +269,87 @@ void Scheduler::admit() {
     }
     reserved_blocks_ += need;
     auto a = std::make_unique<Active>(std::move(r), seq, need, tok_, n_vocab_);
+    a->n_prefilled = size_t(reuse);
+    a->cached = reuse;
     for (int32_t t : a->req->params.prompt) a->sampler.accept(t);
     active_.push_back(std::move(a));
     std::lock_guard lk(mu_);
     m_.active = int(active_.size());
     m_.kv_blocks_reserved = reserved_blocks_;
+    m_.prompt_tokens_cached += uint64_t(reuse);
+    update_cache_metrics();
   }
+}
+
+std::pair<int, int> Scheduler::best_prefix(const std::vector<int32_t>& prompt) const {
+  // The last two prompt tokens are always prefilled: the last one is then computed in a pass of
+  // several tokens, as without the cache (a one-token pass may round differently).
+  const int cap = int(prompt.size()) - 2;
+  int best = -1, best_n = 0;
+  for (size_t i = 0; i < cached_.size(); ++i) {
+    const std::vector<int32_t>& t = cached_[i].tokens;
+    const size_t m = std::min(t.size(), prompt.size());
+    size_t n = 0;
+    while (n < m && t[n] == prompt[n]) ++n;
+    const int use = std::min(int(n), cap);
+    // Taking a sequence over drops the rest of its prefix: only where at least half of it is used
+    // (a new chat sharing the system prompt with a long cached one starts a sequence of its own).
+    if (use >= kMinCachedTokens && 2 * size_t(use) >= t.size() && use > best_n) {
+      best = int(i);
+      best_n = use;
+    }
+  }
+  return {best, best_n};
+}
+
+int Scheduler::lru_prefix() const {
+  int best = -1;
+  for (size_t i = 0; i < cached_.size(); ++i) {
+    if (best < 0 || cached_[i].used < cached_[size_t(best)].used) best = int(i);
+  }
+  return best;
+}
+
+void Scheduler::evict(size_t i) {
+  const Cached& c = cached_[i];
+  cached_blocks_ -= model_.kv_blocks_for(int(c.tokens.size()));
+  if (c.seq == 0 || !multi_) {
+    model_.seq_truncate(c.seq, 0);
+  } else {
+    model_.seq_free(c.seq);
+  }
+  cached_.erase(cached_.begin() + ptrdiff_t(i));
+}
+
+void Scheduler::park(Active& a, int n) {
+  const std::vector<int32_t>& prompt = a.req->params.prompt;
+  std::vector<int32_t> tokens(prompt.begin(), prompt.begin() + n);
+  // A prefix another cached one already holds whole is not kept twice.
+  for (size_t i = 0; i < cached_.size(); ++i) {
+    const std::vector<int32_t>& t = cached_[i].tokens;
+    if (t.size() >= tokens.size() && std::equal(tokens.begin(), tokens.end(), t.begin())) {
+      cached_[i].used = ++use_clock_;
+      if (a.seq == 0 || !multi_) {
+        model_.seq_truncate(a.seq, 0);
+      } else {
+        model_.seq_free(a.seq);
+      }
+      return;
+    }
+  }
+  // Cached prefixes this one holds whole give way to it.
+  for (size_t i = cached_.size(); i-- > 0;) {
+    const std::vector<int32_t>& t = cached_[i].tokens;
+    if (t.size() < tokens.size() && std::equal(t.begin(), t.end(), tokens.begin())) evict(i);
+  }
+  model_.seq_truncate(a.seq, n);
+  cached_blocks_ += model_.kv_blocks_for(n);
+  cached_.push_back({a.seq, std::move(tokens), ++use_clock_});
+}
+
+void Scheduler::update_cache_metrics() {
+  m_.cached_prefixes = int(cached_.size());
+  m_.kv_blocks_cached = cached_blocks_;
 }
 
 bool Scheduler::step() {
@@ -418,7 +528,11 @@ void Scheduler::emit_text(Active& a, std::string piece, bool final) {
 void Scheduler::finish(Active& a, FinishReason r, const std::string& error) {
   if (a.done) return;
   a.done = true;
-  if (a.seq == 0 || !multi_) {
+  // The prompt rows its prefill computed stay as a cached prefix (not after a failed pass).
+  const int keep = std::min(int(a.n_prefilled), model_.seq_n_past(a.seq));
+  if (opts_.prompt_cache && r != FinishReason::kError && keep >= kMinCachedTokens) {
+    park(a, keep);
+  } else if (a.seq == 0 || !multi_) {
     model_.seq_truncate(a.seq, 0);
   } else {
     model_.seq_free(a.seq);
@@ -431,6 +545,7 @@ void Scheduler::finish(Active& a, FinishReason r, const std::string& error) {
     std::lock_guard lk(mu_);
     m_.kv_blocks_reserved = reserved_blocks_;
     m_.kv_blocks_used = model_.kv_blocks_total() - model_.kv_blocks_free();
+    update_cache_metrics();
     switch (r) {
       case FinishReason::kCancelled: m_.requests_cancelled++; break;
       case FinishReason::kError: m_.requests_failed++; break;
@@ -442,6 +557,7 @@ void Scheduler::finish(Active& a, FinishReason r, const std::string& error) {
   e.finish = r;
   e.error = error;
   e.n_prompt = int(a.req->params.prompt.size());
+  e.n_cached = a.cached;
   e.n_generated = a.n_generated;
   e.logprobs = std::move(a.logprobs);
   a.req->push(std::move(e));

@@ -12,6 +12,13 @@
 // the context) when it is admitted, so a running request never runs out of cache. A request that
 // does not fit waits in the queue; one that could never fit (more blocks than the whole pool) is
 // refused at submit() with a message saying so.
+//
+// Prompt cache: a finished request's sequence keeps the KV rows of its prompt (the part its
+// prefill computed; the generated tokens' rows are dropped) as a cached prefix. A later request
+// whose prompt starts with the same tokens takes that sequence over and prefills only the rest
+// (at least its last two tokens, so the last one is computed in a prefill pass as it would be
+// without the cache). Cached prefixes hold KV blocks and sequence ids that no request reserved;
+// admission evicts them, least recently used first, whenever a request needs either.
 #pragma once
 
 #include <atomic>
@@ -40,6 +47,7 @@ struct RequestParams {
   std::vector<std::string> stop;  // stop strings (not part of the output)
   int top_logprobs = -1;          // -1: no logprobs; 0..20: the chosen token's logprob + that many alternatives
   bool ignore_eos = false;        // never sample end-of-generation tokens (benchmarks; llama-server's field)
+  bool cache_prompt = true;       // may start from a cached prefix (llama-server's field; false: prefill it all)
 };
 
 struct TopLogprob {
@@ -67,6 +75,7 @@ struct Event {
   FinishReason finish = FinishReason::kStop;
   std::string error;  // kError: what went wrong
   int n_prompt = 0;
+  int n_cached = 0;  // prompt tokens taken from the prompt cache (not evaluated)
   int n_generated = 0;
 };
 
@@ -96,6 +105,7 @@ class Request {
 struct SchedulerOptions {
   int max_queue = 64;     // requests waiting for admission beyond which submit() refuses (HTTP 503)
   int step_tokens = 512;  // tokens per eval_batch (decode tokens + prompt chunks); the model's cap is 512
+  bool prompt_cache = true;  // keep finished prompts' KV rows for later requests that start the same way
   int parallel = 0;       // requests generating at once; 0 or more than the model's max_sequences(): that
 };
 
@@ -105,6 +115,9 @@ struct Metrics {
   uint64_t requests_cancelled = 0;
   uint64_t requests_failed = 0;
   uint64_t prompt_tokens = 0;     // prompt tokens evaluated
+  uint64_t prompt_tokens_cached = 0;  // prompt tokens taken from the prompt cache instead
+  int cached_prefixes = 0;        // sequences holding a cached prefix (no request)
+  int kv_blocks_cached = 0;       // their KV blocks
   uint64_t generated_tokens = 0;  // tokens sampled
   uint64_t steps = 0;             // eval_batch calls
   uint64_t batch_tokens = 0;      // tokens over all steps (batch_tokens / steps: mean batch size)
@@ -147,10 +160,26 @@ class Scheduler {
 
  private:
   struct Active;
+  // A finished request's prompt prefix kept in its sequence's KV rows (the prompt cache).
+  struct Cached {
+    int seq;
+    std::vector<int32_t> tokens;  // the sequence's positions
+    uint64_t used;                // last use, for least-recently-used eviction
+  };
   void loop();
   bool step();  // one batch; false when there was nothing to do
   void admit();
   void finish(Active& a, FinishReason r, const std::string& error = {});
+  // The cached prefix that shares the most leading tokens with `prompt` and how many of them a
+  // request may reuse; {-1, 0} when none.
+  std::pair<int, int> best_prefix(const std::vector<int32_t>& prompt) const;
+  // Drops cached prefix i: its sequence is freed (sequence 0 is emptied).
+  void evict(size_t i);
+  // The index of the least recently used cached prefix; -1 when there is none.
+  int lru_prefix() const;
+  // Keeps the first n prompt tokens of a finished request's sequence as a cached prefix.
+  void park(Active& a, int n);
+  void update_cache_metrics();  // under mu_
   void handle_token(Active& a, std::span<float> logits);
   void emit_text(Active& a, std::string piece, bool final);
 
@@ -174,6 +203,9 @@ class Scheduler {
   std::vector<std::unique_ptr<Active>> active_;
   std::vector<int> free_slots_;  // sequence ids not in use (0 always exists)
   int reserved_blocks_ = 0;
+  std::vector<Cached> cached_;  // the prompt cache
+  int cached_blocks_ = 0;       // KV blocks its sequences hold
+  uint64_t use_clock_ = 0;
   std::vector<float> logits_;
   std::vector<int32_t> eog_tokens_;  // masked for ignore_eos requests
   std::deque<std::pair<std::chrono::steady_clock::time_point, uint64_t>> rate_window_;

@@ -451,6 +451,174 @@ TEST(ServeScheduler, OneSequenceModelServesRequestsOneAfterAnother) {
   EXPECT_EQ(m.n_past(), 0);
 }
 
+// Prompts of n tokens 0..13 repeating from `start` (never 14 or 15: no control or EOG token).
+std::vector<int32_t> tokens_from(int start, int n) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) t[size_t(i)] = int32_t((start + i) % 14);
+  return t;
+}
+
+TEST(ServeScheduler, PromptCacheReusesAFinishedPromptsPrefix) {
+  FakeModel m(256, 4, 256);
+  FakeTokenizer tok;
+  Scheduler s(m, tok, {});
+  const std::vector<int32_t> first = tokens_from(0, 40);
+  auto a = s.submit(greedy(first, 3));
+  ASSERT_TRUE(a.is_ok());
+  const Outcome oa = drain(**a);
+  EXPECT_EQ(oa.done.n_cached, 0);
+  Metrics mid = s.metrics();
+  EXPECT_EQ(mid.cached_prefixes, 1);
+  EXPECT_EQ(mid.kv_blocks_cached, 10);  // 40 prompt positions in blocks of 4; generated rows dropped
+  EXPECT_EQ(mid.kv_blocks_used, 10);
+  EXPECT_EQ(mid.kv_blocks_reserved, 0);
+
+  // The next turn: the same 40 tokens and 10 more. Only the 10 are evaluated.
+  std::vector<int32_t> second = first;
+  for (int32_t t : tokens_from(3, 10)) second.push_back(t);
+  const size_t passes_before = m.passes.size();
+  auto b = s.submit(greedy(second, 3));
+  ASSERT_TRUE(b.is_ok());
+  const Outcome ob = drain(**b);
+  EXPECT_EQ(ob.done.n_cached, 40);
+  EXPECT_EQ(ob.done.n_prompt, 50);
+  EXPECT_EQ(ob.text, "n");  // after 12: 13, then 14 (control, no text), then 15 (end of generation)
+  ASSERT_GT(m.passes.size(), passes_before);
+  EXPECT_EQ(m.passes[passes_before].tokens, 10);
+  const Metrics end = s.metrics();
+  EXPECT_EQ(end.prompt_tokens, 40u + 10u);
+  EXPECT_EQ(end.prompt_tokens_cached, 40u);
+  EXPECT_EQ(end.cached_prefixes, 1);  // the longer prefix replaced the one it holds
+  EXPECT_EQ(end.kv_blocks_cached, 13);
+
+  // The same prompt again: all but its last two tokens come from the cache.
+  auto c = s.submit(greedy(second, 3));
+  ASSERT_TRUE(c.is_ok());
+  const Outcome oc = drain(**c);
+  EXPECT_EQ(oc.done.n_cached, 48);
+  EXPECT_EQ(oc.text, ob.text);
+  s.shutdown(1s);
+  EXPECT_EQ(m.violations, 0);
+}
+
+TEST(ServeScheduler, PromptCacheOffOrRefusedPrefillsEverything) {
+  const std::vector<int32_t> prompt = tokens_from(0, 40);
+  {
+    FakeModel m(256, 4, 256);
+    FakeTokenizer tok;
+    SchedulerOptions o;
+    o.prompt_cache = false;
+    Scheduler s(m, tok, o);
+    for (int i = 0; i < 2; ++i) {
+      auto r = s.submit(greedy(prompt, 2));
+      ASSERT_TRUE(r.is_ok());
+      EXPECT_EQ(drain(**r).done.n_cached, 0);
+    }
+    EXPECT_EQ(s.metrics().cached_prefixes, 0);
+    EXPECT_EQ(s.metrics().kv_blocks_used, 0);
+    EXPECT_EQ(s.metrics().prompt_tokens, 80u);
+  }
+  {
+    FakeModel m(256, 4, 256);
+    FakeTokenizer tok;
+    Scheduler s(m, tok, {});
+    RequestParams p = greedy(prompt, 2);
+    auto a = s.submit(p);
+    ASSERT_TRUE(a.is_ok());
+    drain(**a);
+    p.cache_prompt = false;  // the request's own opt-out (llama-server's cache_prompt)
+    auto b = s.submit(p);
+    ASSERT_TRUE(b.is_ok());
+    EXPECT_EQ(drain(**b).done.n_cached, 0);
+    EXPECT_EQ(s.metrics().prompt_tokens, 80u);
+  }
+}
+
+TEST(ServeScheduler, PromptCacheGivesWayToBlocksAndSequences) {
+  // 20 blocks of 4 positions: a cached 40-token prefix (10 blocks) must go for a request that
+  // reserves 18.
+  {
+    FakeModel m(256, 4, 20);
+    m.wrap = 14;  // never end of generation
+    FakeTokenizer tok;
+    Scheduler s(m, tok, {});
+    auto a = s.submit(greedy(tokens_from(0, 40), 2));
+    ASSERT_TRUE(a.is_ok());
+    drain(**a);
+    EXPECT_EQ(s.metrics().kv_blocks_cached, 10);
+    auto b = s.submit(greedy(tokens_from(5, 40), 30));  // 69 positions: 18 blocks
+    ASSERT_TRUE(b.is_ok());
+    const Outcome ob = drain(**b);
+    EXPECT_EQ(ob.done.finish, FinishReason::kLength);
+    EXPECT_EQ(ob.done.n_cached, 0);
+    EXPECT_EQ(ob.done.n_generated, 30);
+    s.shutdown(1s);
+    EXPECT_EQ(m.violations, 0);
+  }
+  // Two sequences: cached prefixes hold both, so a third prompt evicts the least recently used.
+  {
+    FakeModel m(256, 2, 256);
+    FakeTokenizer tok;
+    Scheduler s(m, tok, {});
+    for (int start : {0, 3, 7}) {
+      auto r = s.submit(greedy(tokens_from(start, 30), 2));
+      ASSERT_TRUE(r.is_ok());
+      EXPECT_EQ(drain(**r).done.finish, FinishReason::kLength);
+    }
+    EXPECT_EQ(s.metrics().cached_prefixes, 2);
+    // The first prompt was evicted, the second is still there.
+    auto again = s.submit(greedy(tokens_from(3, 30), 2));
+    ASSERT_TRUE(again.is_ok());
+    EXPECT_EQ(drain(**again).done.n_cached, 28);
+    auto first = s.submit(greedy(tokens_from(0, 30), 2));
+    ASSERT_TRUE(first.is_ok());
+    EXPECT_EQ(drain(**first).done.n_cached, 0);
+    s.shutdown(1s);
+    EXPECT_EQ(m.violations, 0);
+  }
+}
+
+TEST(ServeScheduler, PromptCacheKeepsALongPrefixFromAShortMatch) {
+  // A new prompt sharing 20 tokens with a cached 60-token one starts its own sequence: taking the
+  // cached one over would drop 40 tokens to save 20.
+  FakeModel m(256, 4, 256);
+  FakeTokenizer tok;
+  Scheduler s(m, tok, {});
+  const std::vector<int32_t> long_prompt = tokens_from(0, 60);
+  auto a = s.submit(greedy(long_prompt, 2));
+  ASSERT_TRUE(a.is_ok());
+  drain(**a);
+  std::vector<int32_t> other(long_prompt.begin(), long_prompt.begin() + 20);
+  for (int32_t t : tokens_from(9, 20)) other.push_back(t);
+  auto b = s.submit(greedy(other, 2));
+  ASSERT_TRUE(b.is_ok());
+  EXPECT_EQ(drain(**b).done.n_cached, 0);
+  EXPECT_EQ(s.metrics().cached_prefixes, 2);
+  auto c = s.submit(greedy(long_prompt, 2));
+  ASSERT_TRUE(c.is_ok());
+  EXPECT_EQ(drain(**c).done.n_cached, 58);
+}
+
+TEST(ServeScheduler, PromptCacheOnAOneSequenceModel) {
+  OneSeqModel m(128);
+  FakeTokenizer tok;
+  Scheduler s(m, tok, {});
+  std::vector<int32_t> prompt = tokens_from(0, 24);
+  auto a = s.submit(greedy(prompt, 2));
+  ASSERT_TRUE(a.is_ok());
+  drain(**a);
+  EXPECT_EQ(m.n_past(), 24);  // the prompt's rows stay
+  for (int32_t t : tokens_from(1, 6)) prompt.push_back(t);
+  auto b = s.submit(greedy(prompt, 2));
+  ASSERT_TRUE(b.is_ok());
+  EXPECT_EQ(drain(**b).done.n_cached, 24);
+  auto c = s.submit(greedy(tokens_from(4, 24), 2));  // unrelated: the cache is dropped
+  ASSERT_TRUE(c.is_ok());
+  EXPECT_EQ(drain(**c).done.n_cached, 0);
+  s.shutdown(1s);
+  EXPECT_EQ(m.violations, 0);
+}
+
 // The real model: the scheduler's greedy text equals decode::generate's (what `sluice run` prints).
 TEST(ServeScheduler, GreedyMatchesGenerateOnSmolLM2) {
   const std::string path = test::model_path(test::kSmolLM2);
@@ -486,6 +654,64 @@ TEST(ServeScheduler, GreedyMatchesGenerateOnSmolLM2) {
     reqs.push_back(*r);
   }
   for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(drain(*reqs[i]).text, want[i]) << prompts[i];
+}
+
+// A prefix from the prompt cache gives the same bits as prefilling it (CPU: the cached rows come
+// from a prefill, and the rest of the prompt is again prefilled in a pass of several tokens), so the
+// next turn's greedy text equals decode::generate's on the whole prompt.
+TEST(ServeScheduler, PromptCacheGreedyMatchesGenerateOnSmolLM2) {
+  const std::string path = test::model_path(test::kSmolLM2);
+  SLUICE_REQUIRE_MODEL(path);
+  auto meta = app::open_model_meta(path);
+  ASSERT_TRUE(meta.is_ok()) << meta.status().message();
+  model::LoadOptions lo;
+  lo.n_ctx = 256;
+  lo.max_sequences = 4;
+  lo.kv_positions = 1024;
+  auto m = model::Model::load(path, lo);
+  ASSERT_TRUE(m.is_ok()) << m.status().message();
+  const auto& tok = *meta->tokenizer;
+  const std::string first =
+      "The old lighthouse keeper climbed the winding stone stairs every single night to light the great lamp, and";
+  const std::string second = first + " one stormy evening he saw a ship far out at sea. He";
+  const std::vector<int32_t> p1 = tok.encode(first, tok.add_bos_default(), true);
+  const std::vector<int32_t> p2 = tok.encode(second, tok.add_bos_default(), true);
+  ASSERT_GE(p1.size(), 18u);
+  ASSERT_TRUE(std::equal(p1.begin(), p1.end(), p2.begin())) << "the longer prompt must start with the shorter's tokens";
+  decode::SamplerParams sp;
+  sp.temperature = 0;
+  decode::Sampler sampler(sp, (*m)->n_vocab());
+  decode::GenerateOptions go;
+  go.n_predict = 16;
+  auto want = decode::generate(**m, tok, sampler, p2, go, nullptr);
+  ASSERT_TRUE(want.is_ok()) << want.status().message();
+  (*m)->truncate(0);
+
+  // Logprobs too: the same bits, not only the same argmax.
+  RequestParams rp = greedy(p2, 16);
+  rp.top_logprobs = 0;
+  std::vector<float> fresh;
+  {
+    SchedulerOptions o;
+    o.prompt_cache = false;
+    Scheduler s(**m, tok, o);
+    auto r = s.submit(rp);
+    ASSERT_TRUE(r.is_ok());
+    for (const auto& lp : drain(**r).logprobs) fresh.push_back(lp.logprob);
+  }
+  (*m)->truncate(0);
+  Scheduler s(**m, tok, {});
+  auto a = s.submit(greedy(p1, 8));
+  ASSERT_TRUE(a.is_ok());
+  drain(**a);
+  auto b = s.submit(rp);
+  ASSERT_TRUE(b.is_ok());
+  const Outcome ob = drain(**b);
+  EXPECT_EQ(ob.done.n_cached, int(p1.size()));
+  EXPECT_EQ(ob.text, want->text);
+  std::vector<float> cached;
+  for (const auto& lp : ob.logprobs) cached.push_back(lp.logprob);
+  EXPECT_EQ(cached, fresh);
 }
 
 }  // namespace
