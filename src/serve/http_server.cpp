@@ -350,7 +350,8 @@ void HttpServer::Impl::handle_completion(const httplib::Request& req, httplib::R
   } else {
     err = check_unknown(body, {"model", "prompt", "stream", "stream_options", "max_tokens", "temperature", "top_p",
                                "top_k", "min_p", "seed", "stop", "logprobs", "n", "echo", "repeat_penalty",
-                               "presence_penalty", "frequency_penalty", "user", "best_of", "ignore_eos", "cache_prompt"});
+                               "presence_penalty", "frequency_penalty", "user", "best_of", "ignore_eos",
+                               "cache_prompt"});
   }
   if (err) return send_error(res, *err);
 

@@ -458,14 +458,22 @@ std::vector<int32_t> tokens_from(int start, int n) {
   return t;
 }
 
+// Submits and waits for the whole answer.
+Outcome run(Scheduler& s, RequestParams p) {
+  auto r = s.submit(std::move(p));
+  if (!r.is_ok()) {
+    ADD_FAILURE() << r.status().message();
+    return {};
+  }
+  return drain(**r);
+}
+
 TEST(ServeScheduler, PromptCacheReusesAFinishedPromptsPrefix) {
   FakeModel m(256, 4, 256);
   FakeTokenizer tok;
   Scheduler s(m, tok, {});
   const std::vector<int32_t> first = tokens_from(0, 40);
-  auto a = s.submit(greedy(first, 3));
-  ASSERT_TRUE(a.is_ok());
-  const Outcome oa = drain(**a);
+  const Outcome oa = run(s, greedy(first, 3));
   EXPECT_EQ(oa.done.n_cached, 0);
   Metrics mid = s.metrics();
   EXPECT_EQ(mid.cached_prefixes, 1);
@@ -477,9 +485,7 @@ TEST(ServeScheduler, PromptCacheReusesAFinishedPromptsPrefix) {
   std::vector<int32_t> second = first;
   for (int32_t t : tokens_from(3, 10)) second.push_back(t);
   const size_t passes_before = m.passes.size();
-  auto b = s.submit(greedy(second, 3));
-  ASSERT_TRUE(b.is_ok());
-  const Outcome ob = drain(**b);
+  const Outcome ob = run(s, greedy(second, 3));
   EXPECT_EQ(ob.done.n_cached, 40);
   EXPECT_EQ(ob.done.n_prompt, 50);
   EXPECT_EQ(ob.text, "n");  // after 12: 13, then 14 (control, no text), then 15 (end of generation)
@@ -492,9 +498,7 @@ TEST(ServeScheduler, PromptCacheReusesAFinishedPromptsPrefix) {
   EXPECT_EQ(end.kv_blocks_cached, 13);
 
   // The same prompt again: all but its last two tokens come from the cache.
-  auto c = s.submit(greedy(second, 3));
-  ASSERT_TRUE(c.is_ok());
-  const Outcome oc = drain(**c);
+  const Outcome oc = run(s, greedy(second, 3));
   EXPECT_EQ(oc.done.n_cached, 48);
   EXPECT_EQ(oc.text, ob.text);
   s.shutdown(1s);
@@ -509,11 +513,7 @@ TEST(ServeScheduler, PromptCacheOffOrRefusedPrefillsEverything) {
     SchedulerOptions o;
     o.prompt_cache = false;
     Scheduler s(m, tok, o);
-    for (int i = 0; i < 2; ++i) {
-      auto r = s.submit(greedy(prompt, 2));
-      ASSERT_TRUE(r.is_ok());
-      EXPECT_EQ(drain(**r).done.n_cached, 0);
-    }
+    for (int i = 0; i < 2; ++i) EXPECT_EQ(run(s, greedy(prompt, 2)).done.n_cached, 0);
     EXPECT_EQ(s.metrics().cached_prefixes, 0);
     EXPECT_EQ(s.metrics().kv_blocks_used, 0);
     EXPECT_EQ(s.metrics().prompt_tokens, 80u);
@@ -523,13 +523,9 @@ TEST(ServeScheduler, PromptCacheOffOrRefusedPrefillsEverything) {
     FakeTokenizer tok;
     Scheduler s(m, tok, {});
     RequestParams p = greedy(prompt, 2);
-    auto a = s.submit(p);
-    ASSERT_TRUE(a.is_ok());
-    drain(**a);
+    run(s, p);
     p.cache_prompt = false;  // the request's own opt-out (llama-server's cache_prompt)
-    auto b = s.submit(p);
-    ASSERT_TRUE(b.is_ok());
-    EXPECT_EQ(drain(**b).done.n_cached, 0);
+    EXPECT_EQ(run(s, p).done.n_cached, 0);
     EXPECT_EQ(s.metrics().prompt_tokens, 80u);
   }
 }
@@ -542,13 +538,9 @@ TEST(ServeScheduler, PromptCacheGivesWayToBlocksAndSequences) {
     m.wrap = 14;  // never end of generation
     FakeTokenizer tok;
     Scheduler s(m, tok, {});
-    auto a = s.submit(greedy(tokens_from(0, 40), 2));
-    ASSERT_TRUE(a.is_ok());
-    drain(**a);
+    run(s, greedy(tokens_from(0, 40), 2));
     EXPECT_EQ(s.metrics().kv_blocks_cached, 10);
-    auto b = s.submit(greedy(tokens_from(5, 40), 30));  // 69 positions: 18 blocks
-    ASSERT_TRUE(b.is_ok());
-    const Outcome ob = drain(**b);
+    const Outcome ob = run(s, greedy(tokens_from(5, 40), 30));  // 69 positions: 18 blocks
     EXPECT_EQ(ob.done.finish, FinishReason::kLength);
     EXPECT_EQ(ob.done.n_cached, 0);
     EXPECT_EQ(ob.done.n_generated, 30);
@@ -560,19 +552,11 @@ TEST(ServeScheduler, PromptCacheGivesWayToBlocksAndSequences) {
     FakeModel m(256, 2, 256);
     FakeTokenizer tok;
     Scheduler s(m, tok, {});
-    for (int start : {0, 3, 7}) {
-      auto r = s.submit(greedy(tokens_from(start, 30), 2));
-      ASSERT_TRUE(r.is_ok());
-      EXPECT_EQ(drain(**r).done.finish, FinishReason::kLength);
-    }
+    for (int start : {0, 3, 7}) EXPECT_EQ(run(s, greedy(tokens_from(start, 30), 2)).done.finish, FinishReason::kLength);
     EXPECT_EQ(s.metrics().cached_prefixes, 2);
     // The first prompt was evicted, the second is still there.
-    auto again = s.submit(greedy(tokens_from(3, 30), 2));
-    ASSERT_TRUE(again.is_ok());
-    EXPECT_EQ(drain(**again).done.n_cached, 28);
-    auto first = s.submit(greedy(tokens_from(0, 30), 2));
-    ASSERT_TRUE(first.is_ok());
-    EXPECT_EQ(drain(**first).done.n_cached, 0);
+    EXPECT_EQ(run(s, greedy(tokens_from(3, 30), 2)).done.n_cached, 28);
+    EXPECT_EQ(run(s, greedy(tokens_from(0, 30), 2)).done.n_cached, 0);
     s.shutdown(1s);
     EXPECT_EQ(m.violations, 0);
   }
@@ -585,18 +569,12 @@ TEST(ServeScheduler, PromptCacheKeepsALongPrefixFromAShortMatch) {
   FakeTokenizer tok;
   Scheduler s(m, tok, {});
   const std::vector<int32_t> long_prompt = tokens_from(0, 60);
-  auto a = s.submit(greedy(long_prompt, 2));
-  ASSERT_TRUE(a.is_ok());
-  drain(**a);
+  run(s, greedy(long_prompt, 2));
   std::vector<int32_t> other(long_prompt.begin(), long_prompt.begin() + 20);
   for (int32_t t : tokens_from(9, 20)) other.push_back(t);
-  auto b = s.submit(greedy(other, 2));
-  ASSERT_TRUE(b.is_ok());
-  EXPECT_EQ(drain(**b).done.n_cached, 0);
+  EXPECT_EQ(run(s, greedy(other, 2)).done.n_cached, 0);
   EXPECT_EQ(s.metrics().cached_prefixes, 2);
-  auto c = s.submit(greedy(long_prompt, 2));
-  ASSERT_TRUE(c.is_ok());
-  EXPECT_EQ(drain(**c).done.n_cached, 58);
+  EXPECT_EQ(run(s, greedy(long_prompt, 2)).done.n_cached, 58);
 }
 
 TEST(ServeScheduler, PromptCacheOnAOneSequenceModel) {
@@ -604,52 +582,64 @@ TEST(ServeScheduler, PromptCacheOnAOneSequenceModel) {
   FakeTokenizer tok;
   Scheduler s(m, tok, {});
   std::vector<int32_t> prompt = tokens_from(0, 24);
-  auto a = s.submit(greedy(prompt, 2));
-  ASSERT_TRUE(a.is_ok());
-  drain(**a);
+  run(s, greedy(prompt, 2));
   EXPECT_EQ(m.n_past(), 24);  // the prompt's rows stay
   for (int32_t t : tokens_from(1, 6)) prompt.push_back(t);
-  auto b = s.submit(greedy(prompt, 2));
-  ASSERT_TRUE(b.is_ok());
-  EXPECT_EQ(drain(**b).done.n_cached, 24);
-  auto c = s.submit(greedy(tokens_from(4, 24), 2));  // unrelated: the cache is dropped
-  ASSERT_TRUE(c.is_ok());
-  EXPECT_EQ(drain(**c).done.n_cached, 0);
+  EXPECT_EQ(run(s, greedy(prompt, 2)).done.n_cached, 24);
+  EXPECT_EQ(run(s, greedy(tokens_from(4, 24), 2)).done.n_cached, 0);  // unrelated: the cache is dropped
   s.shutdown(1s);
   EXPECT_EQ(m.violations, 0);
 }
 
+// The real model as a server loads it (4 sequences over a 1024-position pool), and its tokenizer.
+class ServeSmolLM2 : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string path = test::model_path(test::kSmolLM2);
+    SLUICE_REQUIRE_MODEL(path);
+    auto meta = app::open_model_meta(path);
+    ASSERT_TRUE(meta.is_ok()) << meta.status().message();
+    meta_ = std::move(*meta);
+    model::LoadOptions lo;
+    lo.n_ctx = 256;
+    lo.max_sequences = 4;
+    lo.kv_positions = 1024;
+    auto m = model::Model::load(path, lo);
+    ASSERT_TRUE(m.is_ok()) << m.status().message();
+    model_ = std::move(*m);
+  }
+  std::vector<int32_t> encode(const std::string& text) const {
+    return meta_.tokenizer->encode(text, meta_.tokenizer->add_bos_default(), true);
+  }
+  app::ModelMeta meta_;
+  std::unique_ptr<model::Model> model_;
+};
+
+// decode::generate's greedy text (what `sluice run` prints) for `prompt` on an emptied sequence 0,
+// which it leaves empty.
+std::string generate_greedy(model::Model& m, const model::Tokenizer& tok, const std::vector<int32_t>& prompt, int n) {
+  m.truncate(0);
+  decode::SamplerParams sp;
+  sp.temperature = 0;
+  decode::Sampler sampler(sp, m.n_vocab());
+  decode::GenerateOptions go;
+  go.n_predict = n;
+  auto g = decode::generate(m, tok, sampler, prompt, go, nullptr);
+  m.truncate(0);
+  EXPECT_TRUE(g.is_ok()) << g.status().message();
+  return g.is_ok() ? g->text : std::string();
+}
+
 // The real model: the scheduler's greedy text equals decode::generate's (what `sluice run` prints).
-TEST(ServeScheduler, GreedyMatchesGenerateOnSmolLM2) {
-  const std::string path = test::model_path(test::kSmolLM2);
-  SLUICE_REQUIRE_MODEL(path);
-  auto meta = app::open_model_meta(path);
-  ASSERT_TRUE(meta.is_ok()) << meta.status().message();
-  model::LoadOptions lo;
-  lo.n_ctx = 256;
-  lo.max_sequences = 4;
-  lo.kv_positions = 1024;
-  auto m = model::Model::load(path, lo);
-  ASSERT_TRUE(m.is_ok()) << m.status().message();
-  const auto& tok = *meta->tokenizer;
+TEST_F(ServeSmolLM2, GreedyMatchesGenerate) {
+  const auto& tok = *meta_.tokenizer;
   const std::vector<std::string> prompts = {"The capital of France is", "Once upon a time", "1, 2, 3, 4,"};
   std::vector<std::string> want;
-  for (const auto& p : prompts) {
-    (*m)->truncate(0);
-    decode::SamplerParams sp;
-    sp.temperature = 0;
-    decode::Sampler sampler(sp, (*m)->n_vocab());
-    decode::GenerateOptions go;
-    go.n_predict = 12;
-    auto g = decode::generate(**m, tok, sampler, tok.encode(p, tok.add_bos_default(), true), go, nullptr);
-    ASSERT_TRUE(g.is_ok()) << g.status().message();
-    want.push_back(g->text);
-  }
-  (*m)->truncate(0);
-  Scheduler s(**m, tok, {});
+  for (const auto& p : prompts) want.push_back(generate_greedy(*model_, tok, encode(p), 12));
+  Scheduler s(*model_, tok, {});
   std::vector<std::shared_ptr<Request>> reqs;
   for (const auto& p : prompts) {
-    auto r = s.submit(greedy(tok.encode(p, tok.add_bos_default(), true), 12));
+    auto r = s.submit(greedy(encode(p), 12));
     ASSERT_TRUE(r.is_ok()) << r.status().message();
     reqs.push_back(*r);
   }
@@ -659,33 +649,16 @@ TEST(ServeScheduler, GreedyMatchesGenerateOnSmolLM2) {
 // A prefix from the prompt cache gives the same bits as prefilling it (CPU: the cached rows come
 // from a prefill, and the rest of the prompt is again prefilled in a pass of several tokens), so the
 // next turn's greedy text equals decode::generate's on the whole prompt.
-TEST(ServeScheduler, PromptCacheGreedyMatchesGenerateOnSmolLM2) {
-  const std::string path = test::model_path(test::kSmolLM2);
-  SLUICE_REQUIRE_MODEL(path);
-  auto meta = app::open_model_meta(path);
-  ASSERT_TRUE(meta.is_ok()) << meta.status().message();
-  model::LoadOptions lo;
-  lo.n_ctx = 256;
-  lo.max_sequences = 4;
-  lo.kv_positions = 1024;
-  auto m = model::Model::load(path, lo);
-  ASSERT_TRUE(m.is_ok()) << m.status().message();
-  const auto& tok = *meta->tokenizer;
+TEST_F(ServeSmolLM2, PromptCacheGivesTheBitsOfAFreshPrefill) {
+  const auto& tok = *meta_.tokenizer;
   const std::string first =
       "The old lighthouse keeper climbed the winding stone stairs every single night to light the great lamp, and";
   const std::string second = first + " one stormy evening he saw a ship far out at sea. He";
-  const std::vector<int32_t> p1 = tok.encode(first, tok.add_bos_default(), true);
-  const std::vector<int32_t> p2 = tok.encode(second, tok.add_bos_default(), true);
+  const std::vector<int32_t> p1 = encode(first);
+  const std::vector<int32_t> p2 = encode(second);
   ASSERT_GE(p1.size(), 18u);
   ASSERT_TRUE(std::equal(p1.begin(), p1.end(), p2.begin())) << "the longer prompt must start with the shorter's tokens";
-  decode::SamplerParams sp;
-  sp.temperature = 0;
-  decode::Sampler sampler(sp, (*m)->n_vocab());
-  decode::GenerateOptions go;
-  go.n_predict = 16;
-  auto want = decode::generate(**m, tok, sampler, p2, go, nullptr);
-  ASSERT_TRUE(want.is_ok()) << want.status().message();
-  (*m)->truncate(0);
+  const std::string want = generate_greedy(*model_, tok, p2, 16);
 
   // Logprobs too: the same bits, not only the same argmax.
   RequestParams rp = greedy(p2, 16);
@@ -694,13 +667,13 @@ TEST(ServeScheduler, PromptCacheGreedyMatchesGenerateOnSmolLM2) {
   {
     SchedulerOptions o;
     o.prompt_cache = false;
-    Scheduler s(**m, tok, o);
+    Scheduler s(*model_, tok, o);
     auto r = s.submit(rp);
     ASSERT_TRUE(r.is_ok());
     for (const auto& lp : drain(**r).logprobs) fresh.push_back(lp.logprob);
   }
-  (*m)->truncate(0);
-  Scheduler s(**m, tok, {});
+  model_->truncate(0);
+  Scheduler s(*model_, tok, {});
   auto a = s.submit(greedy(p1, 8));
   ASSERT_TRUE(a.is_ok());
   drain(**a);
@@ -708,7 +681,7 @@ TEST(ServeScheduler, PromptCacheGreedyMatchesGenerateOnSmolLM2) {
   ASSERT_TRUE(b.is_ok());
   const Outcome ob = drain(**b);
   EXPECT_EQ(ob.done.n_cached, int(p1.size()));
-  EXPECT_EQ(ob.text, want->text);
+  EXPECT_EQ(ob.text, want);
   std::vector<float> cached;
   for (const auto& lp : ob.logprobs) cached.push_back(lp.logprob);
   EXPECT_EQ(cached, fresh);
