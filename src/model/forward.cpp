@@ -138,6 +138,20 @@ class LlamaFamilyModel final : public Model {
 
   Result<int> seq_new() override { return blocks_.open(); }
   void seq_free(int seq) override { blocks_.close(seq); }
+  Status seq_share(int src, int dst, int n) override {
+    if (!blocks_.valid(src) || !blocks_.valid(dst) || src == dst) {
+      return invalid_argument("seq_share: sequences " + std::to_string(src) + " -> " + std::to_string(dst) +
+                              " are not two open sequences");
+    }
+    if (blocks_.n_past(dst) != 0) return invalid_argument("seq_share: sequence " + std::to_string(dst) + " holds positions");
+    if (n < 0 || n % KvBlocks::kBlockSize != 0 || n > blocks_.n_past(src)) {
+      return invalid_argument("seq_share: " + std::to_string(n) + " positions: not a multiple of " +
+                              std::to_string(KvBlocks::kBlockSize) + " within sequence " + std::to_string(src) + "'s " +
+                              std::to_string(blocks_.n_past(src)));
+    }
+    blocks_.share(src, dst, n);
+    return Status::ok();
+  }
   int seq_n_past(int seq) const override { return blocks_.n_past(seq); }
   void seq_truncate(int seq, int n) override { blocks_.truncate(seq, n); }
   int max_sequences() const override { return blocks_.max_seqs(); }

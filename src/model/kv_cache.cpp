@@ -12,6 +12,7 @@ void KvBlocks::init(int n_positions, int max_seqs, int n_ctx) {
   seqs_[0].open = true;
   free_.clear();
   for (int32_t b = 0; b < n_blocks_; ++b) free_.insert(free_.end(), b);
+  refs_.assign(size_t(n_blocks_), 0);
 }
 
 Result<int> KvBlocks::open() {
@@ -45,10 +46,30 @@ Status KvBlocks::reserve(int seq, int n) {
   }
   std::vector<int32_t>& blocks = seqs_[size_t(seq)].blocks;
   for (int i = 0; i < need; ++i) {
-    blocks.push_back(*free_.begin());
+    const int32_t b = *free_.begin();
     free_.erase(free_.begin());
+    refs_[size_t(b)] = 1;
+    blocks.push_back(b);
   }
   return Status::ok();
+}
+
+void KvBlocks::let_go(int32_t b) {
+  if (--refs_[size_t(b)] == 0) free_.insert(b);
+}
+
+void KvBlocks::share(int src, int dst, int n) {
+  SLUICE_CHECK(valid(src) && valid(dst) && src != dst && n >= 0 && n % kBlockSize == 0 && n <= n_past(src),
+               "kv blocks: bad share");
+  Seq& d = seqs_[size_t(dst)];
+  SLUICE_CHECK(d.n_past == 0 && d.blocks.empty(), "kv blocks: share into a sequence that holds positions");
+  const Seq& s = seqs_[size_t(src)];
+  for (int i = 0; i < n / kBlockSize; ++i) {
+    const int32_t b = s.blocks[size_t(i)];
+    ++refs_[size_t(b)];
+    d.blocks.push_back(b);
+  }
+  d.n_past = n;
 }
 
 void KvBlocks::set_n_past(int seq, int n) {
@@ -61,9 +82,13 @@ void KvBlocks::truncate(int seq, int n) {
   if (!valid(seq)) return;
   Seq& s = seqs_[size_t(seq)];
   s.n_past = std::clamp(n, 0, s.n_past);
+  // The next write goes to position n_past: not into a block another sequence holds.
+  if (s.n_past % kBlockSize != 0 && refs_[size_t(s.blocks[size_t(s.n_past / kBlockSize)])] > 1) {
+    s.n_past -= s.n_past % kBlockSize;
+  }
   const size_t keep = size_t(blocks_for(s.n_past));
   while (s.blocks.size() > keep) {
-    free_.insert(s.blocks.back());
+    let_go(s.blocks.back());
     s.blocks.pop_back();
   }
 }

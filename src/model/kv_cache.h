@@ -8,6 +8,13 @@
 // block[p / kBlockSize] * kBlockSize + p % kBlockSize. Blocks are taken lowest-numbered first and
 // freed from a sequence's end, so a model with one sequence holds blocks 0, 1, 2, ... in order and
 // its rows are its positions: the ops then get plain views (no row map), as before paging.
+//
+// Blocks may be shared: share() starts an empty sequence with another's first whole blocks by
+// reference (a server's requests with the same prompt prefix; docs/SERVING.md), and a block goes
+// back to the pool when the last sequence holding it lets go. A shared block is never written:
+// sequences only write at or past their n_past, sharing gives whole blocks below it, and a
+// truncation that would leave a sequence writing into a block another one holds drops that block
+// from it as well (truncate() says so).
 #pragma once
 
 #include <cstdint>
@@ -48,8 +55,15 @@ class KvBlocks {
   Status reserve(int seq, int n);
   // n_past = n (n within the reserved blocks).
   void set_n_past(int seq, int n);
-  // Drops positions >= n: n_past = min(n_past, n), blocks past it back to the pool.
+  // Drops positions >= n: n_past = min(n_past, n), blocks past it let go. Where the block holding
+  // position n_past is shared with another sequence (so the next write would land in it), n_past
+  // goes down to that block's start and the block is let go too: n_past(seq) says what is kept.
   void truncate(int seq, int n);
+  // Makes dst (open, no positions) hold the first n positions of src by sharing src's blocks: n
+  // a multiple of kBlockSize, at most n_past(src). Precondition checks only: the caller validates.
+  void share(int src, int dst, int n);
+  // Sequences holding block b (0: free).
+  int holders(int32_t b) const { return refs_[size_t(b)]; }
   // Whether positions [0, n) of seq are pool rows [0, n) (n <= the reserved positions); if not,
   // their pool rows are appended to `out`.
   bool rows(int seq, int n, std::vector<int32_t>& out) const;
@@ -64,6 +78,9 @@ class KvBlocks {
   int n_ctx_ = 0;
   std::vector<Seq> seqs_;
   std::set<int32_t> free_;  // lowest first
+  std::vector<int> refs_;   // per block: the sequences holding it
+
+  void let_go(int32_t b);
 };
 
 class KvCache {

@@ -104,10 +104,17 @@ class Model {
   // Frees a sequence (id >= 1) and its blocks. Unknown ids are ignored.
   virtual void seq_free(int seq) {}
   virtual int seq_n_past(int seq) const { return seq == 0 ? n_past() : 0; }
-  // Drops positions >= n of one sequence (speculative rollback, cancelled requests).
+  // Drops positions >= n of one sequence (speculative rollback, cancelled requests). Where the
+  // KV block that would take the next position is shared with another sequence (seq_share), that
+  // block's positions are dropped too: seq_n_past() says how many are kept.
   virtual void seq_truncate(int seq, int n) {
     if (seq == 0) truncate(n);
   }
+  // Starts the empty sequence `dst` with the first n positions of `src` without computing or
+  // copying them: both hold those KV blocks (a server's requests that share a prompt prefix).
+  // n a multiple of kv_block_size(), at most seq_n_past(src). kUnsupported where the model runs
+  // one sequence (the default); kInvalidArgument for bad ids, a dst with positions, a bad n.
+  virtual Status seq_share(int src, int dst, int n) { return unsupported("this model runs one sequence only"); }
   virtual int max_sequences() const { return 1; }
   virtual int kv_block_size() const { return 1; }
   virtual int kv_blocks_total() const { return n_ctx(); }

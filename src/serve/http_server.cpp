@@ -688,7 +688,8 @@ std::string HttpServer::Impl::metrics_text() {
          double(m.prompt_tokens_cached));
   metric("sluice_prompt_cache_prefixes", "gauge", "Cached prompt prefixes (sequences kept for later requests).",
          m.cached_prefixes);
-  metric("sluice_kv_blocks_cached", "gauge", "KV cache blocks held by cached prompt prefixes.", m.kv_blocks_cached);
+  metric("sluice_kv_blocks_cached", "gauge",
+         "KV cache blocks held by cached prompt prefixes (a block two of them share counts twice).", m.kv_blocks_cached);
   metric("sluice_generated_tokens_total", "counter", "Tokens generated.", double(m.generated_tokens));
   metric("sluice_requests_queued", "gauge", "Requests waiting for admission.", m.queued);
   metric("sluice_requests_active", "gauge", "Requests admitted (prefilling or generating).", m.active);

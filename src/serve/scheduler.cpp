@@ -217,44 +217,31 @@ void Scheduler::admit() {
     const int need = model_.kv_blocks_for(int(positions));
     if (reserved_blocks_ + need > model_.kv_blocks_total()) return;  // waits for blocks to be freed
 
-    // A sequence: one whose cached prefix this prompt starts with, else sequence 0 when it is
-    // free, else a new one (cached prefixes are evicted for it when none is left).
+    // A sequence: the rows of a prompt prefix computed before (a cached prefix taken over, or
+    // whole blocks shared from any sequence into a new one), else an empty one.
     int seq = -1, reuse = 0;
     if (opts_.prompt_cache && p.cache_prompt) {
-      const auto [i, n] = best_prefix(p.prompt);
-      if (i >= 0) {
-        Cached& c = cached_[size_t(i)];
-        seq = c.seq;
-        reuse = n;
-        cached_blocks_ -= model_.kv_blocks_for(int(c.tokens.size()));
-        cached_.erase(cached_.begin() + i);
-        model_.seq_truncate(seq, reuse);
-      }
-    }
-    if (seq < 0) {
-      const bool zero_active = std::any_of(active_.begin(), active_.end(), [](const auto& a) { return a->seq == 0; });
-      const auto zero_cached = std::find_if(cached_.begin(), cached_.end(), [](const Cached& c) { return c.seq == 0; });
-      if (!zero_active && (zero_cached == cached_.end() || !multi_)) {
-        if (zero_cached != cached_.end()) evict(size_t(zero_cached - cached_.begin()));
-        seq = 0;
-        model_.seq_truncate(0, 0);
-      } else if (multi_) {
-        while (seq < 0) {
-          auto s = model_.seq_new();
-          if (s.is_ok()) {
-            seq = *s;
-            break;
-          }
-          const int i = lru_prefix();
-          if (i < 0) return;  // no sequence free yet: wait
-          const bool zero = cached_[size_t(i)].seq == 0;
-          evict(size_t(i));
-          if (zero && !zero_active) seq = 0;  // evict() emptied it
+      Reuse best = best_reuse(p.prompt);
+      if (best.share_seq >= 0 && best.share_n > best.take_n) {
+        const int fresh = fresh_sequence(best.share_seq);
+        if (fresh >= 0) {
+          if (model_.seq_share(best.share_seq, fresh, best.share_n).is_ok()) reuse = best.share_n;
+          seq = fresh;
+        } else {
+          best = best_reuse(p.prompt);  // cached prefixes were evicted looking for a sequence
         }
-      } else {
-        return;
+      }
+      if (seq < 0 && best.take >= 0) {
+        Cached& c = cached_[size_t(best.take)];
+        seq = c.seq;
+        cached_blocks_ -= model_.kv_blocks_for(int(c.tokens.size()));
+        cached_.erase(cached_.begin() + best.take);
+        model_.seq_truncate(seq, best.take_n);
+        reuse = model_.seq_n_past(seq);  // less where the block at take_n is shared
       }
     }
+    if (seq < 0) seq = fresh_sequence(-1);
+    if (seq < 0) return;  // no sequence free yet: wait
     // Blocks: cached prefixes give way to what admitted requests may still need.
     while (cached_blocks_ + reserved_blocks_ + need > model_.kv_blocks_total()) {
       const int i = lru_prefix();
@@ -281,30 +268,70 @@ void Scheduler::admit() {
   }
 }
 
-std::pair<int, int> Scheduler::best_prefix(const std::vector<int32_t>& prompt) const {
+Scheduler::Reuse Scheduler::best_reuse(const std::vector<int32_t>& prompt) const {
   // The last two prompt tokens are always prefilled: the last one is then computed in a pass of
   // several tokens, as without the cache (a one-token pass may round differently).
   const int cap = int(prompt.size()) - 2;
-  int best = -1, best_n = 0;
-  for (size_t i = 0; i < cached_.size(); ++i) {
-    const std::vector<int32_t>& t = cached_[i].tokens;
+  const int block = std::max(1, model_.kv_block_size());
+  auto common = [&](std::span<const int32_t> t) {
     const size_t m = std::min(t.size(), prompt.size());
     size_t n = 0;
     while (n < m && t[n] == prompt[n]) ++n;
-    const int use = std::min(int(n), cap);
-    // Taking a sequence over drops the rest of its prefix: only where at least half of it is used
-    // (a new chat sharing the system prompt with a long cached one starts a sequence of its own).
-    if (use >= kMinCachedTokens && 2 * size_t(use) >= t.size() && use > best_n) {
-      best = int(i);
-      best_n = use;
+    return std::min(int(n), cap);
+  };
+  Reuse r;
+  auto consider_share = [&](int seq, int use) {
+    const int n = use / block * block;
+    if (multi_ && n >= kMinCachedTokens && n > r.share_n) {
+      r.share_seq = seq;
+      r.share_n = n;
     }
+  };
+  for (size_t i = 0; i < cached_.size(); ++i) {
+    const std::vector<int32_t>& t = cached_[i].tokens;
+    const int use = common(t);
+    // Taking a sequence over drops the rest of its prefix: only where at least half of it is used
+    // (else its whole blocks are shared, and it stays).
+    if (use >= kMinCachedTokens && 2 * size_t(use) >= t.size() && use > r.take_n) {
+      r.take = int(i);
+      r.take_n = use;
+    }
+    consider_share(cached_[i].seq, use);
   }
-  return {best, best_n};
+  // Running requests' prompt rows computed so far.
+  for (const auto& a : active_) {
+    if (a->done) continue;
+    const size_t rows = std::min(a->n_prefilled, size_t(model_.seq_n_past(a->seq)));
+    consider_share(a->seq, common(std::span<const int32_t>(a->req->params.prompt).first(rows)));
+  }
+  return r;
 }
 
-int Scheduler::lru_prefix() const {
+int Scheduler::fresh_sequence(int keep) {
+  const bool zero_active = std::any_of(active_.begin(), active_.end(), [](const auto& a) { return a->seq == 0; });
+  const auto zero_cached = std::find_if(cached_.begin(), cached_.end(), [](const Cached& c) { return c.seq == 0; });
+  const bool zero_free = !zero_active && keep != 0;
+  if (zero_free && (zero_cached == cached_.end() || !multi_)) {
+    if (zero_cached != cached_.end()) evict(size_t(zero_cached - cached_.begin()));
+    model_.seq_truncate(0, 0);
+    return 0;
+  }
+  if (!multi_) return -1;
+  for (;;) {
+    auto s = model_.seq_new();
+    if (s.is_ok()) return *s;
+    const int i = lru_prefix(keep);
+    if (i < 0) return -1;
+    const bool zero = cached_[size_t(i)].seq == 0;
+    evict(size_t(i));
+    if (zero && zero_free) return 0;  // evict() emptied it
+  }
+}
+
+int Scheduler::lru_prefix(int keep) const {
   int best = -1;
   for (size_t i = 0; i < cached_.size(); ++i) {
+    if (cached_[i].seq == keep) continue;
     if (best < 0 || cached_[i].used < cached_[size_t(best)].used) best = int(i);
   }
   return best;
@@ -322,6 +349,16 @@ void Scheduler::evict(size_t i) {
 }
 
 void Scheduler::park(Active& a, int n) {
+  auto drop = [&] {
+    if (a.seq == 0 || !multi_) {
+      model_.seq_truncate(a.seq, 0);
+    } else {
+      model_.seq_free(a.seq);
+    }
+  };
+  model_.seq_truncate(a.seq, n);
+  n = model_.seq_n_past(a.seq);  // less where the block at n is shared
+  if (n < kMinCachedTokens) return drop();
   const std::vector<int32_t>& prompt = a.req->params.prompt;
   std::vector<int32_t> tokens(prompt.begin(), prompt.begin() + n);
   // A prefix another cached one already holds whole is not kept twice.
@@ -329,12 +366,7 @@ void Scheduler::park(Active& a, int n) {
     const std::vector<int32_t>& t = cached_[i].tokens;
     if (t.size() >= tokens.size() && std::equal(tokens.begin(), tokens.end(), t.begin())) {
       cached_[i].used = ++use_clock_;
-      if (a.seq == 0 || !multi_) {
-        model_.seq_truncate(a.seq, 0);
-      } else {
-        model_.seq_free(a.seq);
-      }
-      return;
+      return drop();
     }
   }
   // Cached prefixes this one holds whole give way to it.
@@ -342,7 +374,6 @@ void Scheduler::park(Active& a, int n) {
     const std::vector<int32_t>& t = cached_[i].tokens;
     if (t.size() < tokens.size() && std::equal(t.begin(), t.end(), tokens.begin())) evict(i);
   }
-  model_.seq_truncate(a.seq, n);
   cached_blocks_ += model_.kv_blocks_for(n);
   cached_.push_back({a.seq, std::move(tokens), ++use_clock_});
 }

@@ -15,10 +15,12 @@
 //
 // Prompt cache: a finished request's sequence keeps the KV rows of its prompt (the part its
 // prefill computed; the generated tokens' rows are dropped) as a cached prefix. A later request
-// whose prompt starts with the same tokens takes that sequence over and prefills only the rest
-// (at least its last two tokens, so the last one is computed in a prefill pass as it would be
-// without the cache). Cached prefixes hold KV blocks and sequence ids that no request reserved;
-// admission evicts them, least recently used first, whenever a request needs either.
+// whose prompt starts with the same tokens reuses those rows and prefills only the rest (at least
+// its last two tokens, so the last one is computed in a prefill pass as it would be without the
+// cache): it takes the cached sequence over, or, where that would cut a longer prefix short or the
+// rows are in a running request's sequence, starts a sequence of its own holding the same whole KV
+// blocks (Model::seq_share). Cached prefixes hold KV blocks and sequence ids that no request
+// reserved; admission evicts them, least recently used first, whenever a request needs either.
 #pragma once
 
 #include <atomic>
@@ -117,7 +119,7 @@ struct Metrics {
   uint64_t prompt_tokens = 0;     // prompt tokens evaluated
   uint64_t prompt_tokens_cached = 0;  // prompt tokens taken from the prompt cache instead
   int cached_prefixes = 0;        // sequences holding a cached prefix (no request)
-  int kv_blocks_cached = 0;       // their KV blocks
+  int kv_blocks_cached = 0;       // their KV blocks (a block two of them share counts twice)
   uint64_t generated_tokens = 0;  // tokens sampled
   uint64_t steps = 0;             // eval_batch calls
   uint64_t batch_tokens = 0;      // tokens over all steps (batch_tokens / steps: mean batch size)
@@ -170,13 +172,21 @@ class Scheduler {
   bool step();  // one batch; false when there was nothing to do
   void admit();
   void finish(Active& a, FinishReason r, const std::string& error = {});
-  // The cached prefix that shares the most leading tokens with `prompt` and how many of them a
-  // request may reuse; {-1, 0} when none.
-  std::pair<int, int> best_prefix(const std::vector<int32_t>& prompt) const;
+  // Where a new request's prompt prefix can come from: the cached prefix to take over (index into
+  // cached_, -1: none) and how many positions that reuses; the sequence (cached or running) whose
+  // whole blocks to share (-1: none) and how many positions those hold.
+  struct Reuse {
+    int take = -1, take_n = 0;
+    int share_seq = -1, share_n = 0;
+  };
+  Reuse best_reuse(const std::vector<int32_t>& prompt) const;
+  // A sequence with no positions for a new request, other than `keep`: 0 when free, else a new
+  // one (cached prefixes other than keep's evicted for it when none is left); -1: none yet.
+  int fresh_sequence(int keep);
   // Drops cached prefix i: its sequence is freed (sequence 0 is emptied).
   void evict(size_t i);
-  // The index of the least recently used cached prefix; -1 when there is none.
-  int lru_prefix() const;
+  // The index of the least recently used cached prefix not on sequence `keep`; -1 when none.
+  int lru_prefix(int keep = -1) const;
   // Keeps the first n prompt tokens of a finished request's sequence as a cached prefix.
   void park(Active& a, int n);
   void update_cache_metrics();  // under mu_

@@ -210,8 +210,9 @@ class Api(unittest.TestCase):
         self.assertGreater(m[key], before[key], "the request was not cancelled")
         self.assertEqual(m["sluice_requests_active"], 0)
         self.assertEqual(m["sluice_kv_blocks_reserved"], 0)
-        # What stays is the prompt cache's: the cancelled request's prompt rows, kept for reuse.
-        self.assertEqual(m["sluice_kv_blocks_used"], m["sluice_kv_blocks_cached"])
+        # What stays is the prompt cache's: the cancelled request's prompt rows, kept for reuse (a
+        # block two cached prefixes share counts once in use, twice in the cached total).
+        self.assertLessEqual(m["sluice_kv_blocks_used"], m["sluice_kv_blocks_cached"])
         self.assertLess(m["sluice_generated_tokens_total"] - before["sluice_generated_tokens_total"], max_tokens)
         self.assertEqual(self.server.request("GET", "/health")[0], 200)
 

@@ -24,6 +24,13 @@ def conversation(client, cache=True):
     return r1, r2
 
 
+def conversation_free(client, msgs):
+    """The greedy reply with the prompt cache skipped (cache_prompt: false)."""
+    r = client.chat.completions.create(model="x", messages=msgs, max_tokens=8, temperature=0,
+                                       extra_body={"cache_prompt": False})
+    return r.choices[0].message.content
+
+
 def cached(r):
     d = r.usage.prompt_tokens_details
     return d.cached_tokens if d is not None else None
@@ -69,6 +76,29 @@ class PromptCache(unittest.TestCase):
                     usage = c.usage
             self.assertEqual(text, r2.choices[0].message.content)
             self.assertEqual(usage.prompt_tokens_details.cached_tokens, r2.usage.prompt_tokens - 2)
+        finally:
+            self.assertEqual(s.stop(), 0)
+
+    def test_a_running_requests_prompt_rows_are_shared(self):
+        # While one chat streams, another with the same long system message starts from its
+        # computed prompt rows (whole KV blocks of 16 positions, shared, not copied).
+        system = {"role": "system", "content": "You are a patient tutor. " * 12}
+        s = su.Server(ctx=1024, parallel=4)
+        try:
+            client = su.openai_client(s)
+            stream = client.chat.completions.create(
+                model="x", messages=[system, {"role": "user", "content": "Explain tides."}], max_tokens=64,
+                temperature=0, stream=True)
+            chunks = iter(stream)
+            next(chunks)  # its prefill is done
+            r = client.chat.completions.create(model="x", messages=[system, {"role": "user", "content": "Explain rain."}],
+                                               max_tokens=8, temperature=0)
+            for _ in chunks:
+                pass
+            self.assertGreaterEqual(cached(r), 64)
+            self.assertEqual(cached(r) % 16, 0)
+            alone = conversation_free(client, [system, {"role": "user", "content": "Explain rain."}])
+            self.assertEqual(r.choices[0].message.content, alone)
         finally:
             self.assertEqual(s.stop(), 0)
 

@@ -55,6 +55,44 @@ TEST(KvBlocks, TakesLowestBlocksAndFreesFromTheEnd) {
   EXPECT_TRUE(kb.valid(0));
 }
 
+TEST(KvBlocks, SharedBlocksGoBackWithTheirLastHolderAndAreNeverWritten) {
+  KvBlocks kb;
+  kb.init(10 * B, 3, 8 * B);
+  ASSERT_TRUE(kb.reserve(0, 3 * B).is_ok());  // blocks 0, 1, 2
+  kb.set_n_past(0, 3 * B - 4);
+  auto s1 = kb.open();
+  ASSERT_TRUE(s1.is_ok());
+  kb.share(0, *s1, 2 * B);  // blocks 0, 1 by reference
+  EXPECT_EQ(kb.n_past(*s1), 2 * B);
+  EXPECT_EQ(kb.holders(0), 2);
+  EXPECT_EQ(kb.holders(1), 2);
+  EXPECT_EQ(kb.holders(2), 1);
+  EXPECT_EQ(kb.n_free(), 10 - 3);
+  std::vector<int32_t> rows;
+  EXPECT_TRUE(kb.rows(*s1, 2 * B, rows));  // blocks 0, 1: still the identity
+  ASSERT_TRUE(kb.reserve(*s1, 2 * B + 5).is_ok());  // its own next block: 3
+  kb.set_n_past(*s1, 2 * B + 5);
+  rows.clear();
+  EXPECT_FALSE(kb.rows(*s1, 2 * B + 5, rows));
+  EXPECT_EQ(rows[size_t(2 * B)], 3 * B);
+  // Sequence 0 goes back into block 1, which s1 holds: the block's positions go too.
+  kb.truncate(0, B + 3);
+  EXPECT_EQ(kb.n_past(0), B);
+  EXPECT_EQ(kb.holders(1), 1);
+  EXPECT_EQ(kb.holders(2), 0);
+  EXPECT_EQ(kb.n_free(), 10 - 3);  // block 2 back; 0, 1 (s1) and 3 held
+  // Truncating inside a block only one sequence holds keeps the positions asked for.
+  kb.truncate(*s1, 2 * B + 2);
+  EXPECT_EQ(kb.n_past(*s1), 2 * B + 2);
+  // Freeing s1 returns block 1 (no other holder) and 3, not block 0 (sequence 0 holds it).
+  kb.close(*s1);
+  EXPECT_EQ(kb.holders(0), 1);
+  EXPECT_EQ(kb.holders(1), 0);
+  EXPECT_EQ(kb.n_free(), 10 - 1);
+  kb.truncate(0, 0);
+  EXPECT_EQ(kb.n_free(), 10);
+}
+
 std::unique_ptr<Model> load(int max_seqs, int kv_positions) {
   LoadOptions opts;
   opts.n_ctx = 256;
@@ -162,6 +200,57 @@ TEST(ModelBatch, InterleavedSequencesMatchEachAlone) {
   step({{2, 6}}, true);
   for (int s : seq) m->seq_free(s);
   EXPECT_EQ(m->kv_blocks_free(), 12);
+}
+
+// A sequence sharing another's first blocks (Model::seq_share) computes what it would have with
+// those positions of its own: on the CPU the same bits, the shared rows having come from the same
+// prefill (the matrix products give each row the bits of a one-row product). The source then
+// goes back into a shared block (the block is dropped from it and recomputed, so the other
+// sequence's rows stay) and both go on.
+TEST(ModelBatch, SharedPrefixBlocksGiveTheSameLogits) {
+  SLUICE_REQUIRE_MODEL(test::model_path(test::kSmolLM2));
+  auto m = load(5, 16 * B);
+  ASSERT_TRUE(m);
+  const size_t nv = size_t(m->n_vocab());
+  std::vector<int32_t> text;
+  for (int i = 0; i < 3; ++i) text.insert(text.end(), kTexts[2].begin(), kTexts[2].end());  // 69 tokens
+  const int shared = 2 * B;
+  auto last = [&](int seq, std::span<const int32_t> tokens) {
+    std::vector<float> out(nv);
+    const Status st = m->eval_batch(std::vector<Model::SeqTokens>{{seq, tokens, false}}, out);
+    EXPECT_TRUE(st.is_ok()) << st.message();
+    return out;
+  };
+  auto a = m->seq_new(), b = m->seq_new(), c = m->seq_new();
+  ASSERT_TRUE(a.is_ok() && b.is_ok() && c.is_ok());
+  last(*a, std::span(text).first(40));  // A's prefill
+  last(*c, std::span(text).first(shared));  // C: the same first positions, its own blocks
+  const int free_before_share = m->kv_blocks_free();
+  ASSERT_TRUE(m->seq_share(*a, *b, shared).is_ok());
+  EXPECT_EQ(m->seq_n_past(*b), shared);
+  EXPECT_EQ(m->kv_blocks_free(), free_before_share);  // nothing taken from the pool
+  const std::vector<float> want = last(*c, std::span(text).subspan(size_t(shared), 20));
+  const int free_before_b = m->kv_blocks_free();
+  EXPECT_EQ(last(*b, std::span(text).subspan(size_t(shared), 20)), want);
+  EXPECT_EQ(m->kv_blocks_free(), free_before_b - 2);  // B's own blocks for positions 32..51
+  // A goes back to position 20 (inside shared block 1): it keeps 16, and other tokens from there
+  // go into a block of its own.
+  m->seq_truncate(*a, 20);
+  EXPECT_EQ(m->seq_n_past(*a), B);
+  last(*a, std::span(kTexts[0]).first(30));
+  // B's shared rows were not touched: its next token equals C's.
+  const auto next = std::span(text).subspan(size_t(shared) + 20, 1);
+  EXPECT_EQ(last(*b, next), last(*c, next));
+  // Errors.
+  EXPECT_EQ(m->seq_share(*a, *b, B).code(), ErrorCode::kInvalidArgument);       // B holds positions
+  auto d = m->seq_new();
+  ASSERT_TRUE(d.is_ok());
+  EXPECT_EQ(m->seq_share(*a, *d, B + 1).code(), ErrorCode::kInvalidArgument);   // not whole blocks
+  EXPECT_EQ(m->seq_share(*a, *d, 4 * B).code(), ErrorCode::kInvalidArgument);   // past A's positions
+  EXPECT_EQ(m->seq_share(*a, 99, B).code(), ErrorCode::kInvalidArgument);       // no such sequence
+  for (int s : {*a, *b, *c, *d}) m->seq_free(s);
+  m->truncate(0);
+  EXPECT_EQ(m->kv_blocks_free(), 16);
 }
 
 TEST(ModelBatch, ErrorsLeaveStateUnchanged) {

@@ -97,6 +97,18 @@ class FakeModel : public model::Model {
     auto it = seqs_.find(seq);
     if (it != seqs_.end() && n < int(it->second.size())) it->second.resize(size_t(n));
   }
+  // Shared positions are copies here (the real pool's block sharing is tested in model/).
+  Status seq_share(int src, int dst, int n) override {
+    auto s = seqs_.find(src), d = seqs_.find(dst);
+    if (s == seqs_.end() || d == seqs_.end() || src == dst || !d->second.empty() || n % kv_block_size() != 0 ||
+        n > int(s->second.size())) {
+      return contract("bad seq_share");
+    }
+    d->second.assign(s->second.begin(), s->second.begin() + n);
+    shares++;
+    return Status::ok();
+  }
+  int shares = 0;
   int max_sequences() const override { return max_seq_; }
   int kv_block_size() const override { return 4; }
   int kv_blocks_total() const override { return blocks_; }
@@ -562,9 +574,9 @@ TEST(ServeScheduler, PromptCacheGivesWayToBlocksAndSequences) {
   }
 }
 
-TEST(ServeScheduler, PromptCacheKeepsALongPrefixFromAShortMatch) {
-  // A new prompt sharing 20 tokens with a cached 60-token one starts its own sequence: taking the
-  // cached one over would drop 40 tokens to save 20.
+TEST(ServeScheduler, PromptCacheSharesAShortMatchAndKeepsTheLongPrefix) {
+  // A new prompt sharing 20 tokens with a cached 60-token one does not take it over (that would
+  // drop 40 tokens to save 20): a sequence of its own shares the 20 positions' blocks.
   FakeModel m(256, 4, 256);
   FakeTokenizer tok;
   Scheduler s(m, tok, {});
@@ -572,9 +584,39 @@ TEST(ServeScheduler, PromptCacheKeepsALongPrefixFromAShortMatch) {
   run(s, greedy(long_prompt, 2));
   std::vector<int32_t> other(long_prompt.begin(), long_prompt.begin() + 20);
   for (int32_t t : tokens_from(9, 20)) other.push_back(t);
-  EXPECT_EQ(run(s, greedy(other, 2)).done.n_cached, 0);
+  EXPECT_EQ(run(s, greedy(other, 2)).done.n_cached, 20);
+  EXPECT_EQ(m.shares, 1);
   EXPECT_EQ(s.metrics().cached_prefixes, 2);
   EXPECT_EQ(run(s, greedy(long_prompt, 2)).done.n_cached, 58);
+  // Shared positions are whole blocks: 22 common tokens give 20.
+  std::vector<int32_t> third(long_prompt.begin(), long_prompt.begin() + 22);
+  for (int32_t t : tokens_from(5, 30)) third.push_back(t);
+  EXPECT_EQ(run(s, greedy(third, 2)).done.n_cached, 20);
+  s.shutdown(1s);
+  EXPECT_EQ(m.violations, 0);
+}
+
+TEST(ServeScheduler, PromptCacheSharesARunningRequestsPromptRows) {
+  // B arrives while A generates: B's first 40 tokens are A's prompt, whose rows A's prefill
+  // computed, so B's sequence starts with A's blocks.
+  FakeModel m(256, 4, 256);
+  m.wrap = 14;  // never end of generation
+  m.delay = 2ms;
+  FakeTokenizer tok;
+  Scheduler s(m, tok, {});
+  const std::vector<int32_t> shared = tokens_from(0, 40);
+  auto a = s.submit(greedy(shared, 60));
+  ASSERT_TRUE(a.is_ok());
+  ASSERT_TRUE((*a)->next(10s).has_value());  // A's prefill is done
+  std::vector<int32_t> second = shared;
+  for (int32_t t : tokens_from(2, 8)) second.push_back(t);
+  const Outcome ob = run(s, greedy(second, 5));
+  EXPECT_EQ(ob.done.n_cached, 40);
+  EXPECT_EQ(ob.text, "klmna");  // after 9: 10 .. 13, then 0 (wrap 14)
+  EXPECT_EQ(m.shares, 1);
+  EXPECT_EQ(drain(**a).done.n_generated, 60);
+  s.shutdown(1s);
+  EXPECT_EQ(m.violations, 0);
 }
 
 TEST(ServeScheduler, PromptCacheOnAOneSequenceModel) {
