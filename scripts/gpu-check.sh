@@ -369,6 +369,12 @@ step_serve() {
     # KV pool holds 6144 positions (at 4096, four requests waited for the first 28 to finish).
     python3 bench/e2e/serve_bench.py --url http://127.0.0.1:8089 --tokens 128 --concurrency 1,32 \
       --server "$SLUICE_BIN serve -m $m70 --port 8089 --parallel 32 -c 1024 --kv-positions 6144 --vram-budget auto -b cuda"
+    # The prompt cache on the streamed 70B: a chat whose long system message makes every turn's
+    # prompt several 512-token prefill passes without the cache (each pass streams the layers).
+    echo "### 70B Q4_K_M, 16 GiB free: a 4-turn chat with and without the prompt cache"
+    local s70="$SLUICE_BIN serve -m $m70 --port 8089 --parallel 4 -c 4096 --vram-budget auto -b cuda --chat-template llama3"
+    python3 bench/e2e/chat_bench.py --port 8089 --turns 4 --tokens 16 --system-words 1500 \
+      --server "$s70" --server "$s70 --no-prompt-cache"
     kill "$hp"; wait "$hp" 2>/dev/null
   } >"$OUT_DIR/serve.txt" 2>&1
   record serve ok "$OUT_DIR/serve.txt"
