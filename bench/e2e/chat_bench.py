@@ -5,7 +5,7 @@ tokens of each turn (the whole history), how many of them the server took from i
 token of the reply (TTFT, the prefill a user waits for). Each server is started from its command,
 asked the same conversation (fixed user messages, greedy, a fixed number of tokens per reply:
 the replies, and so the histories, are the same where the servers compute the same), and stopped.
-Standard library only.
+Standard library only (and serve_bench.py from the same folder).
 
   chat_bench.py --port 8080 --turns 8 --tokens 64 \\
       --server "sluice serve -m model.gguf --port 8080 -c 4096" \\
@@ -21,6 +21,8 @@ import statistics
 import subprocess
 import sys
 import time
+
+from serve_bench import sse_events, wait_ready  # same folder
 
 MESSAGES = [
     "Tell me about the history of lighthouses in a few sentences.",
@@ -39,22 +41,6 @@ MESSAGES = [
 SYSTEM = "You are a careful assistant who answers questions about the sea, ships and the coast. "
 
 
-def wait_ready(port, timeout, proc):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"chat_bench: the server exited with {proc.returncode} before it was ready")
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            conn.request("GET", "/health")
-            if conn.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.3)
-    sys.exit(f"chat_bench: no healthy server on port {port} after {timeout} s")
-
-
 def turn(port, messages, tokens, timeout):
     """One streamed reply: (text, TTFT s, total s, prompt tokens, cached tokens or None)."""
     body = {"messages": messages, "max_tokens": tokens, "temperature": 0, "stream": True,
@@ -65,26 +51,16 @@ def turn(port, messages, tokens, timeout):
     r = conn.getresponse()
     if r.status != 200:
         sys.exit(f"chat_bench: HTTP {r.status}: {r.read()[:300]!r}")
-    text, first, usage, buf = "", None, {}, b""
-    while True:
-        chunk = r.read1(65536)
-        if not chunk:
-            break
-        buf += chunk
-        while b"\n\n" in buf:
-            event, buf = buf.split(b"\n\n", 1)
-            for line in event.split(b"\n"):
-                if not line.startswith(b"data: ") or line[6:].strip() == b"[DONE]":
-                    continue
-                j = json.loads(line[6:])
-                if "error" in j:
-                    sys.exit(f"chat_bench: error event: {j['error']}")
-                usage = j.get("usage") or usage
-                for c in j.get("choices", []):
-                    piece = (c.get("delta") or {}).get("content") or ""
-                    if piece and first is None:
-                        first = time.perf_counter() - t0
-                    text += piece
+    text, first, usage = "", None, {}
+    for j in sse_events(r):
+        if "error" in j:
+            sys.exit(f"chat_bench: error event: {j['error']}")
+        usage = j.get("usage") or usage
+        for c in j.get("choices", []):
+            piece = (c.get("delta") or {}).get("content") or ""
+            if piece and first is None:
+                first = time.perf_counter() - t0
+            text += piece
     conn.close()
     details = usage.get("prompt_tokens_details") or {}
     return text, first or 0.0, time.perf_counter() - t0, usage.get("prompt_tokens", 0), details.get("cached_tokens")
@@ -94,7 +70,7 @@ def conversation(args, command):
     proc = subprocess.Popen(shlex.split(command), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     rows = []
     try:
-        wait_ready(args.port, args.ready_timeout, proc)
+        wait_ready("127.0.0.1", args.port, args.ready_timeout, proc)
         history = []
         if args.system_words > 0:
             words = (SYSTEM * (args.system_words // len(SYSTEM.split()) + 1)).split()[:args.system_words]

@@ -40,6 +40,21 @@ PROMPTS = [
 ]
 
 
+def sse_events(response):
+    """The JSON objects of a server-sent-event response's `data:` lines, as they arrive ([DONE] left out)."""
+    buf = b""
+    while True:
+        chunk = response.read1(65536) if hasattr(response, "read1") else response.read(1)
+        if not chunk:
+            return
+        buf += chunk
+        while b"\n\n" in buf:
+            event, buf = buf.split(b"\n\n", 1)
+            for line in event.split(b"\n"):
+                if line.startswith(b"data: ") and line[6:].strip() != b"[DONE]":
+                    yield json.loads(line[6:])
+
+
 def request_stream(host, port, path, body, headers, timeout):
     """Sends one streaming request; returns (t_sent, [token arrival times], completion_tokens, error)."""
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
@@ -50,28 +65,14 @@ def request_stream(host, port, path, body, headers, timeout):
         r = conn.getresponse()
         if r.status != 200:
             return t_sent, arrivals, 0, f"HTTP {r.status}: {r.read()[:200]!r}"
-        buf = b""
-        while True:
-            chunk = r.read1(65536) if hasattr(r, "read1") else r.read(1)
-            if not chunk:
-                break
-            buf += chunk
-            while b"\n\n" in buf:
-                event, buf = buf.split(b"\n\n", 1)
-                for line in event.split(b"\n"):
-                    if not line.startswith(b"data: "):
-                        continue
-                    data = line[6:].strip()
-                    if data == b"[DONE]":
-                        continue
-                    j = json.loads(data)
-                    if "error" in j:
-                        return t_sent, arrivals, len(arrivals), f"error event: {j['error']}"
-                    if j.get("usage"):
-                        usage_tokens = j["usage"].get("completion_tokens")
-                    for c in j.get("choices", []):
-                        if c.get("text") or (c.get("delta") or {}).get("content"):
-                            arrivals.append(time.perf_counter())
+        for j in sse_events(r):
+            if "error" in j:
+                return t_sent, arrivals, len(arrivals), f"error event: {j['error']}"
+            if j.get("usage"):
+                usage_tokens = j["usage"].get("completion_tokens")
+            for c in j.get("choices", []):
+                if c.get("text") or (c.get("delta") or {}).get("content"):
+                    arrivals.append(time.perf_counter())
         n = usage_tokens if usage_tokens else len(arrivals)
         return t_sent, arrivals, n, None
     except Exception as e:  # noqa: BLE001 - counted as an error of the round

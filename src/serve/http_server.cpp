@@ -701,7 +701,9 @@ std::string HttpServer::Impl::metrics_text() {
   metric("sluice_batch_size_sequences", "gauge", "Sequences in the last batched pass.", m.last_batch_sequences);
   metric("sluice_kv_blocks_total", "gauge", "KV cache blocks in the pool.", m.kv_blocks_total);
   metric("sluice_kv_blocks_used", "gauge", "KV cache blocks holding positions.", m.kv_blocks_used);
-  metric("sluice_kv_blocks_reserved", "gauge", "KV cache blocks reserved by admitted requests.", m.kv_blocks_reserved);
+  metric("sluice_kv_blocks_reserved", "gauge",
+         "KV cache blocks admitted requests may still take (their blocks at their longest less those they hold).",
+         m.kv_blocks_reserved);
   metric("sluice_kv_block_size", "gauge", "Positions per KV block.", m.kv_block_size);
   metric("sluice_kv_usage_ratio", "gauge", "Fraction of the KV pool in use.",
          m.kv_blocks_total > 0 ? double(m.kv_blocks_used) / m.kv_blocks_total : 0.0);

@@ -47,7 +47,7 @@ struct Scheduler::Active {
       : req(std::move(r)), seq(s), reserved(blocks), sampler(req->params.sampling, n_vocab), detok(tok) {}
   std::shared_ptr<Request> req;
   int seq;
-  int reserved;            // KV blocks reserved at admission
+  int reserved;            // KV blocks it holds at its longest (prompt + max_tokens, capped at the context)
   size_t n_prefilled = 0;  // prompt tokens evaluated (or taken from the prompt cache)
   int cached = 0;          // prompt tokens taken from the prompt cache
   int32_t pending = -1;    // sampled, not yet evaluated (>= 0 while generating)
@@ -214,47 +214,42 @@ void Scheduler::admit() {
     const auto& p = r->params;
     const int64_t positions =
         p.max_tokens < 0 ? n_ctx_ : std::min<int64_t>(n_ctx_, int64_t(p.prompt.size()) + p.max_tokens - 1);
-    const int need = model_.kv_blocks_for(int(positions));
-    if (reserved_blocks_ + need > model_.kv_blocks_total()) return;  // waits for blocks to be freed
+    const int need = model_.kv_blocks_for(int(positions));  // its blocks at its longest
 
-    // A sequence: the rows of a prompt prefix computed before (a cached prefix taken over, or
-    // whole blocks shared from any sequence into a new one), else an empty one.
+    // The rows of a prompt prefix computed before: a cached prefix taken over, or whole blocks
+    // shared from any sequence into a new one.
+    Reuse best;
+    if (opts_.prompt_cache && p.cache_prompt) best = best_reuse(p.prompt);
+    const bool share = best.share_seq >= 0 && best.share_n > best.take_n;
+    // Blocks it will take from the pool: all but the reused whole blocks (a prefix taken over
+    // keeps at least those). What admitted requests may still take must stay free.
+    const int block = std::max(1, model_.kv_block_size());
+    const int reused_blocks = (share ? best.share_n : best.take_n) / block;
+    if (!make_room(need - reused_blocks, share ? best.share_seq : best.take_seq)) return;  // waits for blocks
+
     int seq = -1, reuse = 0;
-    if (opts_.prompt_cache && p.cache_prompt) {
-      Reuse best = best_reuse(p.prompt);
-      if (best.share_seq >= 0 && best.share_n > best.take_n) {
-        const int fresh = fresh_sequence(best.share_seq);
-        if (fresh >= 0) {
-          if (model_.seq_share(best.share_seq, fresh, best.share_n).is_ok()) reuse = best.share_n;
-          seq = fresh;
-        } else {
-          best = best_reuse(p.prompt);  // cached prefixes were evicted looking for a sequence
-        }
+    if (share) {
+      seq = fresh_sequence(best.share_seq);
+      if (seq >= 0) {
+        if (model_.seq_share(best.share_seq, seq, best.share_n).is_ok()) reuse = best.share_n;
+      } else if (best.share_use > 0) {
+        reuse = take_over(best.share_seq, best.share_use);  // no sequence to share into: take it
+        seq = best.share_seq;
+      } else {
+        return;  // no sequence free yet: wait
       }
-      if (seq < 0 && best.take >= 0) {
-        Cached& c = cached_[size_t(best.take)];
-        seq = c.seq;
-        cached_blocks_ -= model_.kv_blocks_for(int(c.tokens.size()));
-        cached_.erase(cached_.begin() + best.take);
-        model_.seq_truncate(seq, best.take_n);
-        reuse = model_.seq_n_past(seq);  // less where the block at take_n is shared
-      }
+    } else if (best.take_seq >= 0) {
+      reuse = take_over(best.take_seq, best.take_n);
+      seq = best.take_seq;
     }
     if (seq < 0) seq = fresh_sequence(-1);
     if (seq < 0) return;  // no sequence free yet: wait
-    // Blocks: cached prefixes give way to what admitted requests may still need.
-    while (cached_blocks_ + reserved_blocks_ + need > model_.kv_blocks_total()) {
-      const int i = lru_prefix();
-      if (i < 0) break;  // cannot happen: reserved + need fits the pool (checked above)
-      evict(size_t(i));
-    }
     {
       std::lock_guard lk(mu_);
       // The head is still r: only this thread pops.
       queue_.pop_front();
       m_.queued = int(queue_.size());
     }
-    reserved_blocks_ += need;
     auto a = std::make_unique<Active>(std::move(r), seq, need, tok_, n_vocab_);
     a->n_prefilled = size_t(reuse);
     a->cached = reuse;
@@ -262,7 +257,7 @@ void Scheduler::admit() {
     active_.push_back(std::move(a));
     std::lock_guard lk(mu_);
     m_.active = int(active_.size());
-    m_.kv_blocks_reserved = reserved_blocks_;
+    m_.kv_blocks_reserved = pending_blocks();
     m_.prompt_tokens_cached += uint64_t(reuse);
     update_cache_metrics();
   }
@@ -280,31 +275,64 @@ Scheduler::Reuse Scheduler::best_reuse(const std::vector<int32_t>& prompt) const
     return std::min(int(n), cap);
   };
   Reuse r;
-  auto consider_share = [&](int seq, int use) {
+  auto consider_share = [&](int seq, int use, bool cached) {
     const int n = use / block * block;
     if (multi_ && n >= kMinCachedTokens && n > r.share_n) {
       r.share_seq = seq;
       r.share_n = n;
+      r.share_use = cached ? use : 0;
     }
   };
-  for (size_t i = 0; i < cached_.size(); ++i) {
-    const std::vector<int32_t>& t = cached_[i].tokens;
-    const int use = common(t);
+  for (const Cached& c : cached_) {
+    const int use = common(c.tokens);
     // Taking a sequence over drops the rest of its prefix: only where at least half of it is used
     // (else its whole blocks are shared, and it stays).
-    if (use >= kMinCachedTokens && 2 * size_t(use) >= t.size() && use > r.take_n) {
-      r.take = int(i);
+    if (use >= kMinCachedTokens && 2 * size_t(use) >= c.tokens.size() && use > r.take_n) {
+      r.take_seq = c.seq;
       r.take_n = use;
     }
-    consider_share(cached_[i].seq, use);
+    consider_share(c.seq, use, true);
   }
   // Running requests' prompt rows computed so far.
   for (const auto& a : active_) {
     if (a->done) continue;
     const size_t rows = std::min(a->n_prefilled, size_t(model_.seq_n_past(a->seq)));
-    consider_share(a->seq, common(std::span<const int32_t>(a->req->params.prompt).first(rows)));
+    consider_share(a->seq, common(std::span<const int32_t>(a->req->params.prompt).first(rows)), false);
   }
   return r;
+}
+
+int Scheduler::take_over(int seq, int n) {
+  const auto it = std::find_if(cached_.begin(), cached_.end(), [&](const Cached& c) { return c.seq == seq; });
+  SLUICE_CHECK(it != cached_.end(), "scheduler: taking over a sequence that holds no cached prefix");
+  cached_blocks_ -= model_.kv_blocks_for(int(it->tokens.size()));
+  cached_.erase(it);
+  model_.seq_truncate(seq, n);
+  return model_.seq_n_past(seq);  // less where the block at n is shared
+}
+
+int Scheduler::pending_blocks() const {
+  int n = 0;
+  for (const auto& a : active_) {
+    if (!a->done) n += std::max(0, a->reserved - model_.kv_blocks_for(model_.seq_n_past(a->seq)));
+  }
+  return n;
+}
+
+bool Scheduler::make_room(int blocks, int keep) {
+  const int pending = pending_blocks();
+  // Evicting cannot free more than the cached prefixes hold: then evict nothing and wait.
+  int cached = 0;
+  for (const Cached& c : cached_) {
+    if (c.seq != keep) cached += model_.kv_blocks_for(int(c.tokens.size()));
+  }
+  if (pending + blocks > model_.kv_blocks_free() + cached) return false;
+  while (pending + blocks > model_.kv_blocks_free()) {
+    const int i = lru_prefix(keep);
+    if (i < 0) return false;  // the rest of the cached blocks are shared with running requests
+    evict(size_t(i));
+  }
+  return true;
 }
 
 int Scheduler::fresh_sequence(int keep) {
@@ -392,7 +420,7 @@ bool Scheduler::step() {
   if (active_.empty()) {
     std::lock_guard lk(mu_);
     m_.active = 0;
-    m_.kv_blocks_reserved = reserved_blocks_;
+    m_.kv_blocks_reserved = 0;
     m_.kv_blocks_used = model_.kv_blocks_total() - model_.kv_blocks_free();
     return false;
   }
@@ -458,7 +486,7 @@ bool Scheduler::step() {
   std::erase_if(active_, [](const auto& a) { return a->done; });
   std::lock_guard lk(mu_);
   m_.active = int(active_.size());
-  m_.kv_blocks_reserved = reserved_blocks_;
+  m_.kv_blocks_reserved = pending_blocks();
   m_.kv_blocks_used = model_.kv_blocks_total() - model_.kv_blocks_free();
   const auto now = Clock::now();
   rate_window_.emplace_back(now, m_.generated_tokens);
@@ -568,13 +596,12 @@ void Scheduler::finish(Active& a, FinishReason r, const std::string& error) {
   } else {
     model_.seq_free(a.seq);
   }
-  reserved_blocks_ -= a.reserved;
-  a.reserved = 0;
+
   {
     // The metrics change before the client can see its end: a client that reads /metrics after
     // its last event sees its blocks released and its outcome counted.
     std::lock_guard lk(mu_);
-    m_.kv_blocks_reserved = reserved_blocks_;
+    m_.kv_blocks_reserved = pending_blocks();
     m_.kv_blocks_used = model_.kv_blocks_total() - model_.kv_blocks_free();
     update_cache_metrics();
     switch (r) {

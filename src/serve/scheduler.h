@@ -8,10 +8,11 @@
 // ends them (end of generation, stop string, max_tokens, context full, cancellation), freeing their
 // sequence and KV blocks at once.
 //
-// Admission is by KV blocks: a request reserves the blocks of its prompt plus max_tokens (capped at
-// the context) when it is admitted, so a running request never runs out of cache. A request that
-// does not fit waits in the queue; one that could never fit (more blocks than the whole pool) is
-// refused at submit() with a message saying so.
+// Admission is by KV blocks: a request is admitted only where the pool can give it every block
+// its prompt plus max_tokens (capped at the context) will need beyond those it starts with, next
+// to what the admitted requests may still take, so a running request never runs out of cache. A
+// request that does not fit waits in the queue; one that could never fit (more blocks than the
+// whole pool) is refused at submit() with a message saying so.
 //
 // Prompt cache: a finished request's sequence keeps the KV rows of its prompt (the part its
 // prefill computed; the generated tokens' rows are dropped) as a cached prefix. A later request
@@ -131,7 +132,7 @@ struct Metrics {
   int parallel = 0; // slots
   int kv_blocks_total = 0;
   int kv_blocks_used = 0;      // the model's pool
-  int kv_blocks_reserved = 0;  // reserved by admitted requests
+  int kv_blocks_reserved = 0;  // still to be taken by admitted requests (pending_blocks)
   int kv_block_size = 0;
   double busy_seconds = 0;     // wall time inside steps
   double tokens_per_second = 0;  // generated tokens per second over the last few seconds
@@ -172,14 +173,25 @@ class Scheduler {
   bool step();  // one batch; false when there was nothing to do
   void admit();
   void finish(Active& a, FinishReason r, const std::string& error = {});
-  // Where a new request's prompt prefix can come from: the cached prefix to take over (index into
-  // cached_, -1: none) and how many positions that reuses; the sequence (cached or running) whose
-  // whole blocks to share (-1: none) and how many positions those hold.
+  // Where a new request's prompt prefix can come from: the cached prefix to take over (its
+  // sequence, -1: none) and how many positions that reuses; the sequence (cached or running) whose
+  // whole blocks to share (-1: none), how many positions those hold, and where it is a cached
+  // prefix how many positions taking it over would reuse instead (0: a running request's).
   struct Reuse {
-    int take = -1, take_n = 0;
-    int share_seq = -1, share_n = 0;
+    int take_seq = -1, take_n = 0;
+    int share_seq = -1, share_n = 0, share_use = 0;
   };
   Reuse best_reuse(const std::vector<int32_t>& prompt) const;
+  // Takes cached prefix `seq` over for a request: out of the cache, truncated to n positions.
+  // Returns the positions kept (fewer where the block at n is shared).
+  int take_over(int seq, int n);
+  // KV blocks admitted requests may still take from the pool (each its blocks at its longest
+  // less those it holds): the pool must keep that many free.
+  int pending_blocks() const;
+  // Evicts cached prefixes (least recently used first, never `keep`'s) until a request taking
+  // `blocks` more fits beside pending_blocks(); false (evicting nothing where evicting all could
+  // not do it) when it does not fit.
+  bool make_room(int blocks, int keep);
   // A sequence with no positions for a new request, other than `keep`: 0 when free, else a new
   // one (cached prefixes other than keep's evicted for it when none is left); -1: none yet.
   int fresh_sequence(int keep);
@@ -212,7 +224,6 @@ class Scheduler {
   // Scheduler thread only.
   std::vector<std::unique_ptr<Active>> active_;
   std::vector<int> free_slots_;  // sequence ids not in use (0 always exists)
-  int reserved_blocks_ = 0;
   std::vector<Cached> cached_;  // the prompt cache
   int cached_blocks_ = 0;       // KV blocks its sequences hold
   uint64_t use_clock_ = 0;

@@ -63,10 +63,15 @@ class SlowTokenizer final : public model::Tokenizer {
 
 // The most likely next token is (last token + 1) % 16 in every sequence, so each request's greedy
 // output is determined by its own last prompt token whatever else shares the batch. A pool of
-// blocks of 4 positions; every pass is recorded and checked against eval_batch's contract.
+// blocks of 4 positions, shared between sequences as the real pool shares them (seq_share: counted
+// once, held until the last holder lets go, a truncation into a shared block drops it); every
+// pass is recorded and checked against eval_batch's contract.
 class FakeModel : public model::Model {
  public:
-  FakeModel(int n_ctx, int max_seq, int blocks) : n_ctx_(n_ctx), max_seq_(max_seq), blocks_(blocks) { seqs_[0] = {}; }
+  FakeModel(int n_ctx, int max_seq, int blocks)
+      : n_ctx_(n_ctx), max_seq_(max_seq), blocks_(blocks), refs_(size_t(blocks), 0) {
+    seqs_[0] = {};
+  }
 
   const model::Config& config() const override { return config_; }
   const char* backend_name() const override { return "fake"; }
@@ -87,7 +92,10 @@ class FakeModel : public model::Model {
     return id;
   }
   void seq_free(int seq) override {
-    if (seq != 0) seqs_.erase(seq);
+    if (seq == 0 || !seqs_.count(seq)) return;
+    seq_truncate(seq, 0);
+    seqs_.erase(seq);
+    blk_.erase(seq);
   }
   int seq_n_past(int seq) const override {
     auto it = seqs_.find(seq);
@@ -95,9 +103,16 @@ class FakeModel : public model::Model {
   }
   void seq_truncate(int seq, int n) override {
     auto it = seqs_.find(seq);
-    if (it != seqs_.end() && n < int(it->second.size())) it->second.resize(size_t(n));
+    if (it == seqs_.end() || n >= int(it->second.size())) return;
+    std::vector<int>& b = blk_[seq];
+    const int bs = kv_block_size();
+    if (n % bs != 0 && refs_[size_t(b[size_t(n / bs)])] > 1) n -= n % bs;
+    it->second.resize(size_t(n));
+    while (int(b.size()) > kv_blocks_for(n)) {
+      refs_[size_t(b.back())]--;
+      b.pop_back();
+    }
   }
-  // Shared positions are copies here (the real pool's block sharing is tested in model/).
   Status seq_share(int src, int dst, int n) override {
     auto s = seqs_.find(src), d = seqs_.find(dst);
     if (s == seqs_.end() || d == seqs_.end() || src == dst || !d->second.empty() || n % kv_block_size() != 0 ||
@@ -105,6 +120,11 @@ class FakeModel : public model::Model {
       return contract("bad seq_share");
     }
     d->second.assign(s->second.begin(), s->second.begin() + n);
+    for (int i = 0; i < n / kv_block_size(); ++i) {
+      const int b = blk_[src][size_t(i)];
+      refs_[size_t(b)]++;
+      blk_[dst].push_back(b);
+    }
     shares++;
     return Status::ok();
   }
@@ -112,11 +132,7 @@ class FakeModel : public model::Model {
   int max_sequences() const override { return max_seq_; }
   int kv_block_size() const override { return 4; }
   int kv_blocks_total() const override { return blocks_; }
-  int kv_blocks_free() const override {
-    int used = 0;
-    for (const auto& [id, s] : seqs_) used += kv_blocks_for(int(s.size()));
-    return blocks_ - used;
-  }
+  int kv_blocks_free() const override { return int(std::count(refs_.begin(), refs_.end(), 0)); }
 
   Status eval_batch(std::span<const SeqTokens> items, std::span<float> logits) override {
     int total = 0, rows = 0, need = 0;
@@ -140,6 +156,13 @@ class FakeModel : public model::Model {
     for (const auto& it : items) {
       auto& s = seqs_[it.seq];
       s.insert(s.end(), it.tokens.begin(), it.tokens.end());
+      std::vector<int>& b = blk_[it.seq];
+      for (int i = 0; int(b.size()) < kv_blocks_for(int(s.size())); ++i) {
+        if (refs_[size_t(i)] == 0) {
+          refs_[size_t(i)] = 1;
+          b.push_back(i);
+        }
+      }
       const int32_t next = (s.back() + 1) % wrap;
       for (int i = 0; i < kVocab; ++i) logits[row * kVocab + size_t(i)] = i == next ? 5.0f : float(i) * 0.1f;
       row++;
@@ -164,6 +187,8 @@ class FakeModel : public model::Model {
   int n_ctx_, max_seq_, blocks_;
   int next_id_ = 1;
   std::map<int, std::vector<int32_t>> seqs_;
+  std::map<int, std::vector<int>> blk_;  // each sequence's blocks
+  std::vector<int> refs_;                // each block's holders
 };
 
 // The Model base-class defaults: sequence 0 only.
@@ -409,7 +434,7 @@ TEST(ServeScheduler, MetricsCountARequestBeforeItsClientSeesTheEnd) {
   const Metrics mid = s.metrics();
   EXPECT_EQ(oa.done.finish, FinishReason::kLength);
   EXPECT_EQ(mid.requests_finished, 1u);
-  EXPECT_EQ(mid.kv_blocks_reserved, 2);  // B's: 1 + 8 - 1 = 8 positions in blocks of 4
+  EXPECT_LE(mid.kv_blocks_reserved, 1);  // B's still to take: 8 positions at its longest, 1+ held
   EXPECT_LE(mid.kv_blocks_used, 2);      // B's positions only
   Outcome ob = drain(**b);
   EXPECT_EQ(ob.text, "ghijklmn");
@@ -617,6 +642,42 @@ TEST(ServeScheduler, PromptCacheSharesARunningRequestsPromptRows) {
   EXPECT_EQ(drain(**a).done.n_generated, 60);
   s.shutdown(1s);
   EXPECT_EQ(m.violations, 0);
+}
+
+TEST(ServeScheduler, SharedPrefixBlocksCountOnceForAdmission) {
+  // 24 blocks of 4 positions; three requests of a common 40-token prefix (10 blocks) and 4 tokens
+  // of their own, 13 generated: 14 blocks each at their longest. Counted apart, one runs at a
+  // time (28 > 24); sharing the prefix, all three fit (10 + 3 x 4 = 22).
+  for (const bool cache : {true, false}) {
+    FakeModel m(256, 4, 24);
+    m.wrap = 14;  // never end of generation
+    m.delay = 2ms;
+    FakeTokenizer tok;
+    Scheduler s(m, tok, {});
+    std::vector<std::shared_ptr<Request>> reqs;
+    for (int i = 0; i < 3; ++i) {
+      std::vector<int32_t> prompt = tokens_from(0, 40);
+      for (int32_t t : tokens_from(i + 1, 4)) prompt.push_back(t);
+      RequestParams p = greedy(prompt, 13);
+      p.cache_prompt = cache;
+      auto r = s.submit(p);
+      ASSERT_TRUE(r.is_ok());
+      reqs.push_back(*r);
+      if (i == 0) {
+        ASSERT_TRUE((*r)->next(10s).has_value());  // its prefill is done
+      }
+    }
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const Outcome o = drain(*reqs[i]);
+      EXPECT_EQ(o.done.finish, FinishReason::kLength);
+      EXPECT_EQ(o.done.n_cached, cache && i > 0 ? 40 : 0);
+    }
+    s.shutdown(1s);
+    EXPECT_EQ(m.violations, 0);
+    int most = 0;
+    for (const auto& p : m.passes) most = std::max(most, p.sequences);
+    EXPECT_EQ(most, cache ? 3 : 1) << (cache ? "sharing" : "no sharing");
+  }
 }
 
 TEST(ServeScheduler, PromptCacheOnAOneSequenceModel) {
