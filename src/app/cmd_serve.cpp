@@ -155,9 +155,11 @@ int cmd_serve(int argc, char** argv) {
       server.stop();
       scheduler.shutdown(std::chrono::milliseconds(int64_t(shutdown_timeout * 1000)));
       // A signal that came before the accept loop started found nothing to stop: repeat until
-      // run() has returned.
+      // run() has returned. Connections kept alive between requests would otherwise hold it up
+      // to their idle timeout.
       while (!done.load()) {
         server.stop();
+        server.close_connections();
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
       return;

@@ -220,12 +220,10 @@ std::optional<ApiError> parse_body(const std::string& text, json& out) {
   return std::nullopt;
 }
 
-// The connection a handler answers: cpp-httplib 0.11 (Debian's) tells a handler neither its socket
-// nor whether the client is still there, and only a write notices a closed connection, which a
-// non-streaming response makes once, at the end. So the handler finds its own socket: the open
-// descriptor whose peer is the request's remote address and port and whose local port is the
-// server's. httplib closes it only after the handler returns. -1 where none matches.
-int connection_socket(const httplib::Request& req, int local_port) {
+// Calls fn(fd, peer address, peer port) for every open TCP connection of this process whose local
+// port is `local_port` (cpp-httplib 0.11, Debian's, hands out neither sockets nor connections).
+template <class F>
+void for_each_connection(int local_port, F&& fn) {
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
     int fd = -1;
@@ -255,9 +253,22 @@ int connection_socket(const httplib::Request& req, int local_port) {
     } else {
       continue;
     }
-    if (peer_port == req.remote_port && own_port == local_port && req.remote_addr == ip) return fd;
+    if (own_port == local_port && fn(fd, std::string(ip), peer_port)) return;
   }
-  return -1;
+}
+
+// The connection a handler answers: only a write notices a closed connection, which a
+// non-streaming response makes once, at the end. So the handler finds its own socket: the open
+// descriptor whose peer is the request's remote address and port and whose local port is the
+// server's. httplib closes it only after the handler returns. -1 where none matches.
+int connection_socket(const httplib::Request& req, int local_port) {
+  int found = -1;
+  for_each_connection(local_port, [&](int fd, const std::string& ip, int peer_port) {
+    if (peer_port != req.remote_port || ip != req.remote_addr) return false;
+    found = fd;
+    return true;
+  });
+  return found;
 }
 
 // Whether the client closed (or reset) the connection: a peek at the socket that reads nothing
@@ -716,6 +727,13 @@ void HttpServer::Impl::routes() {
   svr.set_payload_max_length(16u << 20);
   svr.set_read_timeout(30, 0);
   svr.set_write_timeout(30, 0);
+  // Keep-alive: cpp-httplib closes a connection after 5 requests or 5 s idle by default. The
+  // first makes a busy client reconnect every 5 requests; the second equals common clients' own
+  // idle expiry (httpx, the openai client's: 5 s), so a client may send on a connection the
+  // server is closing at that moment (the request fails as a connection error). A client's
+  // expiry should come first: 15 s, 100 requests.
+  svr.set_keep_alive_max_count(100);
+  svr.set_keep_alive_timeout(15);
   const int threads = std::max(4, opts.http_threads);
   svr.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
 
@@ -818,5 +836,12 @@ Status HttpServer::run() {
 }
 
 void HttpServer::stop() { impl_->svr.stop(); }
+
+void HttpServer::close_connections() {
+  for_each_connection(impl_->bound_port, [](int fd, const std::string&, int) {
+    ::shutdown(fd, SHUT_RD);
+    return false;
+  });
+}
 
 }  // namespace sluice::serve

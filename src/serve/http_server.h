@@ -49,6 +49,10 @@ class HttpServer {
   Status run();
   // Stops accepting connections (thread-safe; from the signal watcher).
   void stop();
+  // After stop() and the scheduler's shutdown: ends the read side of every connection still open,
+  // so connections idle between requests (keep-alive) close now instead of at their timeout and
+  // run() returns. Responses being written still go out.
+  void close_connections();
 
  private:
   struct Impl;

@@ -8,6 +8,7 @@ exit 0). Short enough for the sanitizer build.
     python3 test_api.py SLUICE_BINARY SOURCE_DIR
 """
 
+import http.client
 import json
 import socket
 import sys
@@ -290,6 +291,23 @@ class Limits(unittest.TestCase):
         self.assertLess(time.time() - t0, 60)
         with self.assertRaises(OSError):
             socket.create_connection(("127.0.0.1", s.port), timeout=2)
+        s.stop()
+
+    def test_sigterm_does_not_wait_for_idle_keep_alive_connections(self):
+        # A client keeps its connection open between requests (HTTP keep-alive, up to 15 s idle):
+        # the server ends it at shutdown instead of waiting out the idle timeout.
+        s = su.Server("--shutdown-timeout", "10")
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
+        conn.request("POST", "/v1/completions", body=json.dumps({"prompt": "Hi", "max_tokens": 2}),
+                     headers={"Content-Type": "application/json"})
+        self.assertEqual(conn.getresponse().status, 200)
+        t0 = time.time()
+        s.proc.send_signal(15)
+        rc = s.proc.wait(timeout=60)
+        elapsed = time.time() - t0
+        conn.close()
+        self.assertEqual(rc, 0, s.text())
+        self.assertLess(elapsed, 3, "shutdown waited for an idle connection")
         s.stop()
 
     def test_sigterm_cancels_at_the_deadline(self):
