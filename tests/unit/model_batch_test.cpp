@@ -237,7 +237,8 @@ TEST(ModelBatch, SharedPrefixBlocksGiveTheSameLogits) {
   // go into a block of its own.
   m->seq_truncate(*a, 20);
   EXPECT_EQ(m->seq_n_past(*a), B);
-  last(*a, std::span(kTexts[0]).first(30));
+  const std::vector<int32_t> other(text.rbegin(), text.rbegin() + 30);  // other tokens at those positions
+  last(*a, other);
   // B's shared rows were not touched: its next token equals C's.
   const auto next = std::span(text).subspan(size_t(shared) + 20, 1);
   EXPECT_EQ(last(*b, next), last(*c, next));
