@@ -686,13 +686,18 @@ TEST(ServeScheduler, SharedPrefixBlocksCountOnceForAdmission) {
 // random lengths and cancellations, rounds of concurrent requests, chunked prefill. Every request
 // must end as it would alone and never with an error (admission leaves every admitted request
 // the blocks it will take), and the pass contract must hold throughout.
-TEST(ServeScheduler, RandomTrafficWithThePromptCacheNeverRunsOutOfBlocks) {
+// Run with spare sequences for the cache (6 for 4 running requests) and with none (3 for 3: a
+// request that would share from a cached prefix takes it over instead).
+class RandomTraffic : public ::testing::TestWithParam<std::pair<int, int>> {};
+
+TEST_P(RandomTraffic, WithThePromptCacheNeverRunsOutOfBlocks) {
+  const auto [sequences, parallel] = GetParam();
   std::mt19937_64 rng(test::test_seed() ^ 0x5eedULL);
-  FakeModel m(128, 6, 48);  // 192 positions, 6 sequences for 4 running requests and the cache
-  m.wrap = 14;              // tokens 0..13: never a control or end-of-generation token
+  FakeModel m(128, sequences, 48);  // 192 positions
+  m.wrap = 14;                      // tokens 0..13: never a control or end-of-generation token
   FakeTokenizer tok;
   SchedulerOptions o;
-  o.parallel = 4;
+  o.parallel = parallel;
   o.step_tokens = 24;
   Scheduler s(m, tok, o);
   const std::vector<std::vector<int32_t>> bases = {tokens_from(0, 60), tokens_from(5, 60), tokens_from(9, 60)};
@@ -726,6 +731,7 @@ TEST(ServeScheduler, RandomTrafficWithThePromptCacheNeverRunsOutOfBlocks) {
   s.shutdown(1s);
   EXPECT_EQ(m.violations, 0);
 }
+INSTANTIATE_TEST_SUITE_P(ServeScheduler, RandomTraffic, ::testing::Values(std::pair{6, 4}, std::pair{3, 3}));
 
 TEST(ServeScheduler, PromptCacheOnAOneSequenceModel) {
   OneSeqModel m(128);
