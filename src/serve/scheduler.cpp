@@ -305,7 +305,6 @@ Scheduler::Reuse Scheduler::best_reuse(const std::vector<int32_t>& prompt) const
 int Scheduler::take_over(int seq, int n) {
   const auto it = std::find_if(cached_.begin(), cached_.end(), [&](const Cached& c) { return c.seq == seq; });
   SLUICE_CHECK(it != cached_.end(), "scheduler: taking over a sequence that holds no cached prefix");
-  cached_blocks_ -= model_.kv_blocks_for(int(it->tokens.size()));
   cached_.erase(it);
   model_.seq_truncate(seq, n);
   return model_.seq_n_past(seq);  // less where the block at n is shared
@@ -319,14 +318,18 @@ int Scheduler::pending_blocks() const {
   return n;
 }
 
+int Scheduler::cached_blocks(int keep) const {
+  int n = 0;
+  for (const Cached& c : cached_) {
+    if (c.seq != keep) n += model_.kv_blocks_for(int(c.tokens.size()));
+  }
+  return n;
+}
+
 bool Scheduler::make_room(int blocks, int keep) {
   const int pending = pending_blocks();
   // Evicting cannot free more than the cached prefixes hold: then evict nothing and wait.
-  int cached = 0;
-  for (const Cached& c : cached_) {
-    if (c.seq != keep) cached += model_.kv_blocks_for(int(c.tokens.size()));
-  }
-  if (pending + blocks > model_.kv_blocks_free() + cached) return false;
+  if (pending + blocks > model_.kv_blocks_free() + cached_blocks(keep)) return false;
   while (pending + blocks > model_.kv_blocks_free()) {
     const int i = lru_prefix(keep);
     if (i < 0) return false;  // the rest of the cached blocks are shared with running requests
@@ -365,28 +368,23 @@ int Scheduler::lru_prefix(int keep) const {
   return best;
 }
 
-void Scheduler::evict(size_t i) {
-  const Cached& c = cached_[i];
-  cached_blocks_ -= model_.kv_blocks_for(int(c.tokens.size()));
-  if (c.seq == 0 || !multi_) {
-    model_.seq_truncate(c.seq, 0);
+void Scheduler::release_sequence(int seq) {
+  if (seq == 0 || !multi_) {
+    model_.seq_truncate(seq, 0);
   } else {
-    model_.seq_free(c.seq);
+    model_.seq_free(seq);
   }
+}
+
+void Scheduler::evict(size_t i) {
+  release_sequence(cached_[i].seq);
   cached_.erase(cached_.begin() + ptrdiff_t(i));
 }
 
 void Scheduler::park(Active& a, int n) {
-  auto drop = [&] {
-    if (a.seq == 0 || !multi_) {
-      model_.seq_truncate(a.seq, 0);
-    } else {
-      model_.seq_free(a.seq);
-    }
-  };
   model_.seq_truncate(a.seq, n);
   n = model_.seq_n_past(a.seq);  // less where the block at n is shared
-  if (n < kMinCachedTokens) return drop();
+  if (n < kMinCachedTokens) return release_sequence(a.seq);
   const std::vector<int32_t>& prompt = a.req->params.prompt;
   std::vector<int32_t> tokens(prompt.begin(), prompt.begin() + n);
   // A prefix another cached one already holds whole is not kept twice.
@@ -394,7 +392,7 @@ void Scheduler::park(Active& a, int n) {
     const std::vector<int32_t>& t = cached_[i].tokens;
     if (t.size() >= tokens.size() && std::equal(tokens.begin(), tokens.end(), t.begin())) {
       cached_[i].used = ++use_clock_;
-      return drop();
+      return release_sequence(a.seq);
     }
   }
   // Cached prefixes this one holds whole give way to it.
@@ -402,13 +400,12 @@ void Scheduler::park(Active& a, int n) {
     const std::vector<int32_t>& t = cached_[i].tokens;
     if (t.size() < tokens.size() && std::equal(t.begin(), t.end(), tokens.begin())) evict(i);
   }
-  cached_blocks_ += model_.kv_blocks_for(n);
   cached_.push_back({a.seq, std::move(tokens), ++use_clock_});
 }
 
 void Scheduler::update_cache_metrics() {
   m_.cached_prefixes = int(cached_.size());
-  m_.kv_blocks_cached = cached_blocks_;
+  m_.kv_blocks_cached = cached_blocks();
 }
 
 bool Scheduler::step() {
@@ -591,12 +588,9 @@ void Scheduler::finish(Active& a, FinishReason r, const std::string& error) {
   const int keep = std::min(int(a.n_prefilled), model_.seq_n_past(a.seq));
   if (opts_.prompt_cache && r != FinishReason::kError && keep >= kMinCachedTokens) {
     park(a, keep);
-  } else if (a.seq == 0 || !multi_) {
-    model_.seq_truncate(a.seq, 0);
   } else {
-    model_.seq_free(a.seq);
+    release_sequence(a.seq);
   }
-
   {
     // The metrics change before the client can see its end: a client that reads /metrics after
     // its last event sees its blocks released and its outcome counted.

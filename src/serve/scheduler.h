@@ -195,8 +195,13 @@ class Scheduler {
   // A sequence with no positions for a new request, other than `keep`: 0 when free, else a new
   // one (cached prefixes other than keep's evicted for it when none is left); -1: none yet.
   int fresh_sequence(int keep);
-  // Drops cached prefix i: its sequence is freed (sequence 0 is emptied).
+  // Drops cached prefix i: its sequence is released.
   void evict(size_t i);
+  // A sequence no request or cached prefix keeps: freed (sequence 0, or a one-sequence model's,
+  // is emptied instead).
+  void release_sequence(int seq);
+  // KV blocks the cached prefixes hold, but `keep`'s (a block two of them share counts twice).
+  int cached_blocks(int keep = -1) const;
   // The index of the least recently used cached prefix not on sequence `keep`; -1 when none.
   int lru_prefix(int keep = -1) const;
   // Keeps the first n prompt tokens of a finished request's sequence as a cached prefix.
@@ -223,9 +228,7 @@ class Scheduler {
 
   // Scheduler thread only.
   std::vector<std::unique_ptr<Active>> active_;
-  std::vector<int> free_slots_;  // sequence ids not in use (0 always exists)
   std::vector<Cached> cached_;  // the prompt cache
-  int cached_blocks_ = 0;       // KV blocks its sequences hold
   uint64_t use_clock_ = 0;
   std::vector<float> logits_;
   std::vector<int32_t> eog_tokens_;  // masked for ignore_eos requests
