@@ -371,9 +371,11 @@ step_serve() {
       --server "$SLUICE_BIN serve -m $m70 --port 8089 --parallel 32 -c 1024 --kv-positions 6144 --vram-budget auto -b cuda"
     # The prompt cache on the streamed 70B: a chat whose long system message makes every turn's
     # prompt several 512-token prefill passes without the cache (each pass streams the layers).
+    # The synthetic tokenizer makes ~5.2 tokens of a word: 400 words are a 2227-token first prompt
+    # (1500 words were 7797 tokens, past the context). One sequence: the KV pool of -c 4096 fits.
     echo "### 70B Q4_K_M, 16 GiB free: a 4-turn chat with and without the prompt cache"
-    local s70="$SLUICE_BIN serve -m $m70 --port 8089 --parallel 4 -c 4096 --vram-budget auto -b cuda --chat-template llama3"
-    python3 bench/e2e/chat_bench.py --port 8089 --turns 4 --tokens 16 --system-words 1500 \
+    local s70="$SLUICE_BIN serve -m $m70 --port 8089 --parallel 1 -c 4096 --vram-budget auto -b cuda --chat-template llama3"
+    python3 bench/e2e/chat_bench.py --port 8089 --turns 4 --tokens 16 --system-words 400 \
       --server "$s70" --server "$s70 --no-prompt-cache"
     kill "$hp"; wait "$hp" 2>/dev/null
   } >"$OUT_DIR/serve.txt" 2>&1
