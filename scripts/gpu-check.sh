@@ -329,6 +329,22 @@ step_hybrid() {
     SLUICE="$SLUICE_BIN" LLAMA="$LLAMA_CUDA" HOLD="$hold" TG=16 REPS=2 LOGDIR="$dir" \
       bash bench/e2e/hybrid_sweep.sh "$shm" "$dir/sweep.csv" ${HYBRID_POINTS:-8 12 16 24 32 48}
     python3 bench/plot/sweep.py "$dir/sweep.csv" -o "$dir/sweep.png"
+    # Long prompts (docs/STREAMING.md, "Tokens per pass"): every pass copies the streamed layers,
+    # so a 2048-token prompt in passes of 512 copies them four times, in one pass of 2048 once.
+    echo "### long prompt: pp2048 by tokens per pass, 16 GiB free"
+    local fifo hp; fifo=$(mktemp -u) && mkfifo "$fifo"
+    "$hold" 16 >"$fifo" 2>&1 & hp=$!
+    read -r line <"$fifo"; rm -f "$fifo"; echo "$line"
+    for ub in 512 2048; do
+      echo "## sluice --ubatch $ub"
+      "$SLUICE_BIN" bench -m "$shm" -b cuda --vram-budget auto -p 2048 -n 0 -r 2 --ubatch "$ub" 2>&1 |
+        grep -E "^\||^stream:|^copies:"
+      if [[ -n "$LLAMA_CUDA" && -x "$LLAMA_CUDA" ]]; then
+        echo "## llama.cpp -ngl 30 -b $ub -ub $ub"
+        timeout 300 "$LLAMA_CUDA" -m "$shm" -ngl 30 -p 2048 -n 0 -r 2 -b "$ub" -ub "$ub" -t "$(nproc)" 2>&1 | tail -3
+      fi
+    done
+    kill "$hp"; wait "$hp" 2>/dev/null
   } >"$OUT_DIR/hybrid.txt" 2>&1
   record hybrid ok "$OUT_DIR/hybrid.txt"
 }

@@ -175,9 +175,9 @@ Status bench_batch(model::Model& m, const std::vector<int>& ns, int ctx, int rep
       if (!s.is_ok()) return s.status();
       seqs.ids.push_back(*s);
       for (auto& t : prompt) t = any_token(rng);
-      // Prompts in chunks the pass limit (512 tokens) allows.
-      for (int p = 0; p < ctx; p += 512) {
-        const std::span<const int32_t> chunk(prompt.data() + p, size_t(std::min(512, ctx - p)));
+      // Prompts in chunks the pass limit (--ubatch) allows.
+      for (int p = 0; p < ctx; p += m.max_batch()) {
+        const std::span<const int32_t> chunk(prompt.data() + p, size_t(std::min(m.max_batch(), ctx - p)));
         const model::Model::SeqTokens item{*s, chunk, false};
         SLUICE_RETURN_IF_ERROR(m.eval_batch({&item, 1}, last));
       }
@@ -243,6 +243,7 @@ int cmd_bench(int argc, char** argv) {
   auto* json_flag = app.add_flag("--json", json, "JSON output");
   app.add_flag("--csv", csv, "CSV output")->excludes(json_flag);
   ModelFlags mf;
+  add_ubatch_flag(app, mf);
   add_backend_flags(app, mf);
   StreamFlags stf;
   add_stream_flags(app, stf);

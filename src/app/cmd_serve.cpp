@@ -58,8 +58,9 @@ int cmd_serve(int argc, char** argv) {
   app.add_flag("--no-prompt-cache", no_prompt_cache,
                "do not keep finished prompts' KV rows for later requests that start with the same tokens");
   app.add_option("--batch-tokens", sched_opts.step_tokens,
-                 "tokens per batched pass: decode tokens plus prompt chunks (long prompts are prefilled in chunks)")
-      ->check(CLI::Range(1, 512))
+                 "tokens per batched pass: decode tokens plus prompt chunks (long prompts are prefilled in chunks); "
+                 "0: --ubatch")
+      ->check(CLI::Range(0, model::kMaxMaxBatch))
       ->capture_default_str();
   app.add_option("--http-threads", so.http_threads, "connections served at once (each streaming request holds one)")
       ->check(CLI::Range(4, 4096))
@@ -74,6 +75,11 @@ int cmd_serve(int argc, char** argv) {
   add_stream_flags(app, stf);
   if (auto rc = parse_flags(app, argc, argv)) return *rc;
   if (auto st = resolve_stream_flags(stf); !st.is_ok()) return report_error("serve", st.status());
+  if (sched_opts.step_tokens > mf.max_batch) {
+    return report_error("serve", invalid_argument("--batch-tokens " + std::to_string(sched_opts.step_tokens) +
+                                                  " is more than --ubatch " + std::to_string(mf.max_batch) +
+                                                  " (the tokens one forward pass takes)"));
+  }
   if (!serve::http_available()) {
     return report_error("serve", unsupported("this sluice was built without cpp-httplib (install libcpp-httplib-dev "
                                              "and rebuild)"));

@@ -50,15 +50,22 @@ Result<ModelMeta> open_model_meta(const std::string& path) {
   return meta;
 }
 
-Result<std::unique_ptr<model::Model>> load_weights(const ModelFlags& f, double& seconds) {
-  const auto t0 = std::chrono::steady_clock::now();
+// The model's load options from the shared flags (every loader: resident, CPU or device streaming).
+model::LoadOptions load_options(const ModelFlags& f) {
   model::LoadOptions opts;
   opts.n_ctx = f.n_ctx;
   opts.n_threads = f.n_threads;
   opts.max_sequences = f.max_sequences;
   opts.kv_positions = f.kv_positions;
+  opts.max_batch = f.max_batch;
   opts.backend = backend_kind(f);
   opts.cuda_graphs = f.graphs;
+  return opts;
+}
+
+Result<std::unique_ptr<model::Model>> load_weights(const ModelFlags& f, double& seconds) {
+  const auto t0 = std::chrono::steady_clock::now();
+  model::LoadOptions opts = load_options(f);
   opts.on_load_progress = core::progress_bar("loading " + f.model_path);
   auto m = model::Model::load(f.model_path, opts);
   seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -123,6 +130,7 @@ Result<stream::DeviceStreamOptions> device_options(const ModelFlags& mf, const S
   SLUICE_RETURN_IF_ERROR(stream::parse_hybrid_mode(sf.hybrid, &o.hybrid_mode, &o.split_share));
   o.host_cpu.n_threads = mf.n_threads;
   o.n_ctx = kv_pool_positions(mf);
+  o.max_batch = mf.max_batch;
   o.decode_batch = sf.decode_batch;
   if (!sf.vram_budget.empty()) {
     SLUICE_ASSIGN_OR_RETURN(o.vram_budget, stream::parse_vram_budget(sf.vram_budget));
@@ -184,13 +192,8 @@ Result<LoadedModel> load_device_streamed(const ModelFlags& mf, const StreamFlags
   SLUICE_ASSIGN_OR_RETURN(stream::DeviceStreamOptions o, device_options(mf, sf, lm.probe));
   o.trace = lm.trace.get();
   o.on_load_progress = core::progress_bar("pinning layers of " + mf.model_path);
-  model::LoadOptions lo;
-  lo.n_ctx = mf.n_ctx;
-  lo.n_threads = mf.n_threads;
-  lo.max_sequences = mf.max_sequences;
-  lo.kv_positions = mf.kv_positions;
+  model::LoadOptions lo = load_options(mf);
   lo.backend = model::BackendKind::kCuda;
-  lo.cuda_graphs = mf.graphs;
   lo.layer_source = stream::device_streaming_source(mf.model_path, o, &lm.device_streamer);
   SLUICE_ASSIGN_OR_RETURN(const bool moe, is_moe(mf.model_path));
   if (moe) {
@@ -200,6 +203,7 @@ Result<LoadedModel> load_device_streamed(const ModelFlags& mf, const StreamFlags
     eo.vram_budget = o.vram_budget;
     eo.ram_budget = o.ram_budget;
     eo.n_ctx = kv_pool_positions(mf);
+    eo.max_batch = mf.max_batch;
     eo.host_cpu.n_threads = mf.n_threads;
     SLUICE_ASSIGN_OR_RETURN(eo.policy, miss_policy(sf));
     if (!sf.expert_cache.empty()) {
@@ -261,7 +265,7 @@ Status print_plan(const ModelFlags& mf, const StreamFlags& sf, const gguf::File&
       source = a.is_ok() && b.is_ok() ? "measured" : "default (measurement failed)";
     }
     const stream::ExpertStreamOptions eo;
-    const stream::ExpertPlan plan = stream::plan_experts(w, kv_pool_positions(mf), eo.workspace_bytes, vram);
+    const stream::ExpertPlan plan = stream::plan_experts(w, kv_pool_positions(mf), eo.workspace_bytes, vram, mf.max_batch);
     std::printf("plan (mixture of experts, expert placement; VRAM budget %s; H2D %.1f GB/s, VRAM %.0f GB/s %s; CPU %.1f "
                 "GB/s assumed, refined while running):\n%s",
                 stream::format_bytes(vram).c_str(), h2d / 1e9, vram_bw / 1e9, source.c_str(), eo.cpu_bytes_per_s / 1e9,
@@ -367,13 +371,7 @@ Result<LoadedModel> load_model(const ModelFlags& mf, const StreamFlags& sf) {
   o.ram_budget = *budget;
   o.trace = lm.trace.get();
   o.on_load_progress = core::progress_bar("loading resident layers of " + mf.model_path);
-  model::LoadOptions lo;
-  lo.n_ctx = mf.n_ctx;
-  lo.n_threads = mf.n_threads;
-  lo.max_sequences = mf.max_sequences;
-  lo.kv_positions = mf.kv_positions;
-  lo.backend = backend_kind(mf);
-  lo.cuda_graphs = mf.graphs;
+  model::LoadOptions lo = load_options(mf);
   lo.layer_source = stream::cpu_streaming_source(mf.model_path, o, &lm.streamer);
   SLUICE_ASSIGN_OR_RETURN(const bool moe, is_moe(mf.model_path));
   if (moe) {

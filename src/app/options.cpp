@@ -16,7 +16,17 @@ void add_model_flags(CLI::App& app, ModelFlags& f, int default_ctx) {
   app.add_option("-t,--threads", f.n_threads, "CPU threads (0: all physical cores)")
       ->check(CLI::Range(0, 4096))
       ->capture_default_str();
+  add_ubatch_flag(app, f);
   add_backend_flags(app, f);
+}
+
+void add_ubatch_flag(CLI::App& app, ModelFlags& f) {
+  app.add_option("--ubatch", f.max_batch,
+                 "tokens per forward pass; longer prompts are evaluated in passes of this size. A streamed model "
+                 "moves its streamed layers once a pass, so a larger value prefills long prompts faster, at the "
+                 "cost of activation memory")
+      ->check(CLI::Range(1, model::kMaxMaxBatch))
+      ->capture_default_str();
 }
 
 void add_backend_flags(CLI::App& app, ModelFlags& f) {

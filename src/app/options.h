@@ -26,6 +26,7 @@ struct ModelFlags {
   bool graphs = true;            // CUDA: replay recorded decode steps (--no-graphs: A/B)
   int n_ctx = 0;           // -c; 0: the model's own context length (capped by model/)
   int n_threads = 0;       // -t; 0: all physical cores
+  int max_batch = model::kDefaultMaxBatch;  // --ubatch: tokens per forward pass (model::LoadOptions::max_batch)
   // Sequences open at once and the KV pool size in positions (model::LoadOptions; set by
   // `sluice serve --parallel/--kv-positions`, 1 and 0 for every other command).
   int max_sequences = 1;
@@ -76,8 +77,10 @@ struct SamplingFlags {
   bool seed_given = false;  // --seed appeared on the command line (set while parsing)
 };
 
-// -m (required), -c, -t, --backend, --no-graphs.
+// -m (required), -c, -t, --ubatch, --backend, --no-graphs.
 void add_model_flags(CLI::App& app, ModelFlags& f, int default_ctx = 0);
+// --ubatch (part of add_model_flags; for commands with their own -m/-t flags).
+void add_ubatch_flag(CLI::App& app, ModelFlags& f);
 // --backend, --no-graphs (part of add_model_flags; for commands with their own -m/-t flags).
 void add_backend_flags(CLI::App& app, ModelFlags& f);
 // The --backend choice as model/ takes it.

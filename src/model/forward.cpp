@@ -22,9 +22,6 @@ namespace {
 
 using backend::Tensor;
 
-// Tokens per forward pass: longer evals are split. Bounds activation memory (allocated once at
-// load) while keeping prefill matrix products wide enough to reuse each weight row.
-constexpr int kMaxBatch = 512;
 // Rows of logits computed per output projection when every token's logits are requested.
 constexpr int kLogitRows = 16;
 constexpr int kDefaultMaxCtx = 4096;
@@ -56,16 +53,17 @@ class LlamaFamilyModel final : public Model {
   // Replaces the mmapped views as the loop's weight source (before the first eval).
   void set_layer_source(std::unique_ptr<LayerSource> src) { src_ = std::move(src); }
 
-  Status init(int n_ctx, int max_seqs, int kv_positions) {
+  Status init(int n_ctx, int max_seqs, int kv_positions, int max_batch) {
+    max_batch_ = max_batch;
     // The KV pool: n_ctx positions for one sequence (every row a position, as without paging), or
     // kv_positions shared by max_seqs sequences, each with a row map per pass.
     blocks_.init(kv_positions > 0 ? kv_positions : n_ctx, max_seqs, n_ctx);
     const int pool = blocks_.pool_rows();
-    const int64_t map_rows = max_seqs > 1 ? int64_t(std::min(max_seqs, kMaxBatch)) * n_ctx : 0;
+    const int64_t map_rows = max_seqs > 1 ? int64_t(std::min(max_seqs, max_batch_)) * n_ctx : 0;
     // The main executor keeps every layer's KV cache; a host executor (hybrid execution) only the
     // layers it may compute, and activations for a whole batch (a forced placement may run
     // prefill there too).
-    SLUICE_RETURN_IF_ERROR(main_.init(*be_, cfg_, pool, map_rows, kMaxBatch, {}, src_->globals().rope_freqs.view()));
+    SLUICE_RETURN_IF_ERROR(main_.init(*be_, cfg_, pool, map_rows, max_batch_, {}, src_->globals().rope_freqs.view()));
     const LayerSource::HostExecutor host = src_->host_executor();
     if (host.backend) {
       std::vector<bool> layers(size_t(cfg_.n_layer));
@@ -76,13 +74,13 @@ class LlamaFamilyModel final : public Model {
       }
       if (any || split || src_->experts()) {
         host_ = std::make_unique<Executor>();
-        SLUICE_RETURN_IF_ERROR(host_->init(*host.backend, cfg_, pool, map_rows, kMaxBatch, layers, host.rope_freqs));
+        SLUICE_RETURN_IF_ERROR(host_->init(*host.backend, cfg_, pool, map_rows, max_batch_, layers, host.rope_freqs));
         // Activations cross between the executors through memory the main backend copies from
         // fastest (pinned on a GPU), owned by that backend; a split layer's hand-offs may be as
         // wide as its widest matrix output.
         int64_t width = std::max({cfg_.n_embd, cfg_.n_embd_k(), cfg_.n_embd_v()});
         if (split) width = std::max(width, Executor::split_buffer_floats(cfg_));
-        const size_t floats = size_t(kMaxBatch) * size_t(width);
+        const size_t floats = size_t(max_batch_) * size_t(width);
         SLUICE_ASSIGN_OR_RETURN(void* buf, be_->alloc_staging(int64_t(floats * sizeof(float))));
         handoff_ = std::span<float>(static_cast<float*>(buf), floats);
       }
@@ -155,6 +153,7 @@ class LlamaFamilyModel final : public Model {
   int seq_n_past(int seq) const override { return blocks_.n_past(seq); }
   void seq_truncate(int seq, int n) override { blocks_.truncate(seq, n); }
   int max_sequences() const override { return blocks_.max_seqs(); }
+  int max_batch() const override { return max_batch_; }
   int kv_block_size() const override { return KvBlocks::kBlockSize; }
   int kv_blocks_total() const override { return blocks_.n_blocks(); }
   int kv_blocks_free() const override { return blocks_.n_free(); }
@@ -176,8 +175,8 @@ class LlamaFamilyModel final : public Model {
     SLUICE_RETURN_IF_ERROR(check_tokens(tokens, ""));
     SLUICE_RETURN_IF_ERROR(blocks_.reserve(0, past + int(n)));
     core::Timer timer;
-    for (size_t b = 0; b < n; b += kMaxBatch) {
-      const size_t m = std::min<size_t>(kMaxBatch, n - b);
+    for (size_t b = 0; b < n; b += size_t(max_batch_)) {
+      const size_t m = std::min<size_t>(size_t(max_batch_), n - b);
       const bool last_chunk = b + m == n;
       float* out = all ? logits.data() + b * nv : (last_chunk ? logits.data() : nullptr);
       const Model::SeqTokens item{0, tokens.subspan(b, m), all};
@@ -216,8 +215,8 @@ class LlamaFamilyModel final : public Model {
       rows += it.all_logits ? it.tokens.size() : 1;
       blocks += blocks_.blocks_needed(it.seq, past + int(it.tokens.size()));
     }
-    if (total > size_t(kMaxBatch)) {
-      return invalid_argument("eval_batch: " + std::to_string(total) + " tokens, at most " + std::to_string(kMaxBatch) +
+    if (total > size_t(max_batch_)) {
+      return invalid_argument("eval_batch: " + std::to_string(total) + " tokens, at most " + std::to_string(max_batch_) +
                               " per pass");
     }
     if (logits.size() != rows * nv) {
@@ -422,16 +421,17 @@ class LlamaFamilyModel final : public Model {
   std::vector<float> hidden_;  // on_layer_'s download buffer
   LayerGate gate_;             // layers a pass runs (mask, early exit)
   bool row_invariant_ = false;  // set_row_invariant
+  int max_batch_ = kDefaultMaxBatch;  // tokens per pass (LoadOptions::max_batch)
 };
 
 // Device bytes the whole model needs on a backend with its own memory: every weight but the
 // embedding table (looked up on the host), the KV cache and the activations, plus a margin for
 // the backend's workspaces.
-uint64_t device_bytes_needed(const Config& cfg, const Weights& w, int kv_positions) {
+uint64_t device_bytes_needed(const Config& cfg, const Weights& w, int kv_positions, int max_batch) {
   uint64_t bytes = w.bytes_total() - w.token_embd.nbytes;
   if (w.output.data == w.token_embd.data) bytes += w.output.nbytes;  // tied: uploaded as the output
   bytes += uint64_t(kv_positions) * uint64_t(cfg.n_layer) * uint64_t(cfg.n_embd_k() + cfg.n_embd_v()) * 2;
-  bytes += uint64_t(kMaxBatch) * uint64_t(6 * cfg.n_embd + cfg.n_embd_q() + 2 * cfg.n_ff_max() + cfg.n_expert) * 4;
+  bytes += uint64_t(max_batch) * uint64_t(6 * cfg.n_embd + cfg.n_embd_q() + 2 * cfg.n_ff_max() + cfg.n_expert) * 4;
   return bytes + (uint64_t(512) << 20);
 }
 
@@ -454,7 +454,7 @@ Result<std::unique_ptr<backend::Backend>> make_backend(const LoadOptions& opts, 
     return gpu.status();
   }
   if (streaming) return std::move(gpu).value();  // the source plans device memory itself
-  const uint64_t need = device_bytes_needed(cfg, w, kv_positions);
+  const uint64_t need = device_bytes_needed(cfg, w, kv_positions, opts.max_batch);
   const int64_t free = (*gpu)->free_memory();
   if (free >= 0 && need > uint64_t(free)) {
     if (opts.backend == BackendKind::kAuto) return backend::make_cpu_backend(cpu_options(opts));
@@ -505,6 +505,10 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& path, const LoadOp
     return invalid_argument("max_sequences must be in [1, 4096], got " + std::to_string(opts.max_sequences));
   }
   if (opts.kv_positions < 0) return invalid_argument("kv_positions must be >= 0, got " + std::to_string(opts.kv_positions));
+  if (opts.max_batch < 1 || opts.max_batch > kMaxMaxBatch) {
+    return invalid_argument("tokens per pass (max_batch) must be in [1, " + std::to_string(kMaxMaxBatch) + "], got " +
+                            std::to_string(opts.max_batch));
+  }
   SLUICE_ASSIGN_OR_RETURN(gguf::File file, gguf::File::open(path));
   SLUICE_ASSIGN_OR_RETURN(std::string arch_name, file.get_string("general.architecture"));
   const ArchSpec* arch = find_arch(arch_name);
@@ -530,7 +534,7 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& path, const LoadOp
   auto model = std::make_unique<LlamaFamilyModel>(std::move(file), std::move(cfg), std::move(w), std::move(be));
   if (source) model->set_layer_source(std::move(source));
   if (opts.on_layer) model->set_layer_hook(opts.on_layer);
-  SLUICE_RETURN_IF_ERROR(model->init(n_ctx, opts.max_sequences, opts.kv_positions));
+  SLUICE_RETURN_IF_ERROR(model->init(n_ctx, opts.max_sequences, opts.kv_positions, opts.max_batch));
   return std::unique_ptr<Model>(std::move(model));
 }
 

@@ -38,6 +38,11 @@ struct Timings {
 // KV cache, activations) fits in its free memory, else the CPU.
 enum class BackendKind { kAuto, kCpu, kCuda };
 
+// Tokens per forward pass (LoadOptions::max_batch): a longer eval is split into passes of at most
+// this many tokens, and the activation buffers are sized for it at load.
+inline constexpr int kDefaultMaxBatch = 512;
+inline constexpr int kMaxMaxBatch = 8192;
+
 struct LoadOptions {
   BackendKind backend = BackendKind::kCpu;
   // kCuda: record the decode step of a resident model once (per 256 positions) as a CUDA graph and
@@ -55,6 +60,10 @@ struct LoadOptions {
   // KV cache pool size in positions, shared by all sequences (rounded up to whole blocks);
   // 0: n_ctx (one full-length sequence).
   int kv_positions = 0;
+  // Tokens per forward pass, 1..kMaxMaxBatch (the CLI's --ubatch). A streamed layer is moved once
+  // per pass whatever its token count, so longer passes prefill a long prompt of a streamed model
+  // with fewer copies; they cost activation memory (~(6 n_embd + n_q + 2 n_ff) x 4 bytes a token).
+  int max_batch = kDefaultMaxBatch;
   // Where the layer loop gets its weights (stream/ supplies streaming ones). Called once at load
   // with the opened file, the validated weight views (into the mapping) and the backend that will
   // run the loop (whose slots and copy queue a source may use); empty: the mmapped file itself,
@@ -116,6 +125,9 @@ class Model {
   // one sequence (the default); kInvalidArgument for bad ids, a dst with positions, a bad n.
   virtual Status seq_share(int src, int dst, int n) { return unsupported("this model runs one sequence only"); }
   virtual int max_sequences() const { return 1; }
+  // Tokens one pass takes at most (LoadOptions::max_batch): eval splits longer inputs, eval_batch
+  // refuses them.
+  virtual int max_batch() const { return kDefaultMaxBatch; }
   virtual int kv_block_size() const { return 1; }
   virtual int kv_blocks_total() const { return n_ctx(); }
   virtual int kv_blocks_free() const { return n_ctx() - n_past(); }

@@ -66,7 +66,8 @@ Scheduler::Scheduler(model::Model& model, const model::Tokenizer& tokenizer, con
   const int max_seq = std::max(1, model_.max_sequences());
   parallel_ = opts_.parallel > 0 ? std::min(opts_.parallel, max_seq) : max_seq;
   multi_ = max_seq > 1;
-  opts_.step_tokens = std::clamp(opts_.step_tokens, 1, 512);
+  const int cap = std::max(1, model_.max_batch());
+  opts_.step_tokens = opts_.step_tokens <= 0 ? cap : std::min(opts_.step_tokens, cap);
   opts_.max_queue = std::max(0, opts_.max_queue);
   for (int32_t id = 0; id < n_vocab_; ++id) {
     if (tok_.is_end_of_generation(id)) eog_tokens_.push_back(id);

@@ -107,7 +107,9 @@ class Request {
 
 struct SchedulerOptions {
   int max_queue = 64;     // requests waiting for admission beyond which submit() refuses (HTTP 503)
-  int step_tokens = 512;  // tokens per eval_batch (decode tokens + prompt chunks); the model's cap is 512
+  // Tokens per eval_batch (decode tokens + prompt chunks); 0: the model's cap (Model::max_batch,
+  // --ubatch), which also bounds any other value.
+  int step_tokens = 0;
   bool prompt_cache = true;  // keep finished prompts' KV rows for later requests that start the same way
   int parallel = 0;       // requests generating at once; 0 or more than the model's max_sequences(): that
 };

@@ -22,9 +22,9 @@ namespace {
 using Mark = backend::Backend::Mark;
 using Clock = FileReader::Clock;
 
-// The layer loop's fixed sizes (model/forward.cpp): tokens per pass and logit rows per output
-// projection, which size its activation buffers; and the default context cap for n_ctx = 0.
-constexpr int64_t kMaxBatch = 512;
+// The layer loop's logit rows per output projection (model/forward.cpp), which with the tokens per
+// pass (DeviceStreamOptions::max_batch) size its activation buffers; and the default context cap
+// for n_ctx = 0.
 constexpr int64_t kLogitRows = 16;
 constexpr int kDefaultMaxCtx = 4096;
 // The CUDA GEMV reads weights with 16-byte loads; GGUF aligns tensor data to 32 bytes.
@@ -115,7 +115,12 @@ Result<DevicePlan> plan_device(const gguf::File& file, const FileLayout& layout,
   dp.globals_bytes = (head ? head : tensor_bytes(file, "token_embd.weight")) + tensor_bytes(file, "output_norm.weight") +
                      tensor_bytes(file, "rope_freqs.weight");
   dp.kv_bytes = uint64_t(dp.n_ctx) * uint64_t(cfg.n_layer) * uint64_t(cfg.n_embd_k() + cfg.n_embd_v()) * 2;
-  dp.activation_bytes = uint64_t(kMaxBatch) *
+  if (opts.max_batch < 1 || opts.max_batch > model::kMaxMaxBatch) {
+    return invalid_argument("tokens per pass (max_batch) must be in [1, " + std::to_string(model::kMaxMaxBatch) +
+                            "], got " + std::to_string(opts.max_batch));
+  }
+  dp.max_batch = opts.max_batch;
+  dp.activation_bytes = uint64_t(dp.max_batch) *
                             uint64_t(2 * cfg.n_embd + cfg.n_embd_q() + cfg.n_embd_k() + cfg.n_embd_v() +
                                      cfg.n_head * cfg.head_dim_v + 2 * cfg.n_ff) * 4 +
                         uint64_t(kLogitRows) * uint64_t(cfg.n_vocab) * 4;
@@ -270,7 +275,7 @@ std::string DevicePlan::describe() const {
   if (plan.cpu_exec_bytes > 0) {
     // Long passes (prefill) stream every layer to the GPU: one copy serves the whole batch.
     PlanInput pin = input;
-    pin.batch = int(kMaxBatch);
+    pin.batch = max_batch;
     Plan pp = plan;
     for (UnitPlan& u : pp.units) u.exec = Executor::kGpu;
     score_plan(pin, pp);

@@ -64,6 +64,7 @@ struct DeviceStreamOptions {
   // every pass (Model::set_layer_mask); acquiring one is an error.
   std::vector<bool> skip;
   int n_ctx = 0;            // the model's KV cache positions (LoadOptions::n_ctx; 0: model default)
+  int max_batch = model::kDefaultMaxBatch;  // tokens per pass (LoadOptions::max_batch): sizes the activations
   uint64_t workspace_bytes = 512ull << 20;  // backend scratch (GEMM tiles, attention, cuBLAS)
   IoOptions io;
   Bandwidths bw;            // planning; h2d and vram are measured at load where possible
@@ -133,6 +134,7 @@ struct DevicePlan {
   PlanInput input;              // units = layers
   Plan plan;
   int n_ctx = 0;                // resolved KV cache positions
+  int max_batch = model::kDefaultMaxBatch;  // tokens per pass (the longest prefill pass)
   uint64_t globals_bytes = 0;   // output head, output_norm, rope_freqs (uploaded)
   uint64_t kv_bytes = 0;        // KV cache (f16)
   uint64_t activation_bytes = 0;

@@ -13,9 +13,8 @@ namespace {
 
 using Mark = backend::Backend::Mark;
 
-// The layer loop's fixed sizes (model/forward.cpp), which size its activation buffers, and the
-// default context cap for n_ctx = 0.
-constexpr uint64_t kMaxBatch = 512;
+// The layer loop's logit rows per output projection (model/forward.cpp), which with the tokens per
+// pass size its activation buffers, and the default context cap for n_ctx = 0.
 constexpr uint64_t kLogitRows = 16;
 constexpr int kDefaultMaxCtx = 4096;
 // Matrices inside a slot start at multiples of this (the CUDA GEMV's 16-byte loads, with room).
@@ -41,7 +40,8 @@ constexpr model::LayerTensorField kExpertFields[3] = {&model::LayerWeights::gate
 
 }  // namespace
 
-ExpertPlan plan_experts(const model::Weights& w, int n_ctx, uint64_t workspace_bytes, uint64_t vram_budget) {
+ExpertPlan plan_experts(const model::Weights& w, int n_ctx, uint64_t workspace_bytes, uint64_t vram_budget,
+                        int max_batch) {
   ExpertPlan p;
   const uint64_t n_layer = w.layers.size();
   if (n_layer == 0 || w.n_expert < 1) return p;
@@ -70,7 +70,7 @@ ExpertPlan plan_experts(const model::Weights& w, int n_ctx, uint64_t workspace_b
   const uint64_t n_q = uint64_t(L0.wq.ne1), n_ff = uint64_t(std::max(L0.gate_exps.ne1, L0.gate_shexp.ne1));
   const uint64_t ctx = uint64_t(n_ctx > 0 ? n_ctx : kDefaultMaxCtx);
   const uint64_t kv_bytes = ctx * n_layer * (n_embd_k + n_embd_v) * 2;
-  const uint64_t act_bytes = kMaxBatch * (6 * n_embd + n_q + n_embd_k + n_embd_v + n_q + 2 * n_ff + uint64_t(w.n_expert)) * 4 +
+  const uint64_t act_bytes = uint64_t(max_batch) * (6 * n_embd + n_q + n_embd_k + n_embd_v + n_q + 2 * n_ff + uint64_t(w.n_expert)) * 4 +
                              kLogitRows * uint64_t(w.token_embd.ne1) * 4;
   p.reserved_bytes = kv_bytes + act_bytes + workspace_bytes;
   const uint64_t fixed = p.resident_bytes + p.reserved_bytes;
@@ -210,7 +210,7 @@ Result<std::unique_ptr<ExpertStreamer>> ExpertStreamer::create(const gguf::File&
     }
   }
 
-  const ExpertPlan ep = plan_experts(w, opts.n_ctx, opts.workspace_bytes, 0);
+  const ExpertPlan ep = plan_experts(w, opts.n_ctx, opts.workspace_bytes, 0, opts.max_batch);
   s->off_up_ = ep.off_up;
   s->off_down_ = ep.off_down;
   s->slot_bytes_ = ep.slot_bytes;

@@ -49,6 +49,7 @@ struct ExpertStreamOptions {
   uint64_t vram_budget = 0;  // 0: the backend's free memory at load
   uint64_t ram_budget = 0;   // pinned expert copies + the CPU's packed copies; 0: 3/4 of RAM
   int n_ctx = 0;             // KV cache positions (0: the model's default)
+  int max_batch = model::kDefaultMaxBatch;  // tokens per pass (LoadOptions::max_batch)
   uint64_t workspace_bytes = 512ull << 20;
   int prefill_batch = 32;
   backend::CpuOptions host_cpu;  // the host executor (threads: physical cores by default)
@@ -86,7 +87,8 @@ struct ExpertPlan {
   // The plan and a predicted decode time under uniform routing, at the given bytes/s.
   std::string describe(double vram_bw, double h2d_bw, double cpu_bw) const;
 };
-ExpertPlan plan_experts(const model::Weights& w, int n_ctx, uint64_t workspace_bytes, uint64_t vram_budget);
+ExpertPlan plan_experts(const model::Weights& w, int n_ctx, uint64_t workspace_bytes, uint64_t vram_budget,
+                        int max_batch = model::kDefaultMaxBatch);
 
 // Per-layer quotas of n_slots cache slots (pure): uses[l * n_expert + e] counts the uses of expert
 // e of layer l. Each slot goes to one of the n_slots most-used experts (more uses first, then the

@@ -65,6 +65,12 @@ expect 2 "no calibration file" "$sluice" run -m "$tmp/ok.gguf" -p hi -n 2 --skip
 expect 0 "spec: .* passes" "$sluice" run -m "$tmp/ok.gguf" -p hi -n 6 --temp 0 --self-draft --draft-k 2
 expect 0 "spec: .* passes" "$sluice" run -m "$tmp/ok.gguf" -p hi -n 6 --draft-model "$tmp/ok.gguf" --draft-k 3
 expect 0 "LOSSY" "$sluice" run -m "$tmp/ok.gguf" -p hi -n 3 --skip-layers 1,
+# Tokens per pass (--ubatch): out of range is a flag error; a larger one runs (a 40-token prompt in
+# passes of 16); a server step longer than the pass cap is refused before loading.
+expect 2 "--ubatch: Value 0 not in range" "$sluice" run -m "$tmp/ok.gguf" -p hi -n 2 --ubatch 0
+expect 2 "--ubatch: Value 9000 not in range" "$sluice" bench -m "$tmp/ok.gguf" -p 8 -n 0 --ubatch 9000
+expect 0 "pp40" "$sluice" bench -m "$tmp/ok.gguf" -p 40 -n 0 -r 1 --ubatch 16
+expect 2 "--batch-tokens 600 is more than --ubatch 512" "$sluice" serve -m "$tmp/ok.gguf" --batch-tokens 600
 # A truncated synth file is rejected with the tensor named.
 head -c 200000 "$tmp/ok.gguf" >"$tmp/trunc.gguf"
 expect 2 "trunc.gguf: tensor '.*': offset: .*past the end" "$sluice" inspect "$tmp/trunc.gguf"

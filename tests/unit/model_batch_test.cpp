@@ -301,5 +301,53 @@ TEST(ModelBatch, LoadRejectsBadSequenceOptions) {
   EXPECT_EQ(Model::load(test::model_path(test::kSmolLM2), o).status().code(), ErrorCode::kInvalidArgument);
 }
 
+// Tokens per pass (LoadOptions::max_batch, --ubatch): one 700-token prompt evaluated in passes of
+// 96, 512 (the default) and 1024 tokens gives the same bits on the CPU (a row's products, norms
+// and attention do not depend on which pass it is in), every row's logits and the next token's
+// alike; eval_batch refuses a pass longer than the model's cap, and load refuses a cap out of range.
+TEST(ModelBatch, PassSizeDoesNotChangeTheBits) {
+  SLUICE_REQUIRE_MODEL(test::model_path(test::kSmolLM2));
+  constexpr int kPrompt = 700;
+  std::vector<int32_t> prompt(kPrompt);
+  for (int i = 0; i < kPrompt; ++i) prompt[size_t(i)] = kTexts[size_t(i % 3)][size_t(i % kTexts[size_t(i % 3)].size())];
+  std::vector<std::vector<float>> all, next;
+  for (int max_batch : {512, 96, 1024}) {
+    LoadOptions opts;
+    opts.n_ctx = 2048;  // room for the refused pass below, so the cap is what refuses it
+    opts.max_batch = max_batch;
+    auto m = Model::load(test::model_path(test::kSmolLM2), opts);
+    ASSERT_TRUE(m.is_ok()) << m.status().message();
+    EXPECT_EQ((*m)->max_batch(), max_batch);
+    const size_t nv = size_t((*m)->n_vocab());
+    std::vector<float> rows(size_t(kPrompt) * nv), one(nv);
+    ASSERT_TRUE((*m)->eval(prompt, rows).is_ok());  // every row: rows holds prompt x n_vocab
+    const std::vector<int32_t> step = {kTexts[0][3]};
+    ASSERT_TRUE((*m)->eval(step, one).is_ok());
+    all.push_back(std::move(rows));
+    next.push_back(std::move(one));
+    // A pass longer than the cap is refused, naming both counts; nothing is evaluated.
+    std::vector<float> out(nv);
+    const std::vector<int32_t> long_pass(size_t(max_batch + 1), 5);
+    const Model::SeqTokens item{0, long_pass, false};
+    const Status st = (*m)->eval_batch({&item, 1}, out);
+    EXPECT_EQ(st.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(st.message().find(std::to_string(max_batch + 1) + " tokens, at most " + std::to_string(max_batch)),
+              std::string::npos)
+        << st.message();
+    EXPECT_EQ((*m)->n_past(), kPrompt + 1);
+  }
+  for (size_t i = 1; i < all.size(); ++i) {
+    EXPECT_TRUE(all[i] == all[0]) << "every row's logits, cap #" << i;
+    EXPECT_TRUE(next[i] == next[0]) << "the next token's logits, cap #" << i;
+  }
+  LoadOptions o;
+  for (int bad : {0, -1, kMaxMaxBatch + 1}) {
+    o.max_batch = bad;
+    const auto r = Model::load(test::model_path(test::kSmolLM2), o);
+    EXPECT_EQ(r.status().code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("max_batch"), std::string::npos) << r.status().message();
+  }
+}
+
 }  // namespace
 }  // namespace sluice::model

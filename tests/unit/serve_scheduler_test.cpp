@@ -131,6 +131,8 @@ class FakeModel : public model::Model {
   }
   int shares = 0;
   int max_sequences() const override { return max_seq_; }
+  int cap = model::kDefaultMaxBatch;  // tokens per pass (max_batch)
+  int max_batch() const override { return cap; }
   int kv_block_size() const override { return 4; }
   int kv_blocks_total() const override { return blocks_; }
   int kv_blocks_free() const override { return int(std::count(refs_.begin(), refs_.end(), 0)); }
@@ -148,7 +150,7 @@ class FakeModel : public model::Model {
       rows += it.all_logits ? int(it.tokens.size()) : 1;
       need += kv_blocks_for(int(s->second.size() + it.tokens.size())) - kv_blocks_for(int(s->second.size()));
     }
-    if (total > 512) return contract("more than 512 tokens");
+    if (total > cap) return contract("more than max_batch() tokens");
     if (logits.size() != size_t(rows) * kVocab) return contract("wrong logits size");
     if (need > kv_blocks_free()) return out_of_memory("pool full");
     passes.push_back({int(items.size()), total});
@@ -321,6 +323,29 @@ TEST(ServeScheduler, LongPromptIsPrefilledInChunksMixedWithDecode) {
     mixed = mixed || (p.sequences == 2 && p.tokens > 2);
   }
   EXPECT_TRUE(mixed) << "no pass mixed a prompt chunk with a decode token";
+}
+
+// The step's token budget defaults to the model's pass cap (--ubatch), and a larger --batch-tokens
+// is held to it: a 1000-token prompt goes through in passes of the cap, never more.
+TEST(ServeScheduler, PassesFollowTheModelsPassCap) {
+  for (int step : {0, 400}) {
+    FakeModel m(2048, 4, 1024);
+    m.cap = 200;
+    FakeTokenizer tok;
+    SchedulerOptions o;
+    o.step_tokens = step;
+    Scheduler s(m, tok, o);
+    std::vector<int32_t> long_prompt(1000, 3);
+    long_prompt.back() = 2;
+    auto req = s.submit(greedy(long_prompt, 3));
+    ASSERT_TRUE(req.is_ok());
+    EXPECT_EQ(drain(**req).text, "def");
+    s.shutdown(1s);
+    EXPECT_EQ(m.violations, 0);
+    int most = 0;
+    for (const auto& p : m.passes) most = std::max(most, p.tokens);
+    EXPECT_EQ(most, 200) << "step_tokens " << step;
+  }
 }
 
 TEST(ServeScheduler, StopStringEndsTheTextBeforeIt) {
