@@ -80,6 +80,15 @@ int cmd_serve(int argc, char** argv) {
                                                   " is more than --ubatch " + std::to_string(mf.max_batch) +
                                                   " (the tokens one forward pass takes)"));
   }
+  // A step decodes one token of every generating request: fewer tokens a step than requests would
+  // leave the later requests waiting on the earlier ones.
+  const int step_tokens = sched_opts.step_tokens > 0 ? sched_opts.step_tokens : mf.max_batch;
+  if (step_tokens < parallel) {
+    return report_error("serve", invalid_argument(std::string(sched_opts.step_tokens > 0 ? "--batch-tokens " : "--ubatch ") +
+                                                  std::to_string(step_tokens) + " is less than --parallel " +
+                                                  std::to_string(parallel) +
+                                                  ": a batched pass takes a decode token of every running request"));
+  }
   if (!serve::http_available()) {
     return report_error("serve", unsupported("this sluice was built without cpp-httplib (install libcpp-httplib-dev "
                                              "and rebuild)"));
