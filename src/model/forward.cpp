@@ -498,6 +498,12 @@ Result<Weights> upload_weights(backend::Backend& be, const Weights& host, const 
 
 }  // namespace
 
+Status check_max_batch(int max_batch) {
+  if (max_batch >= 1 && max_batch <= kMaxMaxBatch) return Status::ok();
+  return invalid_argument("tokens per pass (max_batch) must be in [1, " + std::to_string(kMaxMaxBatch) + "], got " +
+                          std::to_string(max_batch));
+}
+
 Result<std::unique_ptr<Model>> Model::load(const std::string& path, const LoadOptions& opts) {
   if (opts.n_ctx < 0) return invalid_argument("n_ctx must be >= 0, got " + std::to_string(opts.n_ctx));
   if (opts.n_threads < 0) return invalid_argument("n_threads must be >= 0, got " + std::to_string(opts.n_threads));
@@ -505,10 +511,7 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& path, const LoadOp
     return invalid_argument("max_sequences must be in [1, 4096], got " + std::to_string(opts.max_sequences));
   }
   if (opts.kv_positions < 0) return invalid_argument("kv_positions must be >= 0, got " + std::to_string(opts.kv_positions));
-  if (opts.max_batch < 1 || opts.max_batch > kMaxMaxBatch) {
-    return invalid_argument("tokens per pass (max_batch) must be in [1, " + std::to_string(kMaxMaxBatch) + "], got " +
-                            std::to_string(opts.max_batch));
-  }
+  SLUICE_RETURN_IF_ERROR(check_max_batch(opts.max_batch));
   SLUICE_ASSIGN_OR_RETURN(gguf::File file, gguf::File::open(path));
   SLUICE_ASSIGN_OR_RETURN(std::string arch_name, file.get_string("general.architecture"));
   const ArchSpec* arch = find_arch(arch_name);

@@ -42,6 +42,8 @@ enum class BackendKind { kAuto, kCpu, kCuda };
 // this many tokens, and the activation buffers are sized for it at load.
 inline constexpr int kDefaultMaxBatch = 512;
 inline constexpr int kMaxMaxBatch = 8192;
+// Ok, or an error naming the value when it is outside [1, kMaxMaxBatch].
+Status check_max_batch(int max_batch);
 
 struct LoadOptions {
   BackendKind backend = BackendKind::kCpu;

@@ -258,9 +258,8 @@ void Scheduler::admit() {
     active_.push_back(std::move(a));
     std::lock_guard lk(mu_);
     m_.active = int(active_.size());
-    m_.kv_blocks_reserved = pending_blocks();
     m_.prompt_tokens_cached += uint64_t(reuse);
-    update_cache_metrics();
+    update_pool_metrics();
   }
 }
 
@@ -404,7 +403,9 @@ void Scheduler::park(Active& a, int n) {
   cached_.push_back({a.seq, std::move(tokens), ++use_clock_});
 }
 
-void Scheduler::update_cache_metrics() {
+void Scheduler::update_pool_metrics() {
+  m_.kv_blocks_reserved = pending_blocks();
+  m_.kv_blocks_used = model_.kv_blocks_total() - model_.kv_blocks_free();
   m_.cached_prefixes = int(cached_.size());
   m_.kv_blocks_cached = cached_blocks();
 }
@@ -418,8 +419,7 @@ bool Scheduler::step() {
   if (active_.empty()) {
     std::lock_guard lk(mu_);
     m_.active = 0;
-    m_.kv_blocks_reserved = 0;
-    m_.kv_blocks_used = model_.kv_blocks_total() - model_.kv_blocks_free();
+    update_pool_metrics();
     return false;
   }
 
@@ -484,8 +484,7 @@ bool Scheduler::step() {
   std::erase_if(active_, [](const auto& a) { return a->done; });
   std::lock_guard lk(mu_);
   m_.active = int(active_.size());
-  m_.kv_blocks_reserved = pending_blocks();
-  m_.kv_blocks_used = model_.kv_blocks_total() - model_.kv_blocks_free();
+  update_pool_metrics();
   const auto now = Clock::now();
   rate_window_.emplace_back(now, m_.generated_tokens);
   while (rate_window_.size() > 2 && now - rate_window_[1].first > std::chrono::seconds(10)) rate_window_.pop_front();
@@ -596,9 +595,7 @@ void Scheduler::finish(Active& a, FinishReason r, const std::string& error) {
     // The metrics change before the client can see its end: a client that reads /metrics after
     // its last event sees its blocks released and its outcome counted.
     std::lock_guard lk(mu_);
-    m_.kv_blocks_reserved = pending_blocks();
-    m_.kv_blocks_used = model_.kv_blocks_total() - model_.kv_blocks_free();
-    update_cache_metrics();
+    update_pool_metrics();
     switch (r) {
       case FinishReason::kCancelled: m_.requests_cancelled++; break;
       case FinishReason::kError: m_.requests_failed++; break;

@@ -208,7 +208,8 @@ class Scheduler {
   int lru_prefix(int keep = -1) const;
   // Keeps the first n prompt tokens of a finished request's sequence as a cached prefix.
   void park(Active& a, int n);
-  void update_cache_metrics();  // under mu_
+  // The KV pool's gauges: blocks still to take, in use, held by cached prefixes (under mu_).
+  void update_pool_metrics();
   void handle_token(Active& a, std::span<float> logits);
   void emit_text(Active& a, std::string piece, bool final);
 

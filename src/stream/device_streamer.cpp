@@ -115,10 +115,7 @@ Result<DevicePlan> plan_device(const gguf::File& file, const FileLayout& layout,
   dp.globals_bytes = (head ? head : tensor_bytes(file, "token_embd.weight")) + tensor_bytes(file, "output_norm.weight") +
                      tensor_bytes(file, "rope_freqs.weight");
   dp.kv_bytes = uint64_t(dp.n_ctx) * uint64_t(cfg.n_layer) * uint64_t(cfg.n_embd_k() + cfg.n_embd_v()) * 2;
-  if (opts.max_batch < 1 || opts.max_batch > model::kMaxMaxBatch) {
-    return invalid_argument("tokens per pass (max_batch) must be in [1, " + std::to_string(model::kMaxMaxBatch) +
-                            "], got " + std::to_string(opts.max_batch));
-  }
+  SLUICE_RETURN_IF_ERROR(model::check_max_batch(opts.max_batch));
   dp.max_batch = opts.max_batch;
   dp.activation_bytes = uint64_t(dp.max_batch) *
                             uint64_t(2 * cfg.n_embd + cfg.n_embd_q() + cfg.n_embd_k() + cfg.n_embd_v() +
