@@ -131,6 +131,7 @@ Result<stream::DeviceStreamOptions> device_options(const ModelFlags& mf, const S
   o.host_cpu.n_threads = mf.n_threads;
   o.n_ctx = kv_pool_positions(mf);
   o.max_batch = mf.max_batch;
+  o.max_sequences = mf.max_sequences;
   o.decode_batch = sf.decode_batch;
   if (!sf.vram_budget.empty()) {
     SLUICE_ASSIGN_OR_RETURN(o.vram_budget, stream::parse_vram_budget(sf.vram_budget));
@@ -204,6 +205,7 @@ Result<LoadedModel> load_device_streamed(const ModelFlags& mf, const StreamFlags
     eo.ram_budget = o.ram_budget;
     eo.n_ctx = kv_pool_positions(mf);
     eo.max_batch = mf.max_batch;
+    eo.max_sequences = mf.max_sequences;
     eo.host_cpu.n_threads = mf.n_threads;
     SLUICE_ASSIGN_OR_RETURN(eo.policy, miss_policy(sf));
     if (!sf.expert_cache.empty()) {
@@ -264,8 +266,12 @@ Status print_plan(const ModelFlags& mf, const StreamFlags& sf, const gguf::File&
       if (b.is_ok()) vram_bw = *b;
       source = a.is_ok() && b.is_ok() ? "measured" : "default (measurement failed)";
     }
-    const stream::ExpertStreamOptions eo;
-    const stream::ExpertPlan plan = stream::plan_experts(w, kv_pool_positions(mf), eo.workspace_bytes, vram, mf.max_batch);
+    stream::ExpertStreamOptions eo;
+    eo.n_ctx = kv_pool_positions(mf);
+    eo.max_batch = mf.max_batch;
+    eo.max_sequences = mf.max_sequences;
+    SLUICE_ASSIGN_OR_RETURN(const uint64_t workspace, stream::expert_workspace_bytes(file, eo));
+    const stream::ExpertPlan plan = stream::plan_experts(w, eo.n_ctx, workspace, vram, eo.max_batch);
     std::printf("plan (mixture of experts, expert placement; VRAM budget %s; H2D %.1f GB/s, VRAM %.0f GB/s %s; CPU %.1f "
                 "GB/s assumed, refined while running):\n%s",
                 stream::format_bytes(vram).c_str(), h2d / 1e9, vram_bw / 1e9, source.c_str(), eo.cpu_bytes_per_s / 1e9,
@@ -435,6 +441,10 @@ Status finish_stream(FILE* out, LoadedModel& lm, const decode::Timings& t) {
                  p.n_slots, double(p.slot_bytes) / 1e6, per, vram / 1e6, ram / 1e6, cpu / 1e6, disk / 1e6,
                  double(ds.pinned_bytes()) / 1e6, double(s.kept_hits) / double(std::max<uint64_t>(s.passes, 1)),
                  (unsigned long long)s.batch_passes, (unsigned long long)s.passes);
+    const stream::DevicePlan& dp = ds.plan();
+    std::fprintf(out, "vram:    %.1f MB held by the model; planned %.1f MB of the %.1f MB budget (scratch %.1f MB)\n",
+                 double(lm.model->device_bytes()) / 1e6, double(dp.vram_used()) / 1e6, double(dp.vram_budget) / 1e6,
+                 double(dp.workspace_bytes) / 1e6);
     std::fprintf(out,
                  "copies:  %.2f GB/s while copying (%.1f ms per %s), compute waiting for copies %.2f ms per %s%s; host "
                  "waits: disk %.2f ms per %s, staging %.2f ms in all\n",

@@ -126,6 +126,18 @@ struct SeqRows {
   Tensor k_cache, v_cache;
 };
 
+// The largest pass of a model, as a backend's scratch sees it: the int8 and f16 conversions of its
+// activations, the prefill GEMM's dequantized weight chunk, and the attention and small-batch
+// (mmq) workspaces.
+struct ScratchShape {
+  int64_t max_tokens = 0;  // rows of the largest pass (LoadOptions::max_batch)
+  int64_t max_cols = 0;    // columns of the widest matrix a pass multiplies
+  int n_head = 0;          // query heads
+  int head_dim = 0;        // the larger of the key and value head sizes
+  int positions = 0;       // KV cache rows attention reads (the pool's)
+  int sequences = 1;       // sequences one pass may hold (decode rows of many sequences attend at once)
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -163,6 +175,12 @@ class Backend {
   }
   // Bytes of the backend's own memory still free (-1: host memory, no separate limit).
   virtual int64_t free_memory() const { return -1; }
+  // Bytes of its own memory the backend has allocated so far (weights, buffers, slots, scratch; 0
+  // for host memory).
+  virtual int64_t allocated_bytes() const { return 0; }
+  // Allocates now the scratch every pass of a model of this shape can ask for (cuda_scratch_bytes
+  // on the CUDA backend; nothing on the CPU's), so that no pass allocates: memory plans count it.
+  virtual Status reserve_scratch(const ScratchShape& shape) { return Status::ok(); }
 
   // Streaming weights into the backend's memory (stream/ drives it; docs/STREAMING.md). Layers
   // are copied into slots while other layers compute. Copies run on their own queue and are
@@ -363,6 +381,10 @@ struct CudaOptions {
 Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaOptions& opts);
 // Number of usable CUDA devices (0 in builds without CUDA or on machines without a GPU).
 int cuda_device_count();
+// Device bytes of the scratch the CUDA backend reserves for `shape` (Backend::reserve_scratch):
+// what memory plans count for it. Sized for device 0 where there is one (its SM count bounds the
+// small-batch partial sums), else for the largest GPUs; builds without CUDA answer 512 MiB.
+uint64_t cuda_scratch_bytes(const ScratchShape& shape);
 // Device-to-device copy bandwidth of `device` in bytes/s, counting bytes read plus bytes written
 // (the roofline a weight-reading kernel is compared with), measured now: median of several copies
 // of a buffer much larger than L2. Error without CUDA or a device.

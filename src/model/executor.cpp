@@ -233,6 +233,19 @@ int64_t Executor::split_buffer_floats(const Config& c) {
                    int64_t(c.n_head) * c.head_dim_v, int64_t(c.n_ff_max())});
 }
 
+backend::ScratchShape Executor::scratch_shape(const Config& c, int max_batch, int kv_positions, int max_sequences) {
+  backend::ScratchShape s;
+  s.max_tokens = max_batch;
+  // Matrix inputs: the residual width (Q/K/V, gate/up, the router, the output head), the attention
+  // output (wo) and the FFN width (down, experts' and shared experts').
+  s.max_cols = std::max({int64_t(c.n_embd), int64_t(c.n_head) * c.head_dim_v, int64_t(c.n_ff_max())});
+  s.n_head = c.n_head;
+  s.head_dim = std::max(c.head_dim, c.head_dim_v);
+  s.positions = kv_positions;
+  s.sequences = max_sequences;
+  return s;
+}
+
 Status Executor::split_layer(const LayerWeights& L, const LayerWeights& H, Executor& h, int l, int64_t n,
                              std::span<const Segment> segs, std::span<float> buf) {
   if (L.moe() || H.moe()) {

@@ -74,6 +74,10 @@ class Executor {
                      std::span<const Segment> segs, std::span<float> buf);
   // Floats per token the hand-off buffer of split_layer needs (the widest split output).
   static int64_t split_buffer_floats(const Config& cfg);
+  // The largest pass of a model with this config, as the backend's scratch sees it (its matrices'
+  // widest input, attention's heads): what Backend::reserve_scratch allocates at load and memory
+  // plans count (backend::cuda_scratch_bytes).
+  static backend::ScratchShape scratch_shape(const Config& c, int max_batch, int kv_positions, int max_sequences);
 
   // Mixture of experts: routed experts run where `placement` says, those it gives the host on
   // `host` (another executor, which needs no KV cache for it); `buf` carries activations between

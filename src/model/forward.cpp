@@ -93,11 +93,14 @@ class LlamaFamilyModel final : public Model {
     }
     SLUICE_ASSIGN_OR_RETURN(gathered_, be_->alloc(backend::DType::kF32, cfg_.n_embd, kLogitRows));
     SLUICE_ASSIGN_OR_RETURN(logits_, be_->alloc(backend::DType::kF32, cfg_.n_vocab, kLogitRows));
-    return Status::ok();
+    // The backend's scratch for the largest pass, allocated now: no pass allocates (the memory
+    // plans of stream/ count exactly this).
+    return be_->reserve_scratch(Executor::scratch_shape(cfg_, max_batch_, pool, max_seqs));
   }
 
   const Config& config() const override { return cfg_; }
   const char* backend_name() const override { return be_->name(); }
+  int64_t device_bytes() const override { return be_->allocated_bytes(); }
   int n_vocab() const override { return cfg_.n_vocab; }
   int n_ctx() const override { return blocks_.n_ctx(); }
   int n_past() const override { return blocks_.n_past(0); }
@@ -425,14 +428,14 @@ class LlamaFamilyModel final : public Model {
 };
 
 // Device bytes the whole model needs on a backend with its own memory: every weight but the
-// embedding table (looked up on the host), the KV cache and the activations, plus a margin for
-// the backend's workspaces.
-uint64_t device_bytes_needed(const Config& cfg, const Weights& w, int kv_positions, int max_batch) {
+// embedding table (looked up on the host), the KV cache, the activations and the backend's
+// scratch.
+uint64_t device_bytes_needed(const Config& cfg, const Weights& w, int kv_positions, int max_batch, int max_sequences) {
   uint64_t bytes = w.bytes_total() - w.token_embd.nbytes;
   if (w.output.data == w.token_embd.data) bytes += w.output.nbytes;  // tied: uploaded as the output
   bytes += uint64_t(kv_positions) * uint64_t(cfg.n_layer) * uint64_t(cfg.n_embd_k() + cfg.n_embd_v()) * 2;
   bytes += uint64_t(max_batch) * uint64_t(6 * cfg.n_embd + cfg.n_embd_q() + 2 * cfg.n_ff_max() + cfg.n_expert) * 4;
-  return bytes + (uint64_t(512) << 20);
+  return bytes + backend::cuda_scratch_bytes(Executor::scratch_shape(cfg, max_batch, kv_positions, max_sequences));
 }
 
 backend::CpuOptions cpu_options(const LoadOptions& opts) {
@@ -454,7 +457,7 @@ Result<std::unique_ptr<backend::Backend>> make_backend(const LoadOptions& opts, 
     return gpu.status();
   }
   if (streaming) return std::move(gpu).value();  // the source plans device memory itself
-  const uint64_t need = device_bytes_needed(cfg, w, kv_positions, opts.max_batch);
+  const uint64_t need = device_bytes_needed(cfg, w, kv_positions, opts.max_batch, opts.max_sequences);
   const int64_t free = (*gpu)->free_memory();
   if (free >= 0 && need > uint64_t(free)) {
     if (opts.backend == BackendKind::kAuto) return backend::make_cpu_backend(cpu_options(opts));

@@ -191,6 +191,9 @@ class Model {
 
   // Bytes of weights read per decoded token (for GB/s reporting).
   virtual uint64_t weight_bytes_per_token() const = 0;
+  // Bytes the model's backend holds in its own memory: weights, KV cache, activations, streaming
+  // slots and scratch (0 on the CPU). Set at load; passes allocate nothing more.
+  virtual int64_t device_bytes() const { return 0; }
 
   // Accumulated eval timings since load or the last reset_timings().
   virtual Timings timings() const { return {}; }

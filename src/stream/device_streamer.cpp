@@ -13,6 +13,7 @@
 #include "gguf/gguf.h"
 #include "model/arch.h"
 #include "model/config.h"
+#include "model/executor.h"
 #include "stream/cpu_probe.h"
 #include "stream/host_memory.h"
 
@@ -121,7 +122,9 @@ Result<DevicePlan> plan_device(const gguf::File& file, const FileLayout& layout,
                             uint64_t(2 * cfg.n_embd + cfg.n_embd_q() + cfg.n_embd_k() + cfg.n_embd_v() +
                                      cfg.n_head * cfg.head_dim_v + 2 * cfg.n_ff) * 4 +
                         uint64_t(kLogitRows) * uint64_t(cfg.n_vocab) * 4;
-  dp.workspace_bytes = opts.workspace_bytes;
+  dp.workspace_bytes = opts.workspace_bytes ? opts.workspace_bytes
+                                             : backend::cuda_scratch_bytes(model::Executor::scratch_shape(
+                                                   cfg, dp.max_batch, dp.n_ctx, std::max(1, opts.max_sequences)));
   dp.prefill_batch = opts.prefill_batch;
   dp.vram_budget = opts.vram_budget;
   dp.ram_budget = opts.ram_budget ? opts.ram_budget : physical_ram() / 4 * 3;

@@ -65,7 +65,10 @@ struct DeviceStreamOptions {
   std::vector<bool> skip;
   int n_ctx = 0;            // the model's KV cache positions (LoadOptions::n_ctx; 0: model default)
   int max_batch = model::kDefaultMaxBatch;  // tokens per pass (LoadOptions::max_batch): sizes the activations
-  uint64_t workspace_bytes = 512ull << 20;  // backend scratch (GEMM tiles, attention, cuBLAS)
+  int max_sequences = 1;    // sequences one pass may hold (LoadOptions::max_sequences): sizes attention's scratch
+  // The backend's scratch (Backend::reserve_scratch); 0: backend::cuda_scratch_bytes for the model
+  // and the options above.
+  uint64_t workspace_bytes = 0;
   IoOptions io;
   Bandwidths bw;            // planning; h2d and vram are measured at load where possible
   bool measure_bandwidths = true;  // cuda_h2d_bandwidth / cuda_copy_bandwidth at load (GPU only)

@@ -50,7 +50,10 @@ struct ExpertStreamOptions {
   uint64_t ram_budget = 0;   // pinned expert copies + the CPU's packed copies; 0: 3/4 of RAM
   int n_ctx = 0;             // KV cache positions (0: the model's default)
   int max_batch = model::kDefaultMaxBatch;  // tokens per pass (LoadOptions::max_batch)
-  uint64_t workspace_bytes = 512ull << 20;
+  int max_sequences = 1;  // sequences one pass may hold (LoadOptions::max_sequences)
+  // The backend's scratch (Backend::reserve_scratch); 0: backend::cuda_scratch_bytes for the model
+  // and the options above.
+  uint64_t workspace_bytes = 0;
   int prefill_batch = 32;
   backend::CpuOptions host_cpu;  // the host executor (threads: physical cores by default)
   MissPolicy policy = MissPolicy::kCostModel;
@@ -89,6 +92,9 @@ struct ExpertPlan {
 };
 ExpertPlan plan_experts(const model::Weights& w, int n_ctx, uint64_t workspace_bytes, uint64_t vram_budget,
                         int max_batch = model::kDefaultMaxBatch);
+// The backend scratch plan_experts counts for `file`'s model under `o`: o.workspace_bytes, or for 0
+// what the CUDA backend reserves for it (backend::cuda_scratch_bytes).
+Result<uint64_t> expert_workspace_bytes(const gguf::File& file, const ExpertStreamOptions& o);
 
 // Per-layer quotas of n_slots cache slots (pure): uses[l * n_expert + e] counts the uses of expert
 // e of layer l. Each slot goes to one of the n_slots most-used experts (more uses first, then the

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "app/synth.h"
+#include "backend/backend.h"
 #include "gpu_util.h"
 #include "model/config.h"
 #include "model/model.h"
@@ -566,6 +567,70 @@ TEST(BatchedSequencesGpu, MatchEachAlone) {
     std::printf("  batched rows vs each sequence alone: worst normalized error %.2e\n", worst);
     std::filesystem::remove(path);
   }
+}
+
+// The backend's scratch is allocated at load for the largest pass (Backend::reserve_scratch), so
+// that the memory plans of stream/ can count it: passes of every kind (prefill through the GEMM,
+// decode through the GEMV and recorded graphs, 3..32 rows through mmq, decode rows of several
+// sequences, a prompt chunk among them) allocate nothing more, and the reservation is within what
+// backend::cuda_scratch_bytes tells the plans.
+TEST(CudaScratch, ReservedAtLoadAndCountedByThePlans) {
+  SLUICE_SKIP_WITHOUT_GPU();
+  const Case c{"scratch_qwen3", "qwen3", "q4_k_m", 512, 8, 2, 64, 1024, 2};
+  const std::string path = synth_model(c);
+  model::LoadOptions lo;
+  lo.backend = model::BackendKind::kCuda;
+  lo.n_ctx = 128;
+  lo.max_batch = 64;
+  lo.max_sequences = 4;
+  lo.kv_positions = 16 * 16;
+  auto m = model::Model::load(path, lo);
+  ASSERT_TRUE(m.is_ok()) << m.status().message();
+  model::Model& mm = **m;
+  const int64_t at_load = mm.device_bytes();
+  EXPECT_GT(at_load, 0);
+  const size_t nv = size_t(mm.n_vocab());
+  std::vector<float> out(64 * nv);
+  const std::vector<int32_t> prompt = prompt_ids(64, 2048, 31);
+  ASSERT_TRUE(mm.eval(prompt, std::span(out).first(nv)).is_ok());  // one 64-row pass: the GEMM path
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(mm.eval(std::span(prompt).subspan(size_t(i), 1), std::span(out).first(nv)).is_ok());
+  ASSERT_TRUE(mm.eval(std::span(prompt).first(5), std::span(out).first(nv)).is_ok());   // mmq
+  ASSERT_TRUE(mm.eval(std::span(prompt).first(2), std::span(out).first(nv)).is_ok());   // two-token GEMV
+  std::vector<int> seqs;
+  for (int i = 0; i < 3; ++i) {
+    auto s = mm.seq_new();
+    ASSERT_TRUE(s.is_ok()) << s.status().message();
+    seqs.push_back(*s);
+    ASSERT_TRUE(mm.eval_batch(std::vector<model::Model::SeqTokens>{{*s, std::span(prompt).first(size_t(9 + i)), false}},
+                              std::span(out).first(nv))
+                    .is_ok());
+  }
+  const int32_t one[] = {7};
+  std::vector<model::Model::SeqTokens> decode;
+  for (int s : seqs) decode.push_back({s, one, false});
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(mm.eval_batch(decode, std::span(out).first(3 * nv)).is_ok());
+  decode.push_back({0, std::span(prompt).first(30), false});  // a prompt chunk with the decode rows
+  ASSERT_TRUE(mm.eval_batch(decode, std::span(out).first(4 * nv)).is_ok());
+  EXPECT_EQ(mm.device_bytes(), at_load) << "a pass allocated device memory after load";
+
+  // The reservation alone, on a fresh backend, against what the plans count.
+  auto gpu = backend::make_cuda_backend({0, false});
+  ASSERT_TRUE(gpu.is_ok()) << gpu.status().message();
+  for (const backend::ScratchShape& shape :
+       {backend::ScratchShape{64, 1024, 8, 64, 256, 4}, backend::ScratchShape{512, 28672, 64, 128, 6144, 32},
+        backend::ScratchShape{2048, 28672, 64, 128, 2048, 1}, backend::ScratchShape{1, 576, 9, 64, 4096, 1}}) {
+    const int64_t before = (*gpu)->allocated_bytes();
+    ASSERT_TRUE((*gpu)->reserve_scratch(shape).is_ok());
+    const int64_t reserved = (*gpu)->allocated_bytes() - before;
+    EXPECT_LE(uint64_t(reserved), backend::cuda_scratch_bytes(shape)) << shape.max_tokens << " x " << shape.max_cols;
+    auto fresh = backend::make_cuda_backend({0, false});
+    ASSERT_TRUE(fresh.is_ok());
+    ASSERT_TRUE((*fresh)->reserve_scratch(shape).is_ok());
+    const int64_t alone = (*fresh)->allocated_bytes();
+    EXPECT_LE(uint64_t(alone), backend::cuda_scratch_bytes(shape));
+    EXPECT_GE(uint64_t(alone) + (uint64_t(12) << 20), backend::cuda_scratch_bytes(shape)) << "the plans count far more";
+  }
+  std::filesystem::remove(path);
 }
 
 // A real model: SLUICE_GPU_REAL_MODEL names a GGUF (scripts/gpu-check.sh passes a depth-truncated

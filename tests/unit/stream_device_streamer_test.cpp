@@ -18,9 +18,11 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "gguf/gguf.h"
 #include "model/arch.h"
 #include "model/config.h"
+#include "model/executor.h"
 #include "model/model.h"
 #include "model/weights.h"
 #include "stream/device_streamer.h"
@@ -253,6 +255,50 @@ TEST(StreamDevice, PlannedPlacementMatchesResident) {
     EXPECT_EQ(got.first_logits, ref.first_logits);
   }
   std::filesystem::remove(path);
+}
+
+// The plan's backend scratch: DeviceStreamOptions::workspace_bytes when given, else what the CUDA
+// backend reserves at load for the model and the options (backend::cuda_scratch_bytes), which
+// grows with the tokens per pass, the KV positions and the sequences one pass holds.
+TEST(StreamDevice, PlansTheBackendsScratchForThePass) {
+  const std::string path = write_synthetic("scratch");
+  auto f = gguf::File::open(path);
+  ASSERT_TRUE(f.is_ok());
+  auto layout = layout_of(*f);
+  ASSERT_TRUE(layout.is_ok());
+  const model::ArchSpec* arch = model::find_arch("llama");
+  ASSERT_NE(arch, nullptr);
+  auto cfg = model::read_config(*f, *arch);
+  ASSERT_TRUE(cfg.is_ok());
+  DeviceStreamOptions o;
+  o.vram_budget = 1ull << 40;
+  o.n_ctx = 128;
+  auto planned = [&](int max_batch, int seqs) -> uint64_t {
+    o.max_batch = max_batch;
+    o.max_sequences = seqs;
+    auto p = plan_device(*f, *layout, o);
+    EXPECT_TRUE(p.is_ok()) << p.status().message();
+    return p.is_ok() ? p->workspace_bytes : 0;
+  };
+  for (auto [mb, seqs] : {std::pair{64, 1}, std::pair{512, 1}, std::pair{512, 8}}) {
+    EXPECT_EQ(planned(mb, seqs), backend::cuda_scratch_bytes(model::Executor::scratch_shape(*cfg, mb, 128, seqs)))
+        << mb << " tokens, " << seqs << " sequences";
+  }
+  o.workspace_bytes = 1 << 20;
+  EXPECT_EQ(planned(512, 1), uint64_t(1) << 20);
+  std::filesystem::remove(path);
+
+  // The sizes (CUDA builds; an empty shape needs nothing there, and builds without CUDA plan a
+  // flat 512 MiB): a 70B layer's shapes.
+  if (backend::cuda_scratch_bytes({}) != 0) GTEST_SKIP() << "built without CUDA";
+  auto at = [](int64_t tokens, int positions, int seqs) {
+    return backend::cuda_scratch_bytes(backend::ScratchShape{tokens, 28672, 64, 128, positions, seqs});
+  };
+  EXPECT_LT(at(512, 6144, 1), at(2048, 6144, 1));   // the f16 activation of the prefill GEMM
+  EXPECT_LT(at(512, 6144, 1), at(512, 6144, 32));   // one decode row of each of 32 sequences
+  EXPECT_LT(at(512, 6144, 32), at(512, 12288, 32));  // more key splits
+  EXPECT_LT(at(512, 6144, 1), uint64_t(512) << 20);  // the flat reserve it replaced
+  EXPECT_GE(at(8192, 4096, 1), uint64_t(8192) * 28672 * 2 + (uint64_t(64) << 20));  // f16 activation + weight chunk
 }
 
 // --skip-layers (DeviceStreamOptions::skip): the left-out layers take no VRAM, pinned RAM, disk or

@@ -93,6 +93,41 @@ void must(const Status& st, const char* op) {
 // keeps every SM busy, small enough to stay a minor share of a consumer GPU's memory.
 constexpr int64_t kGemmChunkBytes = int64_t(64) << 20;
 
+// The scratch buffers a pass of `shape` can grow (each to the most any of its calls asks), for the
+// GPU `dev` (sm_count 0: any GPU).
+struct ScratchSizes {
+  int64_t q8 = 0;            // int8 activations: norms, SwiGLU, attention combine, GEMV and mmq (<= 32 rows)
+  int64_t x_f16 = 0;         // the prefill GEMM's f16 activation
+  int64_t w_f16 = 0;         // its dequantized weight chunk
+  int64_t attn = 0;          // decode attention's split workspace
+  int64_t mmq_partials = 0;  // mmq's column splits
+  int64_t mmq_counters = 0;  // (ints)
+};
+
+ScratchSizes scratch_sizes(const ScratchShape& s, const DeviceInfo& dev) {
+  ScratchSizes z;
+  if (s.max_tokens <= 0 || s.max_cols <= 0) return z;
+  z.q8 = q8_activation_bytes(s.max_cols, int(std::min<int64_t>(s.max_tokens, kMaxMmqTokens)));
+  if (s.n_head > 0 && s.head_dim > 0 && s.positions > 0) {
+    // One sequence's decode rows (attention_workspace_bytes caps them), or one decode row of each
+    // of up to kMaxAttentionSeqRows sequences per launch.
+    const int rows = int(std::min<int64_t>(s.max_tokens, kMaxAttentionSeqRows));
+    z.attn = attention_workspace_bytes(rows, s.n_head, s.head_dim, s.positions);
+    if (s.sequences > 1) {
+      const int seq_rows = int(std::min<int64_t>(rows, s.sequences));
+      z.attn = std::max(z.attn, attention_seq_workspace_bytes(seq_rows, s.n_head, s.head_dim, s.positions));
+    }
+  }
+  if (s.max_tokens >= kMmqFromTokens) {  // from 3 rows a product may take mmq or the dequantize + GEMM path
+    z.x_f16 = s.max_cols * s.max_tokens * 2;
+    z.w_f16 = std::max(kGemmChunkBytes, 64 * s.max_cols * 2);  // gemm_all's chunk of >= 64 rows
+    const MmqScratch m = mmq_scratch_bound(dev);
+    z.mmq_partials = m.partial_bytes;
+    z.mmq_counters = m.counters_n;
+  }
+  return z;
+}
+
 // A device buffer that only grows. Buffers it outgrows are kept until the backend is destroyed:
 // ops already enqueued (or recorded in a graph) may still read them.
 struct Scratch {
@@ -149,6 +184,30 @@ class CudaBackend final : public Backend {
     size_t free = 0, total = 0;
     if (cudaMemGetInfo(&free, &total) != cudaSuccess) return 0;
     return int64_t(free);
+  }
+
+  int64_t allocated_bytes() const override { return allocated_; }
+
+  Status reserve_scratch(const ScratchShape& shape) override {
+    const ScratchSizes z = scratch_sizes(shape, dev_);
+    auto reserve = [&](Scratch& s, int64_t bytes) -> Status {
+      if (bytes <= s.bytes) return Status::ok();
+      SLUICE_ASSIGN_OR_RETURN(s.ptr, device_alloc(bytes));
+      s.bytes = bytes;
+      return Status::ok();
+    };
+    if (graphs_) SLUICE_RETURN_IF_ERROR(init_step_pos());  // read by recorded steps
+    SLUICE_RETURN_IF_ERROR(reserve(q8_, z.q8));
+    SLUICE_RETURN_IF_ERROR(reserve(x_f16_, z.x_f16));
+    SLUICE_RETURN_IF_ERROR(reserve(w_f16_, z.w_f16));
+    SLUICE_RETURN_IF_ERROR(reserve(attn_ws_, z.attn));
+    SLUICE_RETURN_IF_ERROR(reserve(mmq_partials_, z.mmq_partials));
+    const int64_t counters = z.mmq_counters * int64_t(sizeof(int));
+    if (counters > mmq_counters_.bytes) {
+      SLUICE_RETURN_IF_ERROR(reserve(mmq_counters_, counters));
+      SLUICE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(mmq_counters_.ptr, 0, size_t(counters), stream_));  // launches leave them 0
+    }
+    return Status::ok();
   }
 
   // Q6_K and Q8_0 matrices of whole 8-block groups are stored grouped (layout.h): their decode
@@ -743,13 +802,7 @@ class CudaBackend final : public Backend {
   // Positions read by a recorded step: copied from pinned memory on the compute stream, ordered
   // before the step's kernels. The host waits for the previous copy before rewriting the value.
   void set_step_pos(int pos) {
-    if (!pos_dev_) {
-      SLUICE_CUDA_CHECK(cudaMalloc(&pos_dev_, sizeof(int)));
-      device_allocs_.push_back(pos_dev_);
-      SLUICE_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pos_host_), sizeof(int), cudaHostAllocDefault));
-      host_allocs_.push_back(pos_host_);
-      SLUICE_CUDA_CHECK(cudaEventCreateWithFlags(&pos_copied_, cudaEventDisableTiming));
-    }
+    must(init_step_pos(), "step position");
     SLUICE_CUDA_CHECK(cudaEventSynchronize(pos_copied_));
     *pos_host_ = pos;
     SLUICE_CUDA_CHECK(cudaMemcpyAsync(pos_dev_, pos_host_, sizeof(int), cudaMemcpyHostToDevice, stream_));
@@ -798,6 +851,16 @@ class CudaBackend final : public Backend {
     SLUICE_CUDA_CHECK(cudaStreamWaitEvent(s, marks_[m % kMarkRing], 0));
   }
 
+  // The step position's device int, its pinned source and their event (once).
+  Status init_step_pos() {
+    if (pos_dev_) return Status::ok();
+    SLUICE_ASSIGN_OR_RETURN(pos_dev_, device_alloc(sizeof(int)));
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaHostAlloc(reinterpret_cast<void**>(&pos_host_), sizeof(int), cudaHostAllocDefault));
+    host_allocs_.push_back(pos_host_);
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&pos_copied_, cudaEventDisableTiming));
+    return Status::ok();
+  }
+
   Result<void*> device_alloc(int64_t bytes) {
     void* p = nullptr;
     const cudaError_t e = cudaMalloc(&p, size_t(std::max<int64_t>(bytes, 1)));
@@ -807,6 +870,7 @@ class CudaBackend final : public Backend {
                            cudaGetErrorString(e) + ")");
     }
     device_allocs_.push_back(p);
+    allocated_ += std::max<int64_t>(bytes, 1);
     return p;
   }
 
@@ -997,6 +1061,7 @@ class CudaBackend final : public Backend {
   CublasApi blas_;
   cublasHandle_t cublas_ = nullptr;
   std::vector<void*> device_allocs_;  // every cudaMalloc, freed at destruction
+  int64_t allocated_ = 0;             // their bytes
   Scratch q8_, x_f16_, w_f16_, attn_ws_, mmq_partials_, mmq_counters_;
   std::vector<AttentionSeqRow> seq_rows_;  // attention_seqs: the decode rows of a pass
   const void* q8_of_ = nullptr;  // see q8_view
@@ -1055,6 +1120,21 @@ int cuda_device_count() {
     return 0;
   }
   return n;
+}
+
+uint64_t cuda_scratch_bytes(const ScratchShape& shape) {
+  cuda::DeviceInfo dev;  // sm_count 0: sized for any GPU
+  if (cuda_device_count() > 0) {
+    if (auto d = cuda::query_device(0); d.is_ok()) dev = *d;
+  }
+  const cuda::ScratchSizes z = cuda::scratch_sizes(shape, dev);
+  // cudaMalloc rounds large buffers up to 2 MiB pages.
+  constexpr uint64_t kPage = uint64_t(2) << 20;
+  uint64_t total = 0;
+  for (const int64_t b : {z.q8, z.x_f16, z.w_f16, z.attn, z.mmq_partials, z.mmq_counters * int64_t(sizeof(int))}) {
+    if (b > 0) total += (uint64_t(b) + kPage - 1) / kPage * kPage;
+  }
+  return total;
 }
 
 namespace {

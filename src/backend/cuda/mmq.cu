@@ -590,6 +590,40 @@ MmqScratch mmq_scratch_needed(const DeviceInfo& dev, const GemvGroupArgs& g) {
   return s;
 }
 
+namespace {
+
+// A launch splits columns only while it has fewer than half the blocks the GPU holds at once
+// (plan_nt), so tiles x splits stays below those blocks and the tiles below half of them.
+template <class F, int NT>
+MmqScratch bound_nt(const DeviceInfo& dev) {
+  const int per_sm = dev.sm_count > 0 ? std::max(1, mmq_detail::blocks_per_sm<F, NT>()) : 2048 / mmq_detail::threads<F>();
+  const int64_t resident = int64_t(dev.sm_count > 0 ? dev.sm_count : 256) * per_sm;
+  MmqScratch s;
+  s.partial_bytes = resident * mmq_detail::threads<F>() * (F::kMT * NT * 4) * int64_t(sizeof(float));
+  s.counters_n = resident;
+  return s;
+}
+
+MmqScratch larger(MmqScratch a, const MmqScratch& b) {
+  a.partial_bytes = std::max(a.partial_bytes, b.partial_bytes);
+  a.counters_n = std::max(a.counters_n, b.counters_n);
+  return a;
+}
+
+template <class F>
+MmqScratch bound_of(const DeviceInfo& dev) {
+  static_assert(kMaxMmqTokens == 32);
+  return larger(larger(bound_nt<F, 1>(dev), bound_nt<F, 2>(dev)), larger(bound_nt<F, 3>(dev), bound_nt<F, 4>(dev)));
+}
+
+}  // namespace
+
+MmqScratch mmq_scratch_bound(const DeviceInfo& dev) {
+  using namespace mmq_detail;
+  return larger(larger(larger(bound_of<MmqQ4_K>(dev), bound_of<MmqQ6_K>(dev)), larger(bound_of<MmqQ6_KG>(dev), bound_of<MmqQ8_0>(dev))),
+                bound_of<MmqQ8_0G>(dev));
+}
+
 Status mmq(const DeviceInfo& dev, const GemvGroupArgs& g, const MmqScratch& scratch, cudaStream_t stream) {
   const std::string name = std::string("mmq ") + gemv_type_name(g.type);
   if (!mmq_supported(g.type, g.cols)) {

@@ -51,6 +51,9 @@ struct MmqScratch {
 // What a launch of `g` needs (partial_bytes and counters_n; pointers null). Both 0 when the
 // launch does not split columns.
 MmqScratch mmq_scratch_needed(const DeviceInfo& dev, const GemvGroupArgs& g);
+// The most any launch on `dev` needs (every format, token count and shape); dev.sm_count 0: a
+// bound for any GPU of up to 256 SMs.
+MmqScratch mmq_scratch_bound(const DeviceInfo& dev);
 
 // The matrices of `g` (one format, g.tokens in 1..kMaxMmqTokens, each with its own Q8Activation,
 // 16-byte aligned; weights 16-byte aligned, row bytes a multiple of 16 (4 for Q6_K in GGUF order); outputs
