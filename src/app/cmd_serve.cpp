@@ -62,6 +62,12 @@ int cmd_serve(int argc, char** argv) {
                  "0: --ubatch")
       ->check(CLI::Range(0, model::kMaxMaxBatch))
       ->capture_default_str();
+  int admit_window_ms = int(sched_opts.admit_window.count());
+  app.add_option("--admit-window", admit_window_ms,
+                 "milliseconds an idle server waits for the rest of a burst of requests (each arriving within 2 ms of "
+                 "the last) so that their prompts share the first pass; 0: start at the first request")
+      ->check(CLI::Range(0, 10000))
+      ->capture_default_str();
   app.add_option("--http-threads", so.http_threads, "connections served at once (each streaming request holds one)")
       ->check(CLI::Range(4, 4096))
       ->capture_default_str();
@@ -146,6 +152,7 @@ int cmd_serve(int argc, char** argv) {
   }
   sched_opts.parallel = parallel;
   sched_opts.prompt_cache = !no_prompt_cache;
+  sched_opts.admit_window = std::chrono::milliseconds(admit_window_ms);
   serve::Scheduler scheduler(m, *meta->tokenizer, sched_opts);
   serve::HttpServer server(scheduler, *meta->tokenizer, chat ? &*chat : nullptr, so);
   if (Status st = server.bind(); !st.is_ok()) {

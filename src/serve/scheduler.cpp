@@ -158,7 +158,10 @@ void Scheduler::loop() {
   for (;;) {
     {
       std::unique_lock lk(mu_);
-      if (active_.empty()) cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+      if (active_.empty()) {
+        cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+        gather(lk);
+      }
       if (stop_) break;
     }
     admit();
@@ -186,6 +189,16 @@ void Scheduler::loop() {
     e.finish = FinishReason::kCancelled;
     e.n_prompt = int(r->params.prompt.size());
     r->push(std::move(e));
+  }
+}
+
+void Scheduler::gather(std::unique_lock<std::mutex>& lk) {
+  if (opts_.admit_window.count() <= 0) return;
+  const auto deadline = Clock::now() + opts_.admit_window;
+  for (size_t seen = queue_.size(); !stop_ && int(seen) < parallel_;) {
+    const auto until = std::min(deadline, Clock::now() + opts_.admit_gap);
+    if (!cv_.wait_until(lk, until, [&] { return stop_ || queue_.size() > seen; })) return;  // quiet, or the window ended
+    seen = queue_.size();
   }
 }
 

@@ -111,6 +111,12 @@ struct SchedulerOptions {
   // --ubatch), which also bounds any other value.
   int step_tokens = 0;
   bool prompt_cache = true;  // keep finished prompts' KV rows for later requests that start the same way
+  // Requests sent together (a client's burst) share their first pass: from idle, the first request
+  // waits while others keep arriving less than admit_gap apart, at most admit_window in all (or
+  // until every slot has one). Each pass of a streamed model takes a copy of its layers, so a
+  // prompt that misses the first pass waits a whole pass for the next. 0: no wait.
+  std::chrono::milliseconds admit_window{20};
+  std::chrono::milliseconds admit_gap{2};
   int parallel = 0;       // requests generating at once; 0 or more than the model's max_sequences(): that
 };
 
@@ -173,6 +179,8 @@ class Scheduler {
   };
   void loop();
   bool step();  // one batch; false when there was nothing to do
+  // From idle: waits (mu_ held through lk) for the rest of a burst (SchedulerOptions::admit_window).
+  void gather(std::unique_lock<std::mutex>& lk);
   void admit();
   void finish(Active& a, FinishReason r, const std::string& error = {});
   // Where a new request's prompt prefix can come from: the cached prefix to take over (its

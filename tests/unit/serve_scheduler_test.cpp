@@ -298,6 +298,39 @@ TEST(ServeScheduler, ConcurrentRequestsSharePassesAndGetTheirOwnText) {
   EXPECT_EQ(m.kv_blocks_free(), 512);
 }
 
+// A burst: requests that arrive a little apart while the scheduler is idle share its first pass
+// (SchedulerOptions::admit_window); with no window the first request starts alone. The gaps are
+// generous (20 ms apart, 200 ms of quiet ends the wait) so that a loaded machine's late sleeps do
+// not matter.
+TEST(ServeScheduler, ABurstOfRequestsSharesTheFirstPass) {
+  for (int window : {0, 2000}) {
+    SCOPED_TRACE(window);
+    FakeModel m(256, 8, 512);
+    m.delay = 20ms;
+    FakeTokenizer tok;
+    SchedulerOptions o;
+    o.admit_window = std::chrono::milliseconds(window);
+    o.admit_gap = 200ms;
+    Scheduler s(m, tok, o);
+    std::vector<std::shared_ptr<Request>> reqs;
+    for (int i = 0; i < 6; ++i) {
+      if (i > 0) std::this_thread::sleep_for(20ms);
+      auto r = s.submit(greedy({int32_t(i), int32_t(i)}, 4));
+      ASSERT_TRUE(r.is_ok()) << r.status().message();
+      reqs.push_back(*r);
+    }
+    for (auto& r : reqs) EXPECT_EQ(drain(*r).done.finish, FinishReason::kLength);
+    s.shutdown(1s);
+    EXPECT_EQ(m.violations, 0);
+    ASSERT_FALSE(m.passes.empty());
+    if (window > 0) {
+      EXPECT_EQ(m.passes.front().sequences, 6) << "the burst did not share the first pass";
+    } else {
+      EXPECT_LT(m.passes.front().sequences, 6);
+    }
+  }
+}
+
 TEST(ServeScheduler, LongPromptIsPrefilledInChunksMixedWithDecode) {
   FakeModel m(2048, 4, 1024);
   m.delay = 2ms;
