@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <limits>
 #include <map>
@@ -25,6 +26,9 @@
 
 namespace sluice::serve {
 namespace {
+
+// Connections the kernel queues for accept() (the HTTP threads take them from there).
+constexpr int kListenBacklog = 1024;
 
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
@@ -300,12 +304,22 @@ json token_bytes_json(const std::string& b) {
 
 bool http_available() { return true; }
 
+// cpp-httplib listens with a backlog of 5 connections (CPPHTTPLIB_LISTEN_BACKLOG, compiled into
+// Debian's shared library). Clients that connect at once beyond that (32 streams of a batch job)
+// had their handshakes dropped and retried a second later, or reset. listen() again on the bound
+// socket (its fd is a protected member) widens the queue: Linux takes the new backlog, capped at
+// net.core.somaxconn.
+class Listener final : public httplib::Server {
+ public:
+  bool widen_backlog(int backlog) { return ::listen(svr_sock_.load(), backlog) == 0; }
+};
+
 struct HttpServer::Impl {
   Scheduler& sched;
   const model::Tokenizer& tok;
   const model::ChatTemplate* chat;
   ServerOptions opts;
-  httplib::Server svr;
+  Listener svr;
   int bound_port = -1;
   const int64_t created = int64_t(std::time(nullptr));
 
@@ -822,6 +836,10 @@ Status HttpServer::bind() {
                       " (address in use or not available)");
     }
     i.bound_port = i.opts.port;
+  }
+  if (!i.svr.widen_backlog(kListenBacklog)) {
+    return io_error("cannot widen the listen backlog of " + i.opts.host + ":" + std::to_string(i.bound_port) + ": " +
+                    std::strerror(errno));
   }
   return Status::ok();
 }

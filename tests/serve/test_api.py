@@ -10,6 +10,7 @@ exit 0). Short enough for the sanitizer build.
 
 import http.client
 import json
+import select
 import socket
 import sys
 import threading
@@ -46,6 +47,44 @@ class Api(unittest.TestCase):
         status, _, page = self.server.request("GET", "/")
         self.assertEqual(status, 200)
         self.assertIn(b"/v1/chat/completions", page)
+
+    def test_a_burst_of_connections_is_accepted_at_once(self):
+        # 200 clients connect at the same moment. The kernel completes each handshake only while
+        # the listen queue has room; a short queue (cpp-httplib's own is 5) drops the rest, which
+        # retry a second later or are reset. Every connect must complete well inside that second,
+        # and every connection then gets its answer.
+        socks = []
+        try:
+            t0 = time.monotonic()
+            for _ in range(200):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                s.setblocking(False)
+                s.connect_ex(("127.0.0.1", self.server.port))
+                socks.append(s)
+            pending = set(socks)
+            while pending and time.monotonic() - t0 < 5:
+                _, writable, _ = select.select([], list(pending), [], 0.05)
+                for s in writable:
+                    self.assertEqual(s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR), 0)
+                    pending.discard(s)
+            elapsed = time.monotonic() - t0
+            self.assertFalse(pending, f"{len(pending)} of 200 connects not done after {elapsed:.2f} s")
+            self.assertLess(elapsed, 0.8, "handshakes waited for a retry: the listen queue is too short")
+            for s in socks:
+                s.setblocking(True)
+                s.settimeout(60)
+                s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            for s in socks:
+                data = b""
+                while True:
+                    chunk = s.recv(4096)
+                    if not chunk:
+                        break
+                    data += chunk
+                self.assertTrue(data.startswith(b"HTTP/1.1 200"), data[:80])
+        finally:
+            for s in socks:
+                s.close()
 
     def test_chat_greedy_matches_sluice_run(self):
         prompt = "What is the capital of France? Answer in one sentence."
