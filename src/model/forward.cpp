@@ -431,8 +431,12 @@ class LlamaFamilyModel final : public Model {
 // embedding table (looked up on the host), the KV cache, the activations and the backend's
 // scratch.
 uint64_t device_bytes_needed(const Config& cfg, const Weights& w, int kv_positions, int max_batch, int max_sequences) {
-  uint64_t bytes = w.bytes_total() - w.token_embd.nbytes;
-  if (w.output.data == w.token_embd.data) bytes += w.output.nbytes;  // tied: uploaded as the output
+  // Each weight is its own allocation, and cudaMalloc maps large ones in whole 2 MiB pages.
+  constexpr uint64_t kPage = uint64_t(2) << 20;
+  auto allocated = [&](const TensorRef& t) { return t.nbytes >= kPage / 2 ? (t.nbytes + kPage - 1) / kPage * kPage : t.nbytes; };
+  uint64_t bytes = allocated(w.output) + allocated(w.output_norm) + allocated(w.rope_freqs);  // a tied output: the table
+  for (const LayerWeights& L : w.layers)
+    for (const TensorRef* t : L.tensors()) bytes += allocated(*t);
   bytes += uint64_t(kv_positions) * uint64_t(cfg.n_layer) * uint64_t(cfg.n_embd_k() + cfg.n_embd_v()) * 2;
   bytes += uint64_t(max_batch) * uint64_t(6 * cfg.n_embd + cfg.n_embd_q() + 2 * cfg.n_ff_max() + cfg.n_expert) * 4;
   return bytes + backend::cuda_scratch_bytes(Executor::scratch_shape(cfg, max_batch, kv_positions, max_sequences));
