@@ -335,6 +335,14 @@ step_hybrid() {
     local fifo hp; fifo=$(mktemp -u) && mkfifo "$fifo"
     "$hold" 16 >"$fifo" 2>&1 & hp=$!
     read -r line <"$fifo"; rm -f "$fifo"; echo "$line"
+    # What the plan keeps resident and what the process holds at its peak (docs/benchmarks.md,
+    # "The backend's scratch sized for the pass").
+    echo "## sluice pp512 + tg32, peak VRAM"
+    ( while sleep 0.2; do nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits; done ) \
+      >"$dir/vram.txt" 2>&1 & local mp=$!
+    "$SLUICE_BIN" bench -m "$shm" -b cuda --vram-budget auto -p 512 -n 32 -r 2 2>&1 | grep -E "^\||^stream:|^vram:"
+    kill "$mp"; wait "$mp" 2>/dev/null
+    echo "peak MiB of any process but the holder: $(grep -av "^$hp," "$dir/vram.txt" | awk -F, '{print $2+0}' | sort -n | tail -1)"
     for ub in 512 2048; do
       echo "## sluice --ubatch $ub"
       "$SLUICE_BIN" bench -m "$shm" -b cuda --vram-budget auto -p 2048 -n 0 -r 2 --ubatch "$ub" 2>&1 |
