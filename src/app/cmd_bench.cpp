@@ -282,10 +282,12 @@ int cmd_bench(int argc, char** argv) {
   const double load_s = loaded->load_s;
   if (Status st = apply_layer_flags(m, spf, model_path); !st.is_ok()) return report_error("bench", st);
   const std::string backend = m.backend_name();
-  // The roofline of a decode that reads every weight once: device-to-device copy bandwidth
-  // (bytes read + written), measured once. A failure only leaves the bound empty.
+  // The roofline of a decode that reads every weight once from VRAM: device-to-device copy
+  // bandwidth (bytes read + written), measured once. A failure only leaves the bound empty. A
+  // streamed model's bound is the copy engine's and the CPU's (its stream: and plan: lines), and
+  // its plan leaves no room for the measurement's buffers: no VRAM bound there.
   double bound_gb_s = 0;
-  if (backend == "cuda") {
+  if (backend == "cuda" && !loaded->device_streamer && !loaded->expert_streamer) {
     auto bw = backend::cuda_copy_bandwidth(0);
     if (bw.is_ok()) {
       bound_gb_s = *bw / 1e9;
