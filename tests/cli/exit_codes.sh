@@ -73,6 +73,7 @@ expect 0 "pp40" "$sluice" bench -m "$tmp/ok.gguf" -p 40 -n 0 -r 1 --ubatch 16
 expect 2 "--batch-tokens 600 is more than --ubatch 512" "$sluice" serve -m "$tmp/ok.gguf" --batch-tokens 600
 expect 2 "--ubatch 8 is less than --parallel 16" "$sluice" serve -m "$tmp/ok.gguf" --parallel 16 --ubatch 8
 expect 2 "--batch-tokens 4 is less than --parallel 8" "$sluice" serve -m "$tmp/ok.gguf" --parallel 8 --batch-tokens 4
+expect 2 "--admit-window: Value 20000 not in range" "$sluice" serve -m "$tmp/ok.gguf" --admit-window 20000
 # A truncated synth file is rejected with the tensor named.
 head -c 200000 "$tmp/ok.gguf" >"$tmp/trunc.gguf"
 expect 2 "trunc.gguf: tensor '.*': offset: .*past the end" "$sluice" inspect "$tmp/trunc.gguf"
