@@ -270,8 +270,8 @@ Status print_plan(const ModelFlags& mf, const StreamFlags& sf, const gguf::File&
     eo.n_ctx = kv_pool_positions(mf);
     eo.max_batch = mf.max_batch;
     eo.max_sequences = mf.max_sequences;
-    SLUICE_ASSIGN_OR_RETURN(const uint64_t workspace, stream::expert_workspace_bytes(file, eo));
-    const stream::ExpertPlan plan = stream::plan_experts(w, eo.n_ctx, workspace, vram, eo.max_batch);
+    const stream::ExpertPlan plan =
+        stream::plan_experts(w, eo.n_ctx, stream::expert_workspace_bytes(cfg, eo), vram, eo.max_batch);
     std::printf("plan (mixture of experts, expert placement; VRAM budget %s; H2D %.1f GB/s, VRAM %.0f GB/s %s; CPU %.1f "
                 "GB/s assumed, refined while running):\n%s",
                 stream::format_bytes(vram).c_str(), h2d / 1e9, vram_bw / 1e9, source.c_str(), eo.cpu_bytes_per_s / 1e9,

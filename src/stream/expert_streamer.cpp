@@ -117,12 +117,8 @@ ExpertStreamer::~ExpertStreamer() {
   be_.sync();
 }
 
-Result<uint64_t> expert_workspace_bytes(const gguf::File& file, const ExpertStreamOptions& o) {
+uint64_t expert_workspace_bytes(const model::Config& cfg, const ExpertStreamOptions& o) {
   if (o.workspace_bytes) return o.workspace_bytes;
-  SLUICE_ASSIGN_OR_RETURN(std::string arch_name, file.get_string("general.architecture"));
-  const model::ArchSpec* arch = model::find_arch(arch_name);
-  if (!arch) return unsupported(file.path() + ": architecture \"" + arch_name + "\" is not supported");
-  SLUICE_ASSIGN_OR_RETURN(model::Config cfg, model::read_config(file, *arch));
   const int ctx = o.n_ctx > 0 ? o.n_ctx : kDefaultMaxCtx;
   return backend::cuda_scratch_bytes(model::Executor::scratch_shape(cfg, o.max_batch, ctx, std::max(1, o.max_sequences)));
 }
@@ -223,8 +219,11 @@ Result<std::unique_ptr<ExpertStreamer>> ExpertStreamer::create(const gguf::File&
     }
   }
 
-  SLUICE_ASSIGN_OR_RETURN(const uint64_t workspace, expert_workspace_bytes(file, opts));
-  const ExpertPlan ep = plan_experts(w, opts.n_ctx, workspace, 0, opts.max_batch);
+  SLUICE_ASSIGN_OR_RETURN(std::string arch_name, file.get_string("general.architecture"));
+  const model::ArchSpec* arch = model::find_arch(arch_name);
+  if (!arch) return unsupported(file.path() + ": architecture \"" + arch_name + "\" is not supported");
+  SLUICE_ASSIGN_OR_RETURN(const model::Config cfg, model::read_config(file, *arch));
+  const ExpertPlan ep = plan_experts(w, opts.n_ctx, expert_workspace_bytes(cfg, opts), 0, opts.max_batch);
   s->off_up_ = ep.off_up;
   s->off_down_ = ep.off_down;
   s->slot_bytes_ = ep.slot_bytes;

@@ -28,6 +28,7 @@
 
 #include "backend/backend.h"
 #include "core/status.h"
+#include "model/config.h"
 #include "model/model.h"
 #include "model/weights.h"
 #include "stream/host_memory.h"
@@ -92,9 +93,9 @@ struct ExpertPlan {
 };
 ExpertPlan plan_experts(const model::Weights& w, int n_ctx, uint64_t workspace_bytes, uint64_t vram_budget,
                         int max_batch = model::kDefaultMaxBatch);
-// The backend scratch plan_experts counts for `file`'s model under `o`: o.workspace_bytes, or for 0
+// The backend scratch plan_experts counts for a model of `cfg` under `o`: o.workspace_bytes, or for 0
 // what the CUDA backend reserves for it (backend::cuda_scratch_bytes).
-Result<uint64_t> expert_workspace_bytes(const gguf::File& file, const ExpertStreamOptions& o);
+uint64_t expert_workspace_bytes(const model::Config& cfg, const ExpertStreamOptions& o);
 
 // Per-layer quotas of n_slots cache slots (pure): uses[l * n_expert + e] counts the uses of expert
 // e of layer l. Each slot goes to one of the n_slots most-used experts (more uses first, then the
