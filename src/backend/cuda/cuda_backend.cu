@@ -101,7 +101,7 @@ struct ScratchSizes {
   int64_t w_f16 = 0;         // its dequantized weight chunk
   int64_t attn = 0;          // decode attention's split workspace
   int64_t mmq_partials = 0;  // mmq's column splits
-  int64_t mmq_counters = 0;  // (ints)
+  int64_t mmq_counter_bytes = 0;
 };
 
 ScratchSizes scratch_sizes(const ScratchShape& s, const DeviceInfo& dev) {
@@ -123,7 +123,7 @@ ScratchSizes scratch_sizes(const ScratchShape& s, const DeviceInfo& dev) {
     z.w_f16 = std::max(kGemmChunkBytes, 64 * s.max_cols * 2);  // gemm_all's chunk of >= 64 rows
     const MmqScratch m = mmq_scratch_bound(dev);
     z.mmq_partials = m.partial_bytes;
-    z.mmq_counters = m.counters_n;
+    z.mmq_counter_bytes = m.counters_n * int64_t(sizeof(int));
   }
   return z;
 }
@@ -190,24 +190,12 @@ class CudaBackend final : public Backend {
 
   Status reserve_scratch(const ScratchShape& shape) override {
     const ScratchSizes z = scratch_sizes(shape, dev_);
-    auto reserve = [&](Scratch& s, int64_t bytes) -> Status {
-      if (bytes <= s.bytes) return Status::ok();
-      SLUICE_ASSIGN_OR_RETURN(s.ptr, device_alloc(bytes));
-      s.bytes = bytes;
-      return Status::ok();
-    };
     if (graphs_) SLUICE_RETURN_IF_ERROR(init_step_pos());  // read by recorded steps
-    SLUICE_RETURN_IF_ERROR(reserve(q8_, z.q8));
-    SLUICE_RETURN_IF_ERROR(reserve(x_f16_, z.x_f16));
-    SLUICE_RETURN_IF_ERROR(reserve(w_f16_, z.w_f16));
-    SLUICE_RETURN_IF_ERROR(reserve(attn_ws_, z.attn));
-    SLUICE_RETURN_IF_ERROR(reserve(mmq_partials_, z.mmq_partials));
-    const int64_t counters = z.mmq_counters * int64_t(sizeof(int));
-    if (counters > mmq_counters_.bytes) {
-      SLUICE_RETURN_IF_ERROR(reserve(mmq_counters_, counters));
-      SLUICE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(mmq_counters_.ptr, 0, size_t(counters), stream_));  // launches leave them 0
+    for (auto [s, bytes] : {std::pair{&q8_, z.q8}, std::pair{&x_f16_, z.x_f16}, std::pair{&w_f16_, z.w_f16},
+                            std::pair{&attn_ws_, z.attn}, std::pair{&mmq_partials_, z.mmq_partials}}) {
+      SLUICE_RETURN_IF_ERROR(resize(*s, bytes, bytes));
     }
-    return Status::ok();
+    return zeroed_counters(z.mmq_counter_bytes, z.mmq_counter_bytes);
   }
 
   // Q6_K and Q8_0 matrices of whole 8-block groups are stored grouped (layout.h): their decode
@@ -905,13 +893,15 @@ class CudaBackend final : public Backend {
 
   // Scratch of at least `bytes`, grown (never shrunk) as calls need; see Scratch.
   void* grow(Scratch& s, int64_t bytes) {
-    if (bytes <= s.bytes) return s.ptr;
-    const int64_t want = std::max<int64_t>(bytes, s.bytes + s.bytes / 2);
-    auto p = device_alloc(want);
-    SLUICE_CHECK(p.is_ok(), p.status().message());
-    s.ptr = *p;
-    s.bytes = want;
+    must(resize(s, bytes, std::max<int64_t>(bytes, s.bytes + s.bytes / 2)), "scratch");
     return s.ptr;
+  }
+  // `s` at least `bytes` long: a new buffer of `want` (>= bytes) where it is shorter.
+  Status resize(Scratch& s, int64_t bytes, int64_t want) {
+    if (bytes <= s.bytes) return Status::ok();
+    SLUICE_ASSIGN_OR_RETURN(s.ptr, device_alloc(want));
+    s.bytes = want;
+    return Status::ok();
   }
 
   // The GEMVs of the weights `eligible(i)` accepts, those of one format together (kMaxGemvMatrices
@@ -980,11 +970,15 @@ class CudaBackend final : public Backend {
   // At least n arrival counters for mmq's column splits, zero (every launch leaves them zero).
   int* mmq_counters(int64_t n) {
     const int64_t bytes = n * int64_t(sizeof(int));
-    if (bytes > mmq_counters_.bytes) {
-      void* p = grow(mmq_counters_, bytes);
-      SLUICE_CUDA_CHECK(cudaMemsetAsync(p, 0, size_t(mmq_counters_.bytes), stream_));
-    }
+    must(zeroed_counters(bytes, std::max<int64_t>(bytes, mmq_counters_.bytes + mmq_counters_.bytes / 2)), "mmq counters");
     return static_cast<int*>(mmq_counters_.ptr);
+  }
+  // mmq_counters_ at least `bytes` long (a new buffer of `want` where it is shorter), all zero.
+  Status zeroed_counters(int64_t bytes, int64_t want) {
+    if (bytes <= mmq_counters_.bytes) return Status::ok();
+    SLUICE_RETURN_IF_ERROR(resize(mmq_counters_, bytes, want));
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(mmq_counters_.ptr, 0, size_t(mmq_counters_.bytes), stream_));
+    return Status::ok();
   }
 
   void gemv_all(std::span<const WeightView> ws, const Tensor& x, std::span<const Tensor> ys) {
@@ -1131,7 +1125,7 @@ uint64_t cuda_scratch_bytes(const ScratchShape& shape) {
   // cudaMalloc rounds large buffers up to 2 MiB pages.
   constexpr uint64_t kPage = uint64_t(2) << 20;
   uint64_t total = 0;
-  for (const int64_t b : {z.q8, z.x_f16, z.w_f16, z.attn, z.mmq_partials, z.mmq_counters * int64_t(sizeof(int))}) {
+  for (const int64_t b : {z.q8, z.x_f16, z.w_f16, z.attn, z.mmq_partials, z.mmq_counter_bytes}) {
     if (b > 0) total += (uint64_t(b) + kPage - 1) / kPage * kPage;
   }
   return total;

@@ -604,24 +604,23 @@ MmqScratch bound_nt(const DeviceInfo& dev) {
   return s;
 }
 
-MmqScratch larger(MmqScratch a, const MmqScratch& b) {
-  a.partial_bytes = std::max(a.partial_bytes, b.partial_bytes);
-  a.counters_n = std::max(a.counters_n, b.counters_n);
-  return a;
-}
-
-template <class F>
+// The largest over the formats F and every token count (NT = 1..4 groups of 8 tokens).
+template <class... F>
 MmqScratch bound_of(const DeviceInfo& dev) {
   static_assert(kMaxMmqTokens == 32);
-  return larger(larger(bound_nt<F, 1>(dev), bound_nt<F, 2>(dev)), larger(bound_nt<F, 3>(dev), bound_nt<F, 4>(dev)));
+  MmqScratch s;
+  for (const MmqScratch& b : {bound_nt<F, 1>(dev)..., bound_nt<F, 2>(dev)..., bound_nt<F, 3>(dev)..., bound_nt<F, 4>(dev)...}) {
+    s.partial_bytes = std::max(s.partial_bytes, b.partial_bytes);
+    s.counters_n = std::max(s.counters_n, b.counters_n);
+  }
+  return s;
 }
 
 }  // namespace
 
 MmqScratch mmq_scratch_bound(const DeviceInfo& dev) {
   using namespace mmq_detail;
-  return larger(larger(larger(bound_of<MmqQ4_K>(dev), bound_of<MmqQ6_K>(dev)), larger(bound_of<MmqQ6_KG>(dev), bound_of<MmqQ8_0>(dev))),
-                bound_of<MmqQ8_0G>(dev));
+  return bound_of<MmqQ4_K, MmqQ6_K, MmqQ6_KG, MmqQ8_0, MmqQ8_0G>(dev);
 }
 
 Status mmq(const DeviceInfo& dev, const GemvGroupArgs& g, const MmqScratch& scratch, cudaStream_t stream) {
