@@ -56,8 +56,13 @@ class Sampler {
   void reset_history() { history_.clear(); }
 
   // The candidates a draw chooses from, most likely first, probabilities summing to 1 (one
-  // candidate with p = 1 when greedy). For tests and diagnostics; sample() draws from it.
+  // candidate with p = 1 when greedy). sample() draws from it. Top-k takes the k most likely in
+  // one pass over the logits (a heap of k, the k-th logit as the bar a token must clear), a
+  // candidate list of the whole vocabulary only where no top-k applies.
   std::vector<Candidate> distribution(std::span<const float> logits) const;
+  // The same, the straightforward way (every token a candidate, then sorted): the reference the
+  // tests hold distribution() to.
+  std::vector<Candidate> distribution_reference(std::span<const float> logits) const;
 
   const SamplerParams& params() const { return params_; }
   // A uniform draw in [0, 1) from this sampler's generator (speculative decoding's acceptance
@@ -66,6 +71,10 @@ class Sampler {
 
  private:
   std::vector<Candidate> penalized(std::span<const float> logits) const;
+  // The k (1 .. vocabulary) most likely candidates after the penalty, most likely first.
+  std::vector<Candidate> top_candidates(std::span<const float> logits, size_t k) const;
+  // The filters after top-k (top-p, min-p, temperature) on candidates sorted most likely first.
+  std::vector<Candidate> finish(std::vector<Candidate> cands) const;
   double uniform();  // [0, 1) with 53 random bits
 
   SamplerParams params_;

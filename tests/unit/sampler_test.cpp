@@ -2,7 +2,9 @@
 // and draw frequencies against the distribution (bounded sample counts, 6-sigma tolerance).
 #include "decode/sampler.h"
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <map>
 #include <random>
 #include <set>
@@ -97,6 +99,40 @@ TEST(Sampler, GreedyShortcutPicksWhatTheDistributionPicks) {
     if (trial % 4 == 1) s.accept(int32_t(rng() % uint64_t(n)));  // the penalty path
     const int32_t want = s.distribution(l)[0].id;
     ASSERT_EQ(s.sample(l), want) << "trial " << trial;
+  }
+}
+
+// distribution() takes the top k in one pass over the logits (a heap, blocks of 16 below the bar
+// skipped) and sorts a whole vocabulary by radix; it must return exactly what the reference
+// (every token a candidate, a comparison sort) returns: the same candidates in the same order,
+// the same logits and probabilities to the bit. Fresh logits with many ties, NaN, +-inf and +-0,
+// or normal draws; vocabularies around the 16-float blocks and a large one; every filter, with
+// penalties above and below 1 in force.
+TEST(Sampler, DistributionEqualsTheReferenceBitForBit) {
+  std::mt19937_64 rng(test::test_seed() ^ 0x5a3e1eull);
+  const float specials[] = {NAN, -INFINITY, INFINITY, 0.0f, -0.0f, 1.5f, 1.5f, -2.0f};
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int n = trial % 100 == 0 ? 20000 + int(rng() % 50) : 1 + int(rng() % 70);
+    std::vector<float> l(static_cast<size_t>(n));
+    const bool tied = trial % 2 == 0;
+    for (float& v : l) v = tied ? (rng() % 3 == 0 ? specials[rng() % 8] : float(int(rng() % 9)) * 0.25f) : normal(rng);
+    SamplerParams p = plain(trial % 5 == 0 ? 0.0f : (trial % 5 == 1 ? 0.7f : 1.0f));
+    const int ks[] = {0, 1, 2, 5, 40, n, n + 3};
+    p.top_k = ks[rng() % 7];
+    p.top_p = rng() % 2 ? 1.0f : 0.9f;
+    p.min_p = rng() % 2 ? 0.0f : 0.05f;
+    p.repeat_penalty = trial % 3 == 0 ? 1.0f : (trial % 3 == 1 ? 1.3f : 0.8f);
+    p.repeat_last_n = 8;
+    Sampler s(p, n);
+    for (int h = int(rng() % 12); h > 0; --h) s.accept(int32_t(rng() % uint64_t(n)));
+    const std::vector<Candidate> got = s.distribution(l), want = s.distribution_reference(l);
+    ASSERT_EQ(got.size(), want.size()) << "trial " << trial << " n " << n << " k " << p.top_k;
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i].id, want[i].id) << "trial " << trial << " rank " << i;
+      ASSERT_EQ(std::bit_cast<uint32_t>(got[i].logit), std::bit_cast<uint32_t>(want[i].logit)) << "trial " << trial;
+      ASSERT_EQ(std::bit_cast<uint32_t>(got[i].p), std::bit_cast<uint32_t>(want[i].p)) << "trial " << trial;
+    }
   }
 }
 
