@@ -89,8 +89,12 @@ def run_round(args, host, port, n):
     barrier = threading.Barrier(n)
 
     def worker(i):
-        body = {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": args.tokens, "temperature": 0, "stream": True,
-                "stream_options": {"include_usage": True}}
+        body = {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": args.tokens, "temperature": args.temperature,
+                "stream": True, "stream_options": {"include_usage": True}}
+        if args.temperature > 0:
+            body["seed"] = i
+        if args.top_k is not None:
+            body["top_k"] = args.top_k
         if args.model:
             body["model"] = args.model
         if args.ignore_eos:
@@ -151,6 +155,9 @@ def main():
     ap.add_argument("--concurrency", default="1,8,32", help="comma-separated concurrent requests per round")
     ap.add_argument("--tokens", type=int, default=128, help="tokens generated per request (default %(default)s)")
     ap.add_argument("--repeat", type=int, default=1, help="rounds per concurrency; the best aggregate is kept")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="sampling temperature of every request (default 0: greedy; each request then gets seed i)")
+    ap.add_argument("--top-k", type=int, default=None, help="top_k to send (llama-server and sluice take it)")
     ap.add_argument("--model", default="", help="'model' field to send (llama-server ignores it)")
     ap.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", ""), help="Bearer key, if the server needs one")
     ap.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",

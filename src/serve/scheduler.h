@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "core/threadpool.h"
 #include "decode/sampler.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
@@ -118,6 +119,9 @@ struct SchedulerOptions {
   std::chrono::milliseconds admit_window{20};
   std::chrono::milliseconds admit_gap{2};
   int parallel = 0;       // requests generating at once; 0 or more than the model's max_sequences(): that
+  // Threads that sample a pass's sequences (and their logprobs) in parallel: each picks from its
+  // own vocabulary-sized row with its own generator, so the tokens do not depend on the count.
+  int sample_threads = 1;
 };
 
 // A snapshot for /metrics.
@@ -218,7 +222,15 @@ class Scheduler {
   void park(Active& a, int n);
   // The KV pool's gauges: blocks still to take, in use, held by cached prefixes (under mu_).
   void update_pool_metrics();
-  void handle_token(Active& a, std::span<float> logits);
+  // A pass's row for one request, picked on a sampling thread: the token and its logprob entry.
+  struct Pick {
+    Active* a = nullptr;
+    std::span<float> logits;
+    int32_t token = -1;
+    std::optional<TokenLogprob> logprob;
+  };
+  static void pick(Pick& p, const std::vector<int32_t>& eog_tokens);
+  void handle_token(Active& a, int32_t tok, std::optional<TokenLogprob> logprob);
   void emit_text(Active& a, std::string piece, bool final);
 
   model::Model& model_;
@@ -242,6 +254,8 @@ class Scheduler {
   std::vector<Cached> cached_;  // the prompt cache
   uint64_t use_clock_ = 0;
   std::vector<float> logits_;
+  std::vector<Pick> picks_;
+  core::ThreadPool sample_pool_;
   std::vector<int32_t> eog_tokens_;  // masked for ignore_eos requests
   std::deque<std::pair<std::chrono::steady_clock::time_point, uint64_t>> rate_window_;
 
