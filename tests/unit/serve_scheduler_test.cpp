@@ -394,6 +394,55 @@ TEST(ServeScheduler, StopStringEndsTheTextBeforeIt) {
   EXPECT_EQ(o.done.finish, FinishReason::kStop);
 }
 
+// A pass's sequences are sampled on several threads (SchedulerOptions::sample_threads): each has
+// its own generator, so the tokens and logprobs are those of one thread. Temperature 2 over the
+// fake model's logits leaves the chosen next token ~40% likely, so the draws differ from greedy.
+TEST(ServeScheduler, SamplingThreadsDoNotChangeTheTokens) {
+  std::vector<std::vector<Outcome>> runs;
+  for (int threads : {1, 4}) {
+    FakeModel m(256, 8, 512);
+    FakeTokenizer tok;
+    SchedulerOptions o;
+    o.sample_threads = threads;
+    Scheduler s(m, tok, o);
+    std::vector<std::shared_ptr<Request>> reqs;
+    for (int i = 0; i < 8; ++i) {
+      RequestParams p = greedy({int32_t(i)}, 10);
+      p.sampling.temperature = 2.0f;
+      p.sampling.top_k = 0;
+      p.sampling.top_p = 1.0f;
+      p.sampling.min_p = 0.0f;
+      p.sampling.seed = uint64_t(100 + i);
+      p.top_logprobs = 2;
+      auto r = s.submit(p);
+      ASSERT_TRUE(r.is_ok()) << r.status().message();
+      reqs.push_back(*r);
+    }
+    runs.emplace_back();
+    for (auto& r : reqs) runs.back().push_back(drain(*r));
+    s.shutdown(1s);
+    EXPECT_EQ(m.violations, 0);
+  }
+  int differ_from_greedy = 0;
+  for (size_t i = 0; i < 8; ++i) {
+    const Outcome &a = runs[0][i], &b = runs[1][i];
+    EXPECT_EQ(a.text, b.text) << "request " << i;
+    ASSERT_EQ(a.logprobs.size(), b.logprobs.size()) << "request " << i;
+    for (size_t k = 0; k < a.logprobs.size(); ++k) {
+      EXPECT_EQ(a.logprobs[k].id, b.logprobs[k].id);
+      EXPECT_EQ(a.logprobs[k].logprob, b.logprobs[k].logprob);
+      ASSERT_EQ(a.logprobs[k].top.size(), b.logprobs[k].top.size());
+      for (size_t t = 0; t < a.logprobs[k].top.size(); ++t) EXPECT_EQ(a.logprobs[k].top[t].id, b.logprobs[k].top[t].id);
+    }
+    std::string greedy_text;
+    for (int t = int(i) + 1, n = 0; n < 10 && t != kEog; ++t, ++n) {
+      if (t != 14) greedy_text += char('a' + t);
+    }
+    differ_from_greedy += a.text != greedy_text;
+  }
+  EXPECT_GE(differ_from_greedy, 4) << "the draws look greedy: the test would not see a thread mix-up";
+}
+
 TEST(ServeScheduler, LogprobsOfTheChosenTokenAndTheTopAlternatives) {
   FakeModel m(64, 4, 64);
   FakeTokenizer tok;
