@@ -6,7 +6,6 @@
 #include <cmath>
 #include <limits>
 #include <string>
-#include <unordered_set>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -150,19 +149,24 @@ std::vector<Candidate> Sampler::penalized(std::span<const float> logits) const {
   std::vector<Candidate> cands(logits.size());
   for (size_t i = 0; i < logits.size(); ++i) {
     // NaN would break the sort's ordering; a NaN logit is treated as impossible.
-    const float l = std::isnan(logits[i]) ? -std::numeric_limits<float>::infinity() : logits[i];
-    cands[i] = {int32_t(i), l, 0.0f};
+    cands[i] = {int32_t(i), finite_or_minus_inf(logits[i]), 0.0f};
   }
-  if (params_.repeat_penalty != 1.0f && !history_.empty()) {
-    // Each distinct token is penalised once, however often it repeats.
-    std::unordered_set<int32_t> seen(history_.begin(), history_.end());
-    for (int32_t t : seen) {
-      if (t < 0 || t >= n_vocab_) continue;
-      float& l = cands[size_t(t)].logit;
-      l = l <= 0 ? l * params_.repeat_penalty : l / params_.repeat_penalty;
-    }
-  }
+  for (int32_t t : penalized_ids()) cands[size_t(t)].logit = penalize(cands[size_t(t)].logit);
   return cands;
+}
+
+std::vector<int32_t> Sampler::penalized_ids() const {
+  std::vector<int32_t> ids;
+  if (params_.repeat_penalty == 1.0f) return ids;
+  // Each distinct token is penalised once, however often it repeats.
+  for (int32_t t : history_) {
+    if (t >= 0 && t < n_vocab_ && std::find(ids.begin(), ids.end(), t) == ids.end()) ids.push_back(t);
+  }
+  return ids;
+}
+
+float Sampler::penalize(float logit) const {
+  return logit <= 0 ? logit * params_.repeat_penalty : logit / params_.repeat_penalty;
 }
 
 std::vector<Candidate> Sampler::top_candidates(std::span<const float> logits, size_t k) const {
@@ -170,7 +174,7 @@ std::vector<Candidate> Sampler::top_candidates(std::span<const float> logits, si
                "logits has " + std::to_string(logits.size()) + " entries, vocabulary " + std::to_string(n_vocab_));
   SLUICE_CHECK(k >= 1 && k <= logits.size(), "top_candidates: k outside 1 .. the vocabulary");
   // The history's distinct tokens with their penalized logits go in first; the scan skips them.
-  std::vector<int32_t> penalized_ids;
+  const std::vector<int32_t> penalized = penalized_ids();
   std::vector<Candidate> heap;  // std heap under more_likely: front() is the least likely kept
   heap.reserve(k + 1);
   const auto offer = [&](Candidate c) {
@@ -183,19 +187,9 @@ std::vector<Candidate> Sampler::top_candidates(std::span<const float> logits, si
       std::push_heap(heap.begin(), heap.end(), more_likely);
     }
   };
-  if (params_.repeat_penalty != 1.0f && !history_.empty()) {
-    for (int32_t t : history_) {
-      if (t < 0 || t >= n_vocab_ || std::find(penalized_ids.begin(), penalized_ids.end(), t) != penalized_ids.end()) {
-        continue;
-      }
-      penalized_ids.push_back(t);
-      float l = finite_or_minus_inf(logits[size_t(t)]);
-      l = l <= 0 ? l * params_.repeat_penalty : l / params_.repeat_penalty;
-      offer({t, l, 0.0f});
-    }
-  }
+  for (int32_t t : penalized) offer({t, penalize(finite_or_minus_inf(logits[size_t(t)])), 0.0f});
   const auto is_penalized = [&](size_t i) {
-    return !penalized_ids.empty() && std::find(penalized_ids.begin(), penalized_ids.end(), int32_t(i)) != penalized_ids.end();
+    return !penalized.empty() && std::find(penalized.begin(), penalized.end(), int32_t(i)) != penalized.end();
   };
   const size_t n = logits.size();
   size_t i = 0;

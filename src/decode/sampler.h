@@ -71,6 +71,9 @@ class Sampler {
 
  private:
   std::vector<Candidate> penalized(std::span<const float> logits) const;
+  // The distinct in-vocabulary tokens of the history the penalty applies to (none without one).
+  std::vector<int32_t> penalized_ids() const;
+  float penalize(float logit) const;
   // The k (1 .. vocabulary) most likely candidates after the penalty, most likely first.
   std::vector<Candidate> top_candidates(std::span<const float> logits, size_t k) const;
   // The filters after top-k (top-p, min-p, temperature) on candidates sorted most likely first.
