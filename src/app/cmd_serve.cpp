@@ -19,6 +19,7 @@
 
 #include "app/commands.h"
 #include "app/common.h"
+#include "backend/backend.h"
 #include "model/arch.h"
 #include "model/config.h"
 #include "serve/http_server.h"
@@ -152,8 +153,7 @@ int cmd_serve(int argc, char** argv) {
   }
   sched_opts.parallel = parallel;
   // Sampling runs between passes, when the CPU backend's threads are idle: as many threads.
-  const int cpu_threads = mf.n_threads > 0 ? mf.n_threads : int(std::max(1u, std::thread::hardware_concurrency()));
-  sched_opts.sample_threads = std::min(parallel, cpu_threads);
+  sched_opts.sample_threads = std::min(parallel, backend::cpu_threads(mf.n_threads));
   sched_opts.prompt_cache = !no_prompt_cache;
   sched_opts.admit_window = std::chrono::milliseconds(admit_window_ms);
   serve::Scheduler scheduler(m, *meta->tokenizer, sched_opts);

@@ -371,6 +371,8 @@ struct CpuOptions {
 };
 // The CPU backend (backend/cpu).
 std::unique_ptr<Backend> make_cpu_backend(const CpuOptions& opts);
+// The threads a CPU backend of CpuOptions::n_threads = n runs: n, or for n <= 0 the physical cores.
+int cpu_threads(int n);
 
 struct CudaOptions {
   int device = 0;

@@ -45,9 +45,10 @@ int physical_cores() {
 
 }  // namespace
 
+int cpu_threads(int n) { return n > 0 ? n : physical_cores(); }
+
 std::unique_ptr<Backend> make_cpu_backend(const CpuOptions& opts) {
-  int n = opts.n_threads;
-  if (n <= 0) n = physical_cores();
+  const int n = cpu_threads(opts.n_threads);
   const char* tile_env = std::getenv("SLUICE_CPU_TILE");
   const bool tile = opts.tile_kernels && !(tile_env && std::string_view(tile_env) == "0");
   const char* pack_env = std::getenv("SLUICE_CPU_PACK");
