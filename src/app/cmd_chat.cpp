@@ -40,23 +40,15 @@ int cmd_chat(int argc, char** argv) {
   SpecFlags spf;
   add_spec_flags(app, spf);
   if (auto rc = parse_flags(app, argc, argv)) return *rc;
-  // As in run: a verification pass carries K + 1 tokens, a draft model is charged to the budgets.
-  if (spf.speculative()) stf.decode_batch = spf.draft_k + 1;
-  if (!spf.draft_model.empty()) {
-    if (Status st = charge_draft_to_budgets(spf.draft_model, mf, stf); !st.is_ok()) return report_error("chat", st);
-  }
-  if (auto st = resolve_stream_flags(stf); !st.is_ok()) return report_error("chat", st.status());
-
-  auto sampling = resolve_sampling(sf);
-  if (!sampling.is_ok()) return report_error("chat", sampling.status());
-  auto meta = open_model_meta(mf.model_path);
-  if (!meta.is_ok()) return report_error("chat", meta.status());
-  if (Status st = plan_layer_skip(spf, *meta->file, mf.model_path, stf); !st.is_ok()) return report_error("chat", st);
-  const model::Tokenizer& tok = *meta->tokenizer;
-  auto tmpl = chat_template_for(*meta->file, template_name);
+  auto setup = prepare_generation(mf, sf, spf, stf);
+  if (!setup.is_ok()) return report_error("chat", setup.status());
+  const decode::SamplerParams& sampling = setup->sampling;
+  const ModelMeta& meta = setup->meta;
+  const model::Tokenizer& tok = *meta.tokenizer;
+  auto tmpl = chat_template_for(*meta.file, template_name);
   if (!tmpl.is_ok()) return report_error("chat", tmpl.status());
   if (stf.show_plan) {
-    if (Status st = print_plan(mf, stf, *meta->file); !st.is_ok()) return report_error("chat", st);
+    if (Status st = print_plan(mf, stf, *meta.file); !st.is_ok()) return report_error("chat", st);
     return kExitOk;
   }
 
@@ -66,10 +58,10 @@ int cmd_chat(int argc, char** argv) {
   if (Status st = apply_layer_flags(m, spf, mf.model_path); !st.is_ok()) return report_error("chat", st);
   auto spec = make_speculation(spf, mf, m, tok);
   if (!spec.is_ok()) return report_error("chat", spec.status());
-  if (!sf.seed_given && sampling->temperature > 0) {
-    std::fprintf(stderr, "seed: %llu\n", static_cast<unsigned long long>(sampling->seed));
+  if (!sf.seed_given && sampling.temperature > 0) {
+    std::fprintf(stderr, "seed: %llu\n", static_cast<unsigned long long>(sampling.seed));
   }
-  decode::Sampler sampler(*sampling, m.n_vocab());
+  decode::Sampler sampler(sampling, m.n_vocab());
   decode::GenerateOptions opts;
   opts.n_predict = n_predict;
 

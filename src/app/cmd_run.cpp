@@ -34,28 +34,19 @@ int cmd_run(int argc, char** argv) {
   SpecFlags spf;
   add_spec_flags(app, spf);
   if (auto rc = parse_flags(app, argc, argv)) return *rc;
-  // Speculation: a verification pass carries K + 1 tokens (the planner places units for it), and
-  // a draft model's bytes come out of the budgets the target is planned with.
-  if (spf.speculative()) stf.decode_batch = spf.draft_k + 1;
-  if (!spf.draft_model.empty()) {
-    if (Status st = charge_draft_to_budgets(spf.draft_model, mf, stf); !st.is_ok()) return report_error("run", st);
-  }
-  if (auto st = resolve_stream_flags(stf); !st.is_ok()) return report_error("run", st.status());
-
-  auto sampling = resolve_sampling(sf);
-  if (!sampling.is_ok()) return report_error("run", sampling.status());
-  auto meta = open_model_meta(mf.model_path);
-  if (!meta.is_ok()) return report_error("run", meta.status());
-  if (Status st = plan_layer_skip(spf, *meta->file, mf.model_path, stf); !st.is_ok()) return report_error("run", st);
-  const model::Tokenizer& tok = *meta->tokenizer;
+  auto setup = prepare_generation(mf, sf, spf, stf);
+  if (!setup.is_ok()) return report_error("run", setup.status());
+  const decode::SamplerParams& sampling = setup->sampling;
+  const ModelMeta& meta = setup->meta;
+  const model::Tokenizer& tok = *meta.tokenizer;
   if (stf.show_plan) {
-    if (Status st = print_plan(mf, stf, *meta->file); !st.is_ok()) return report_error("run", st);
+    if (Status st = print_plan(mf, stf, *meta.file); !st.is_ok()) return report_error("run", st);
     return kExitOk;
   }
 
   std::string text = prompt;
   if (chat || !system.empty() || !template_name.empty()) {
-    auto tmpl = chat_template_for(*meta->file, template_name);
+    auto tmpl = chat_template_for(*meta.file, template_name);
     if (!tmpl.is_ok()) return report_error("run", tmpl.status());
     std::vector<model::ChatMessage> messages;
     if (!system.empty()) messages.push_back({"system", system});
@@ -92,10 +83,10 @@ int cmd_run(int argc, char** argv) {
   auto spec = make_speculation(spf, mf, m, tok);
   if (!spec.is_ok()) return report_error("run", spec.status());
 
-  if (!sf.seed_given && sampling->temperature > 0) {
-    std::fprintf(stderr, "seed: %llu\n", static_cast<unsigned long long>(sampling->seed));
+  if (!sf.seed_given && sampling.temperature > 0) {
+    std::fprintf(stderr, "seed: %llu\n", static_cast<unsigned long long>(sampling.seed));
   }
-  decode::Sampler sampler(*sampling, m.n_vocab());
+  decode::Sampler sampler(sampling, m.n_vocab());
   decode::GenerateOptions opts;
   opts.n_predict = n_predict;
   decode::SpecStats spec_stats;

@@ -272,6 +272,17 @@ Status charge_draft_to_budgets(const std::string& draft_path, const ModelFlags& 
   return charge(sf.ram_budget, "--ram-budget");
 }
 
+Result<GenerationSetup> prepare_generation(const ModelFlags& mf, const SamplingFlags& sf, const SpecFlags& spf,
+                                           StreamFlags& stf) {
+  if (spf.speculative()) stf.decode_batch = spf.draft_k + 1;
+  if (!spf.draft_model.empty()) SLUICE_RETURN_IF_ERROR(charge_draft_to_budgets(spf.draft_model, mf, stf));
+  SLUICE_RETURN_IF_ERROR(resolve_stream_flags(stf).status());
+  SLUICE_ASSIGN_OR_RETURN(decode::SamplerParams sampling, resolve_sampling(sf));
+  SLUICE_ASSIGN_OR_RETURN(ModelMeta meta, open_model_meta(mf.model_path));
+  SLUICE_RETURN_IF_ERROR(plan_layer_skip(spf, *meta.file, mf.model_path, stf));
+  return GenerationSetup{sampling, std::move(meta)};
+}
+
 void print_layer_counts(FILE* out, const model::Model& m, const SpecFlags& f) {
   if (f.skip_layers.empty() && f.early_exit <= 0) return;
   const model::Model::LayerCounts c = m.layer_counts();

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "app/common.h"
 #include "app/options.h"  // declares CLI::App
 #include "core/status.h"
 #include "decode/speculative.h"
@@ -74,6 +75,17 @@ Result<Speculation> make_speculation(const SpecFlags& f, const ModelFlags& mf, m
 // A draft model is kept resident: its file's bytes come out of --vram-budget (GPU backend) or
 // --ram-budget, whichever the target is planned with. Error: the budget is smaller than the draft.
 Status charge_draft_to_budgets(const std::string& draft_path, const ModelFlags& mf, StreamFlags& sf);
+
+// What `run` and `chat` settle before the weights load: a verification pass of K + 1 tokens when
+// speculating (the planner places units for it), a draft model's bytes charged to the budgets the
+// target is planned with, the stream flags, the sampling parameters (seed resolved), the model's
+// metadata, and the layers --skip-layers leaves out. Errors name the flag or the file.
+struct GenerationSetup {
+  decode::SamplerParams sampling;
+  ModelMeta meta;
+};
+Result<GenerationSetup> prepare_generation(const ModelFlags& mf, const SamplingFlags& sf, const SpecFlags& spf,
+                                           StreamFlags& stf);
 
 // "layers:  ..." line: layers run per pass and early exits, when --skip-layers or --early-exit is on.
 void print_layer_counts(FILE* out, const model::Model& m, const SpecFlags& f);
