@@ -123,7 +123,9 @@ struct GeluTanh {
   __device__ float operator()(float g, float u) const { return gelu_tanh_mul(g, u); }
 };
 
-struct SwigluOp {  // dst = silu(g) * u
+// dst = act(g) * u, Act one of the two above (SwigluOp: silu, GegluOp: gelu_tanh).
+template <class Act>
+struct GluOp {
   const float* gate;
   int64_t gate_stride;
   const float* up;
@@ -136,30 +138,12 @@ struct SwigluOp {  // dst = silu(g) * u
     load_v<V>(gate + r * gate_stride + c, g);
     load_v<V>(up + r * up_stride + c, u);
 #pragma unroll
-    for (int k = 0; k < V; ++k) g[k] = silu_mul(g[k], u[k]);
+    for (int k = 0; k < V; ++k) g[k] = Act()(g[k], u[k]);
     store_v<V>(dst + r * dst_stride + c, g);
   }
 };
-
-// dst = gelu_tanh(g) * u: backend::gelu_tanh's expression and order (0.5 g (1 + tanh(k g (1 + a g^2)))
-// left to right), without FMA contraction; tanhf is CUDA's (within 2 ulp of glibc's).
-struct GegluOp {
-  const float* gate;
-  int64_t gate_stride;
-  const float* up;
-  int64_t up_stride;
-  float* dst;
-  int64_t dst_stride;
-  template <int V>
-  __device__ void apply(int64_t r, int64_t c) const {
-    float g[V], u[V];
-    load_v<V>(gate + r * gate_stride + c, g);
-    load_v<V>(up + r * up_stride + c, u);
-#pragma unroll
-    for (int k = 0; k < V; ++k) g[k] = gelu_tanh_mul(g[k], u[k]);
-    store_v<V>(dst + r * dst_stride + c, g);
-  }
-};
+using SwigluOp = GluOp<Silu>;
+using GegluOp = GluOp<GeluTanh>;
 
 struct ScaleOp {  // x[r][c] *= s
   float* x;
