@@ -95,6 +95,8 @@ def run_round(args, host, port, n):
             body["seed"] = i
         if args.top_k is not None:
             body["top_k"] = args.top_k
+        if args.logprobs is not None:
+            body["logprobs"] = args.logprobs  # /v1/completions: this many top log-probabilities a token
         if args.model:
             body["model"] = args.model
         if args.ignore_eos:
@@ -158,6 +160,8 @@ def main():
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="sampling temperature of every request (default 0: greedy; each request then gets seed i)")
     ap.add_argument("--top-k", type=int, default=None, help="top_k to send (llama-server and sluice take it)")
+    ap.add_argument("--logprobs", type=int, default=None,
+                    help="ask for each token's log-probability and this many most likely alternatives (0-5)")
     ap.add_argument("--model", default="", help="'model' field to send (llama-server ignores it)")
     ap.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", ""), help="Bearer key, if the server needs one")
     ap.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",

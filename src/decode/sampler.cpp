@@ -36,10 +36,9 @@ void softmax_sorted(std::vector<Candidate>& cands, float temperature) {
   for (auto& c : cands) c.p = static_cast<float>(c.p / sum);
 }
 
-// The lowest id of the largest logit, NaN never chosen; 0 when every logit is NaN or -inf (what a
-// scan that keeps the first strictly larger value returns). Two passes over 16-float blocks: the
-// maximum (maxps(x, m) keeps m where x is NaN), then the first block that holds it.
-int32_t argmax_first(std::span<const float> x) {
+// The largest value, NaN skipped; -inf when there is none. 16-float blocks: maxps(x, m) keeps m
+// where x is NaN.
+float max_not_nan(std::span<const float> x) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const size_t n = x.size();
   const float* p = x.data();
@@ -61,8 +60,19 @@ int32_t argmax_first(std::span<const float> x) {
   for (float v : lanes) best = v > best ? v : best;
 #endif
   for (; i < n; ++i) best = p[i] > best ? p[i] : best;
+  return best;
+}
+
+// The lowest id of the largest logit, NaN never chosen; 0 when every logit is NaN or -inf (what a
+// scan that keeps the first strictly larger value returns). Two passes over 16-float blocks: the
+// maximum, then the first block that holds it.
+int32_t argmax_first(std::span<const float> x) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const size_t n = x.size();
+  const float* p = x.data();
+  const float best = max_not_nan(x);
   if (best == kNegInf) return 0;
-  i = 0;
+  size_t i = 0;
 #if defined(__SSE2__)
   const __m128 b = _mm_set1_ps(best);
   for (; i + 16 <= n; i += 16) {
@@ -114,6 +124,83 @@ std::string num(double v) {
   return buf;
 }
 
+// The k most likely of `logits` (NaN as -inf) in more_likely order. `pre`: candidates whose
+// logits replace the ones in `logits` (the penalized history tokens); they are offered first and
+// the scan skips their ids.
+std::vector<Candidate> top_k_scan(std::span<const float> logits, size_t k, std::span<const Candidate> pre) {
+  SLUICE_CHECK(k >= 1 && k <= logits.size(), "top_k_scan: k outside 1 .. the vocabulary");
+  std::vector<Candidate> heap;  // std heap under more_likely: front() is the least likely kept
+  heap.reserve(k + 1);
+  const auto offer = [&](Candidate c) {
+    if (heap.size() < k) {
+      heap.push_back(c);
+      std::push_heap(heap.begin(), heap.end(), more_likely);
+    } else if (more_likely(c, heap.front())) {
+      std::pop_heap(heap.begin(), heap.end(), more_likely);
+      heap.back() = c;
+      std::push_heap(heap.begin(), heap.end(), more_likely);
+    }
+  };
+  for (const Candidate& c : pre) offer(c);
+  const auto is_pre = [&](size_t i) {
+    return !pre.empty() &&
+           std::find_if(pre.begin(), pre.end(), [&](const Candidate& c) { return c.id == int32_t(i); }) != pre.end();
+  };
+  const size_t n = logits.size();
+  size_t i = 0;
+  for (; i < n && heap.size() < k; ++i) {
+    if (!is_pre(i)) offer({int32_t(i), finite_or_minus_inf(logits[i]), 0.0f});
+  }
+  // A token must beat the least likely kept one: a larger logit, or an equal one and a lower id
+  // (the scan's ids only grow, but a candidate of `pre` kept earlier may have a higher one). NaN
+  // fails the first test.
+  float bar = heap.front().logit;
+  const auto consider = [&](size_t j) {
+    const float l = logits[j];
+    if (!(l >= bar) || (l == bar && int32_t(j) > heap.front().id) || is_pre(j)) return;
+    offer({int32_t(j), l, 0.0f});
+    bar = heap.front().logit;
+  };
+  for (; i < n && i % 16 != 0; ++i) consider(i);
+#if defined(__SSE2__)
+  // Whole blocks of 16 that hold no logit >= the bar (most of them, once the heap is warm) are
+  // skipped with four compares.
+  const float* p = logits.data();
+  for (; i + 16 <= n; i += 16) {
+    const __m128 b = _mm_set1_ps(bar);
+    const __m128 ge = _mm_or_ps(_mm_or_ps(_mm_cmpge_ps(_mm_loadu_ps(p + i), b), _mm_cmpge_ps(_mm_loadu_ps(p + i + 4), b)),
+                                _mm_or_ps(_mm_cmpge_ps(_mm_loadu_ps(p + i + 8), b), _mm_cmpge_ps(_mm_loadu_ps(p + i + 12), b)));
+    if (_mm_movemask_ps(ge) == 0) continue;
+    for (size_t j = i; j < i + 16; ++j) consider(j);
+  }
+#endif
+  for (; i < n; ++i) consider(i);
+  std::sort_heap(heap.begin(), heap.end(), more_likely);
+  return heap;
+}
+
+#if defined(__SSE2__)
+// exp(x) for 4 floats x <= 0 (NaN and x < -87 give exp(-87), ~2e-38: nothing next to the sum's
+// largest term, 1): Cephes' expf, x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts), exp(r) a
+// degree-5 polynomial in r, times 2^n built in the exponent bits.
+__m128 exp_nonpositive(__m128 x) {
+  x = _mm_max_ps(x, _mm_set1_ps(-87.0f));  // maxps returns its second operand where x is NaN
+  const __m128i n = _mm_cvtps_epi32(_mm_mul_ps(x, _mm_set1_ps(1.44269504088896341f)));  // rounds to nearest
+  const __m128 nf = _mm_cvtepi32_ps(n);
+  __m128 r = _mm_sub_ps(x, _mm_mul_ps(nf, _mm_set1_ps(0.693359375f)));
+  r = _mm_sub_ps(r, _mm_mul_ps(nf, _mm_set1_ps(-2.12194440e-4f)));
+  __m128 p = _mm_set1_ps(1.9875691500e-4f);
+  p = _mm_add_ps(_mm_mul_ps(p, r), _mm_set1_ps(1.3981999507e-3f));
+  p = _mm_add_ps(_mm_mul_ps(p, r), _mm_set1_ps(8.3334519073e-3f));
+  p = _mm_add_ps(_mm_mul_ps(p, r), _mm_set1_ps(4.1665795894e-2f));
+  p = _mm_add_ps(_mm_mul_ps(p, r), _mm_set1_ps(1.6666665459e-1f));
+  p = _mm_add_ps(_mm_mul_ps(p, r), _mm_set1_ps(5.0000001201e-1f));
+  p = _mm_add_ps(_mm_mul_ps(_mm_mul_ps(p, r), r), _mm_add_ps(r, _mm_set1_ps(1.0f)));
+  const __m128 scale = _mm_castsi128_ps(_mm_slli_epi32(_mm_add_epi32(n, _mm_set1_epi32(127)), 23));
+  return _mm_mul_ps(p, scale);
+}
+#endif
+
 }  // namespace
 
 Status validate(const SamplerParams& p) {
@@ -130,6 +217,40 @@ Status validate(const SamplerParams& p) {
   if (p.repeat_last_n < 0)
     return invalid_argument("--repeat-last-n must be >= 0 (0 = disabled), got " + std::to_string(p.repeat_last_n));
   return Status::ok();
+}
+
+double log_sum_exp(std::span<const float> logits) {
+  const size_t n = logits.size();
+  const float* p = logits.data();
+  const float mx = max_not_nan(logits);
+  if (!std::isfinite(mx)) return double(mx);
+  size_t i = 0;
+  double sum = 0;
+#if defined(__SSE2__)
+  const __m128 m = _mm_set1_ps(mx);
+  __m128d lo = _mm_setzero_pd(), hi = _mm_setzero_pd();
+  for (; i + 16 <= n; i += 16) {
+    const __m128 a = _mm_add_ps(exp_nonpositive(_mm_sub_ps(_mm_loadu_ps(p + i), m)),
+                                exp_nonpositive(_mm_sub_ps(_mm_loadu_ps(p + i + 4), m)));
+    const __m128 b = _mm_add_ps(exp_nonpositive(_mm_sub_ps(_mm_loadu_ps(p + i + 8), m)),
+                                exp_nonpositive(_mm_sub_ps(_mm_loadu_ps(p + i + 12), m)));
+    const __m128 s = _mm_add_ps(a, b);
+    lo = _mm_add_pd(lo, _mm_cvtps_pd(s));
+    hi = _mm_add_pd(hi, _mm_cvtps_pd(_mm_movehl_ps(s, s)));
+  }
+  alignas(16) double parts[4];
+  _mm_store_pd(parts, lo);
+  _mm_store_pd(parts + 2, hi);
+  sum = (parts[0] + parts[1]) + (parts[2] + parts[3]);
+#endif
+  for (; i < n; ++i) {
+    if (!std::isnan(p[i])) sum += std::exp(double(p[i]) - double(mx));
+  }
+  return double(mx) + std::log(sum);
+}
+
+std::vector<Candidate> most_likely(std::span<const float> logits, size_t k) {
+  return top_k_scan(logits, k, {});
 }
 
 Sampler::Sampler(const SamplerParams& p, int n_vocab) : params_(p), n_vocab_(n_vocab), rng_(p.seed) {
@@ -172,56 +293,10 @@ float Sampler::penalize(float logit) const {
 std::vector<Candidate> Sampler::top_candidates(std::span<const float> logits, size_t k) const {
   SLUICE_CHECK(logits.size() == size_t(n_vocab_),
                "logits has " + std::to_string(logits.size()) + " entries, vocabulary " + std::to_string(n_vocab_));
-  SLUICE_CHECK(k >= 1 && k <= logits.size(), "top_candidates: k outside 1 .. the vocabulary");
   // The history's distinct tokens with their penalized logits go in first; the scan skips them.
-  const std::vector<int32_t> penalized = penalized_ids();
-  std::vector<Candidate> heap;  // std heap under more_likely: front() is the least likely kept
-  heap.reserve(k + 1);
-  const auto offer = [&](Candidate c) {
-    if (heap.size() < k) {
-      heap.push_back(c);
-      std::push_heap(heap.begin(), heap.end(), more_likely);
-    } else if (more_likely(c, heap.front())) {
-      std::pop_heap(heap.begin(), heap.end(), more_likely);
-      heap.back() = c;
-      std::push_heap(heap.begin(), heap.end(), more_likely);
-    }
-  };
-  for (int32_t t : penalized) offer({t, penalize(finite_or_minus_inf(logits[size_t(t)])), 0.0f});
-  const auto is_penalized = [&](size_t i) {
-    return !penalized.empty() && std::find(penalized.begin(), penalized.end(), int32_t(i)) != penalized.end();
-  };
-  const size_t n = logits.size();
-  size_t i = 0;
-  for (; i < n && heap.size() < k; ++i) {
-    if (!is_penalized(i)) offer({int32_t(i), finite_or_minus_inf(logits[i]), 0.0f});
-  }
-  // A token must beat the least likely kept one: a larger logit, or an equal one and a lower id
-  // (the scan's ids only grow, but a penalized token kept earlier may have a higher one). NaN
-  // fails the first test.
-  float bar = heap.front().logit;
-  const auto consider = [&](size_t j) {
-    const float l = logits[j];
-    if (!(l >= bar) || (l == bar && int32_t(j) > heap.front().id) || is_penalized(j)) return;
-    offer({int32_t(j), l, 0.0f});
-    bar = heap.front().logit;
-  };
-  for (; i < n && i % 16 != 0; ++i) consider(i);
-#if defined(__SSE2__)
-  // Whole blocks of 16 that hold no logit >= the bar (most of them, once the heap is warm) are
-  // skipped with four compares.
-  const float* p = logits.data();
-  for (; i + 16 <= n; i += 16) {
-    const __m128 b = _mm_set1_ps(bar);
-    const __m128 ge = _mm_or_ps(_mm_or_ps(_mm_cmpge_ps(_mm_loadu_ps(p + i), b), _mm_cmpge_ps(_mm_loadu_ps(p + i + 4), b)),
-                                _mm_or_ps(_mm_cmpge_ps(_mm_loadu_ps(p + i + 8), b), _mm_cmpge_ps(_mm_loadu_ps(p + i + 12), b)));
-    if (_mm_movemask_ps(ge) == 0) continue;
-    for (size_t j = i; j < i + 16; ++j) consider(j);
-  }
-#endif
-  for (; i < n; ++i) consider(i);
-  std::sort_heap(heap.begin(), heap.end(), more_likely);
-  return heap;
+  std::vector<Candidate> pre;
+  for (int32_t t : penalized_ids()) pre.push_back({t, penalize(finite_or_minus_inf(logits[size_t(t)])), 0.0f});
+  return top_k_scan(logits, k, pre);
 }
 
 std::vector<Candidate> Sampler::distribution(std::span<const float> logits) const {

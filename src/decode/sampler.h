@@ -43,6 +43,15 @@ struct Candidate {
   float p;      // probability among the surviving candidates
 };
 
+// For log-probabilities of raw logits (a server's `logprobs`), NaN taken as -inf in both:
+// log(sum(exp(x))) = max + log(sum(exp(x - max))), the exponentials in 4-float SSE blocks (Cephes'
+// expf polynomial, within 2 ulp of exp in float) summed in double per 16 logits: within 1e-6 of
+// the double-precision sum. -inf when every logit is -inf (or none), +inf when one is +inf.
+double log_sum_exp(std::span<const float> logits);
+// The k (<= the vocabulary) largest logits, largest first, ties to the lower id (the sampler's
+// order), in one pass with a heap of k: what a full sort would put first, without the sort.
+std::vector<Candidate> most_likely(std::span<const float> logits, size_t k);
+
 class Sampler {
  public:
   // `p` must have passed validate() (checked).

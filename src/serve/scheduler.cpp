@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
-#include <numeric>
 
 namespace sluice::serve {
 namespace {
@@ -523,20 +522,12 @@ void Scheduler::pick(Pick& pk, const std::vector<int32_t>& eog_tokens) {
   const int32_t tok = a.sampler.sample(logits);
   pk.token = tok;
   if (p.top_logprobs >= 0) {
-    float mx = -INFINITY;
-    for (float v : logits) mx = std::max(mx, v);
-    double sum = 0;
-    for (float v : logits) sum += std::exp(double(v) - mx);
-    const float lse = mx + float(std::log(sum));
+    const float lse = float(decode::log_sum_exp(logits));
     TokenLogprob lp{tok, logits[size_t(tok)] - lse, {}};
     if (p.top_logprobs > 0) {
-      std::vector<int32_t> idx(logits.size());
-      std::iota(idx.begin(), idx.end(), 0);
-      const size_t k = std::min(size_t(p.top_logprobs), idx.size());
-      std::partial_sort(idx.begin(), idx.begin() + ptrdiff_t(k), idx.end(), [&](int32_t x, int32_t y) {
-        return logits[size_t(x)] > logits[size_t(y)] || (logits[size_t(x)] == logits[size_t(y)] && x < y);
-      });
-      for (size_t i = 0; i < k; ++i) lp.top.push_back({idx[i], logits[size_t(idx[i])] - lse});
+      for (const decode::Candidate& c : decode::most_likely(logits, std::min(size_t(p.top_logprobs), logits.size()))) {
+        lp.top.push_back({c.id, c.logit - lse});
+      }
     }
     pk.logprob = std::move(lp);
   }

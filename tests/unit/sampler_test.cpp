@@ -2,6 +2,7 @@
 // and draw frequencies against the distribution (bounded sample counts, 6-sigma tolerance).
 #include "decode/sampler.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -132,6 +133,67 @@ TEST(Sampler, DistributionEqualsTheReferenceBitForBit) {
       ASSERT_EQ(got[i].id, want[i].id) << "trial " << trial << " rank " << i;
       ASSERT_EQ(std::bit_cast<uint32_t>(got[i].logit), std::bit_cast<uint32_t>(want[i].logit)) << "trial " << trial;
       ASSERT_EQ(std::bit_cast<uint32_t>(got[i].p), std::bit_cast<uint32_t>(want[i].p)) << "trial " << trial;
+    }
+  }
+}
+
+// log_sum_exp (SSE exponentials summed in double per 16 logits) against the double-precision sum
+// over fresh logits: vocabularies around the 16-float blocks and a 128k one, narrow and wide
+// ranges (terms that underflow), -inf and NaN entries; within 1e-6 (relative, 1 at least). And
+// the edge cases: none or all -inf give -inf, a +inf gives +inf.
+TEST(Sampler, LogSumExpIsWithin1e6OfTheDoubleSum) {
+  std::mt19937_64 rng(test::test_seed() ^ 0x15eull);
+  for (int trial = 0; trial < 400; ++trial) {
+    const int n = trial % 50 == 0 ? 128256 : 1 + int(rng() % 70);
+    const float spread = trial % 3 == 0 ? 3.0f : (trial % 3 == 1 ? 30.0f : 300.0f);
+    std::normal_distribution<float> normal(trial % 4 == 0 ? 50.0f : 0.0f, spread);
+    std::vector<float> l(static_cast<size_t>(n));
+    for (float& v : l) v = normal(rng);
+    if (trial % 5 == 1) l[rng() % l.size()] = -INFINITY;
+    if (trial % 5 == 2 && n > 1) l[rng() % l.size()] = NAN;
+    float mx = -INFINITY;
+    for (float v : l) mx = v > mx ? v : mx;
+    double sum = 0;
+    for (float v : l) sum += std::isnan(v) ? 0.0 : std::exp(double(v) - double(mx));
+    const double want = mx == -INFINITY ? -INFINITY : double(mx) + std::log(sum), got = log_sum_exp(l);
+    if (want == -INFINITY) {
+      EXPECT_EQ(got, want) << "trial " << trial;
+      continue;
+    }
+    ASSERT_NEAR(got, want, 1e-6 * std::max(1.0, std::abs(want))) << "trial " << trial << " n " << n;
+  }
+  EXPECT_EQ(log_sum_exp({}), -INFINITY);
+  const std::vector<float> none = {-INFINITY, NAN, -INFINITY};
+  EXPECT_EQ(log_sum_exp(none), -INFINITY);
+  std::vector<float> inf(40, 1.0f);
+  inf[33] = INFINITY;
+  EXPECT_EQ(log_sum_exp(inf), INFINITY);
+  const std::vector<float> one = {2.5f};
+  EXPECT_DOUBLE_EQ(log_sum_exp(one), 2.5);
+}
+
+// most_likely (one pass, a heap of k) against a full stable sort by the sampler's order (larger
+// logit first, ties to the lower id, NaN as -inf) on fresh logits with many ties and specials.
+TEST(Sampler, MostLikelyIsTheFrontOfAFullSort) {
+  std::mt19937_64 rng(test::test_seed() ^ 0x70bull);
+  const float specials[] = {NAN, -INFINITY, INFINITY, 0.0f, -0.0f, 1.5f, 1.5f, -2.0f};
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int n = trial % 100 == 0 ? 20000 + int(rng() % 50) : 1 + int(rng() % 70);
+    std::vector<float> l(static_cast<size_t>(n));
+    const bool tied = trial % 2 == 0;
+    for (float& v : l) v = tied ? (rng() % 3 == 0 ? specials[rng() % 8] : float(int(rng() % 9)) * 0.25f) : normal(rng);
+    std::vector<int32_t> order(l.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = int32_t(i);
+    const auto key = [&](int32_t i) { return std::isnan(l[size_t(i)]) ? -INFINITY : l[size_t(i)]; };
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return key(a) > key(b); });
+    const size_t ks[] = {1, 2, 3, 20, size_t(n)};
+    const size_t k = std::min(ks[rng() % 5], size_t(n));
+    const std::vector<Candidate> got = most_likely(l, k);
+    ASSERT_EQ(got.size(), k) << "trial " << trial;
+    for (size_t i = 0; i < k; ++i) {
+      ASSERT_EQ(got[i].id, order[i]) << "trial " << trial << " rank " << i;
+      ASSERT_EQ(std::bit_cast<uint32_t>(got[i].logit), std::bit_cast<uint32_t>(key(order[i]))) << "trial " << trial;
     }
   }
 }
