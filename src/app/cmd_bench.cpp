@@ -52,14 +52,14 @@ void finish(BenchResult& r) {
   r.median = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
 }
 
-Result<double> time_prefill(model::Model& m, const std::vector<int32_t>& tokens, std::vector<float>& logits) {
+Result<double> time_prefill(model::Model& m, const std::vector<int32_t>& tokens, std::span<float> logits) {
   m.truncate(0);
   const auto t0 = std::chrono::steady_clock::now();
   SLUICE_RETURN_IF_ERROR(m.eval(tokens, logits));
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-Result<double> time_decode(model::Model& m, const std::vector<int32_t>& tokens, std::vector<float>& logits) {
+Result<double> time_decode(model::Model& m, const std::vector<int32_t>& tokens, std::span<float> logits) {
   m.truncate(0);
   const auto t0 = std::chrono::steady_clock::now();
   for (int32_t t : tokens) {
@@ -117,7 +117,7 @@ Status bench_spec(model::Model& m, std::vector<int> ks, int spec_ctx, int reps, 
   for (int k : ks) {
     std::vector<int32_t> batch(size_t(k) + 1);
     for (auto& t : batch) t = any_token(rng);
-    std::vector<float> logits(batch.size() * size_t(m.n_vocab()));
+    SLUICE_ASSIGN_OR_RETURN(const std::span<float> logits, m.logits_buffer(batch.size() * size_t(m.n_vocab())));
     std::vector<double> times;
     for (int i = 0; i <= reps; ++i) {  // the first is the warm-up
       const auto t0 = std::chrono::steady_clock::now();
@@ -183,7 +183,7 @@ Status bench_batch(model::Model& m, const std::vector<int>& ns, int ctx, int rep
       }
     }
     std::vector<model::Model::SeqTokens> items(static_cast<size_t>(n));
-    std::vector<float> logits(size_t(n) * size_t(m.n_vocab()));
+    SLUICE_ASSIGN_OR_RETURN(const std::span<float> logits, m.logits_buffer(size_t(n) * size_t(m.n_vocab())));
     std::vector<double> times;
     for (int r = 0; r <= reps; ++r) {  // the first is the warm-up
       for (auto& t : step) t = any_token(rng);
@@ -302,7 +302,10 @@ int cmd_bench(int argc, char** argv) {
 
   std::mt19937 rng(1234);  // fixed: every run benchmarks the same ids
   std::uniform_int_distribution<int32_t> any_token(0, m.n_vocab() - 1);
-  std::vector<float> logits(size_t(m.n_vocab()));
+  // As a generation loop takes them: in the model's fastest host memory (pinned on a GPU).
+  auto logits_buf = m.logits_buffer(size_t(m.n_vocab()));
+  if (!logits_buf.is_ok()) return report_error("bench", logits_buf.status());
+  const std::span<float> logits = *logits_buf;
   std::vector<BenchResult> results;
   auto run = [&](const char* kind, int n, auto timer) -> Status {
     if (n == 0) return Status::ok();

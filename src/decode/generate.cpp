@@ -48,7 +48,7 @@ Result<Generation> generate(model::Model& model, const model::Tokenizer& tokeniz
   }
 
   Generation gen;
-  std::vector<float> logits(size_t(model.n_vocab()));
+  SLUICE_ASSIGN_OR_RETURN(const std::span<float> logits, model.logits_buffer(size_t(model.n_vocab())));
   SLUICE_RETURN_IF_ERROR(prefill(model, sampler, prompt, logits, gen));
 
   model::Detokenizer detok(tokenizer);

@@ -194,6 +194,15 @@ class LlamaFamilyModel final : public Model {
     return Status::ok();
   }
 
+  // Pinned on a GPU (the backend's staging memory, freed with it).
+  Result<std::span<float>> logits_buffer(size_t floats) override {
+    for (std::span<float> b : logits_bufs_) {
+      if (b.size() >= floats) return b.first(floats);
+    }
+    SLUICE_ASSIGN_OR_RETURN(void* p, be_->alloc_staging(int64_t(std::max<size_t>(floats, 1) * sizeof(float))));
+    return logits_bufs_.emplace_back(static_cast<float*>(p), floats);
+  }
+
   Status eval_batch(std::span<const SeqTokens> items, std::span<float> logits) override {
     if (items.empty()) return invalid_argument("eval_batch: no sequences");
     const size_t nv = size_t(cfg_.n_vocab);
@@ -412,6 +421,7 @@ class LlamaFamilyModel final : public Model {
   Executor main_;                  // the model's backend: every layer's KV cache
   std::unique_ptr<Executor> host_; // hybrid execution: the host CPU (LayerSource::host_executor)
   Tensor logits_;                  // [kLogitRows, n_vocab]
+  std::vector<std::span<float>> logits_bufs_;  // logits_buffer()'s, in the backend's staging memory
   Tensor gathered_;                // [kLogitRows, n_embd]: rows whose logits are wanted, when scattered
   KvBlocks blocks_;                // which KV pool blocks each sequence holds
   std::vector<int32_t> ids_;       // a pass's token ids, sequence after sequence

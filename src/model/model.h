@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <span>
@@ -99,6 +100,20 @@ class Model {
 
   // Drops positions >= n from the KV cache (chat edits, perplexity windows).
   virtual void truncate(int n) = 0;
+
+  // Host memory for at least `floats` logits, for eval's and eval_batch's `logits`, that the
+  // model's device writes into fastest: pinned on a GPU, so a step's logits arrive by DMA at the
+  // bus's rate instead of through the driver's pageable staging (513 KB a token at a 128k
+  // vocabulary, 16 MB a 32-sequence pass). Owned by the model and valid while it lives; the model
+  // keeps what it handed out and returns the first buffer large enough, so a caller may ask at
+  // every generation, and the memory is one caller's at a time (as the model is). The default
+  // (test doubles): ordinary memory.
+  virtual Result<std::span<float>> logits_buffer(size_t floats) {
+    for (std::vector<float>& b : default_logits_) {
+      if (b.size() >= floats) return std::span<float>(b).first(floats);
+    }
+    return std::span<float>(default_logits_.emplace_back(floats));
+  }
 
   // ---- Several sequences in one pass (the server's scheduler, src/serve; docs/SERVING.md) ----
   // The KV cache is a pool of kv_blocks_total() blocks of kv_block_size() positions, shared by
@@ -198,6 +213,9 @@ class Model {
   // Accumulated eval timings since load or the last reset_timings().
   virtual Timings timings() const { return {}; }
   virtual void reset_timings() {}
+
+ private:
+  std::deque<std::vector<float>> default_logits_;  // logits_buffer()'s default (a deque: stable)
 };
 
 }  // namespace sluice::model

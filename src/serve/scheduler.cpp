@@ -461,9 +461,20 @@ bool Scheduler::step() {
   }
   if (items.empty()) return false;
 
-  logits_.resize(items.size() * size_t(n_vocab_));
+  // One logits row per item, in the model's fastest host memory (pinned on a GPU), taken once
+  // for the most items a pass can hold.
+  const size_t need = items.size() * size_t(n_vocab_);
+  Status st = Status::ok();
+  if (logits_.size() < need) {
+    auto buf = model_.logits_buffer(std::max(items.size(), size_t(parallel_)) * size_t(n_vocab_));
+    if (buf.is_ok()) {
+      logits_ = *buf;
+    } else {
+      st = buf.status();
+    }
+  }
   const auto t0 = Clock::now();
-  Status st = model_.eval_batch(items, logits_);
+  if (st.is_ok()) st = model_.eval_batch(items, logits_.first(need));
   const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
   if (!st.is_ok()) {
     // The pass changed nothing: the requests in it fail with the model's message, the others go on.

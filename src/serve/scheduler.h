@@ -253,7 +253,7 @@ class Scheduler {
   std::vector<std::unique_ptr<Active>> active_;
   std::vector<Cached> cached_;  // the prompt cache
   uint64_t use_clock_ = 0;
-  std::vector<float> logits_;
+  std::span<float> logits_;  // Model::logits_buffer(): a pass's rows, one per item
   std::vector<Pick> picks_;
   core::ThreadPool sample_pool_;
   std::vector<int32_t> eog_tokens_;  // masked for ignore_eos requests

@@ -254,6 +254,34 @@ TEST(ModelBatch, SharedPrefixBlocksGiveTheSameLogits) {
   EXPECT_EQ(m->kv_blocks_free(), 16);
 }
 
+// logits_buffer: the first buffer large enough is handed out again (a loop that asks at every
+// generation does not grow the model's memory), a larger request gets new memory and leaves the
+// old span valid, and a pass writes the same logits there as into any other memory.
+TEST(ModelBatch, LogitsBufferIsReusedAndHoldsThePassLogits) {
+  SLUICE_REQUIRE_MODEL(test::model_path(test::kSmolLM2));
+  auto m = load(2, 4 * B);
+  ASSERT_TRUE(m);
+  const size_t nv = size_t(m->n_vocab());
+  auto a = m->logits_buffer(2 * nv);
+  ASSERT_TRUE(a.is_ok()) << a.status().message();
+  ASSERT_EQ(a->size(), 2 * nv);
+  auto b = m->logits_buffer(nv);
+  ASSERT_TRUE(b.is_ok());
+  EXPECT_EQ(b->data(), a->data());
+  EXPECT_EQ(b->size(), nv);
+  auto c = m->logits_buffer(3 * nv);
+  ASSERT_TRUE(c.is_ok());
+  EXPECT_NE(c->data(), a->data());
+  EXPECT_EQ(c->size(), 3 * nv);
+  const std::vector<int32_t> t = {504, 3575, 282};
+  std::vector<float> want(nv);
+  ASSERT_TRUE(m->eval(t, want).is_ok());
+  m->truncate(0);
+  std::fill(a->begin(), a->end(), NAN);
+  ASSERT_TRUE(m->eval(t, a->first(nv)).is_ok());
+  for (size_t v = 0; v < nv; ++v) ASSERT_EQ((*a)[v], want[v]) << "logit " << v;
+}
+
 TEST(ModelBatch, ErrorsLeaveStateUnchanged) {
   SLUICE_REQUIRE_MODEL(test::model_path(test::kSmolLM2));
   auto m = load(3, 4 * B);
