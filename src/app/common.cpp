@@ -352,21 +352,49 @@ Status print_plan(const ModelFlags& mf, const StreamFlags& sf, const gguf::File&
   return Status::ok();
 }
 
+LoadFallback after_whole_load(model::BackendKind asked, bool has_gpu, const Status& failure) {
+  if (asked == model::BackendKind::kCpu || !has_gpu) return LoadFallback::kNone;
+  if (failure.code() == ErrorCode::kOutOfMemory) return LoadFallback::kDevicePipeline;
+  return asked == model::BackendKind::kAuto ? LoadFallback::kCpu : LoadFallback::kNone;
+}
+
 Result<LoadedModel> load_model(const ModelFlags& mf, const StreamFlags& sf) {
   SLUICE_ASSIGN_OR_RETURN(std::optional<uint64_t> budget, resolve_stream_flags(sf));
   SLUICE_ASSIGN_OR_RETURN(bool device, device_streaming_requested(mf, sf));
   if (device) return load_device_streamed(mf, sf);
   LoadedModel lm;
   if (!budget) {
-    auto m = load_weights(mf, lm.load_s);
-    // --backend cuda and a model larger than the GPU's free memory: stream it through the device
-    // pipeline with the free memory as the VRAM budget.
-    if (!m.is_ok() && m.status().code() == ErrorCode::kOutOfMemory && backend_kind(mf) == model::BackendKind::kCuda) {
-      std::fprintf(stderr, "sluice: %s; streaming layers through the GPU instead\n", m.status().message().c_str());
-      return load_device_streamed(mf, sf);
+    // --backend auto on a machine with a GPU tries the GPU first (model/ would quietly pick the CPU
+    // for a model larger than the GPU, and the device pipeline is the faster place for it).
+    const bool has_gpu = backend::cuda_device_count() > 0;
+    ModelFlags whole = mf;
+    if (backend_kind(mf) == model::BackendKind::kAuto && has_gpu) whole.backend = "cuda";
+    auto m = load_weights(whole, lm.load_s);
+    if (m.is_ok()) {
+      lm.model = std::move(m).value();
+      return lm;
     }
-    if (!m.is_ok()) return m.status();
-    lm.model = std::move(m).value();
+    switch (after_whole_load(backend_kind(mf), has_gpu, m.status())) {
+      case LoadFallback::kNone:
+        return m.status();
+      case LoadFallback::kDevicePipeline: {
+        // A model larger than the GPU's free memory: stream it through the device pipeline with
+        // the free memory as the VRAM budget (the planner gives the CPU layers where that pays).
+        std::fprintf(stderr, "sluice: %s; streaming layers through the GPU instead\n", m.status().message().c_str());
+        auto d = load_device_streamed(whole, sf);
+        if (d.is_ok() || backend_kind(mf) != model::BackendKind::kAuto) return d;
+        std::fprintf(stderr, "sluice: the GPU streaming pipeline could not load the model (%s); running on the CPU\n",
+                     d.status().message().c_str());
+        break;
+      }
+      case LoadFallback::kCpu:
+        std::fprintf(stderr, "sluice: the GPU could not take the model (%s); running on the CPU\n",
+                     m.status().message().c_str());
+        break;
+    }
+    ModelFlags cpu = mf;
+    cpu.backend = "cpu";
+    SLUICE_ASSIGN_OR_RETURN(lm.model, load_weights(cpu, lm.load_s));
     return lm;
   }
   if (!sf.trace_path.empty()) {

@@ -59,9 +59,18 @@ int stream_slots(const StreamFlags& sf, int max_sequences, bool device);
 // resident) and prints the plan to stdout.
 Status print_plan(const ModelFlags& mf, const StreamFlags& sf, const gguf::File& file);
 
+// What load_model does when loading the whole model on its backend failed with `failure`
+// (`asked`: the --backend choice; `has_gpu`: a CUDA device is present; --backend auto loads on
+// the GPU first when there is one): kDevicePipeline when the GPU is out of memory (streams layers
+// through the GPU with its free memory as the VRAM budget; for auto, the CPU if that fails too),
+// kCpu for auto's other GPU failures, kNone (the error stands) otherwise.
+enum class LoadFallback { kNone, kDevicePipeline, kCpu };
+LoadFallback after_whole_load(model::BackendKind asked, bool has_gpu, const Status& failure);
+
 // A model loaded by the shared path: on the mmapped file, with --ram-budget through the CPU
-// streamer (after the disk probe, writing --trace), or with --vram-budget (or --backend cuda and a
-// model larger than the GPU) through the device pipeline on the CUDA backend.
+// streamer (after the disk probe, writing --trace), or with --vram-budget (or --backend cuda or
+// auto and a model larger than the GPU's free memory: after_whole_load) through the device
+// pipeline on the CUDA backend.
 struct LoadedModel {
   std::unique_ptr<stream::TraceWriter> trace;  // before model: the streamer appends until destroyed
   std::unique_ptr<model::Model> model;

@@ -31,7 +31,8 @@ void add_ubatch_flag(CLI::App& app, ModelFlags& f) {
 
 void add_backend_flags(CLI::App& app, ModelFlags& f) {
   app.add_option("-b,--backend", f.backend,
-                 "device: cuda, cpu, or auto (the GPU when the whole model fits in its free memory)")
+                 "device: cuda, cpu, or auto (the GPU when there is one: the whole model when it fits in the free memory, else "
+                 "layers streamed through it with the CPU computing some; the CPU without a GPU)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
   app.add_flag("!--no-graphs", f.graphs,

@@ -130,6 +130,22 @@ TEST(CliOptions, StreamSlotsDefaultToTwoAndThreeForADeviceStreamedServer) {
   }
 }
 
+TEST(CliOptions, AWholeModelLoadOutOfGpuMemoryFallsBackToTheDevicePipeline) {
+  using model::BackendKind;
+  const Status oom = out_of_memory("the model needs about 40000 MiB of GPU memory, 16000 MiB are free");
+  const Status other = internal_error("cudaMalloc failed");
+  // Out of GPU memory: cuda and auto stream through the GPU; with no GPU nothing to fall back to.
+  EXPECT_EQ(after_whole_load(BackendKind::kCuda, true, oom), LoadFallback::kDevicePipeline);
+  EXPECT_EQ(after_whole_load(BackendKind::kAuto, true, oom), LoadFallback::kDevicePipeline);
+  EXPECT_EQ(after_whole_load(BackendKind::kAuto, false, oom), LoadFallback::kNone);
+  // Other GPU failures: auto runs on the CPU, an explicit cuda reports them.
+  EXPECT_EQ(after_whole_load(BackendKind::kAuto, true, other), LoadFallback::kCpu);
+  EXPECT_EQ(after_whole_load(BackendKind::kCuda, true, other), LoadFallback::kNone);
+  // --backend cpu: its own errors stand.
+  EXPECT_EQ(after_whole_load(BackendKind::kCpu, true, oom), LoadFallback::kNone);
+  EXPECT_EQ(after_whole_load(BackendKind::kCpu, false, other), LoadFallback::kNone);
+}
+
 TEST(CliOptions, ResolveSamplingValidatesAndDrawsASeedWhenNoneGiven) {
   CLI::App app{"test"};
   SamplingFlags sf;
