@@ -89,6 +89,17 @@ uint64_t tensor_bytes(const gguf::File& f, const char* name) {
   return t ? t->nbytes : 0;
 }
 
+// Host bytes of the CPU's packed copy of a layer: one block, each repacked matrix at a 64-byte
+// aligned offset (the streamer's layout of host_packed_).
+uint64_t packed_layer_bytes(const backend::Backend& cpu, const model::LayerWeights& lw) {
+  uint64_t total = 0;
+  for (Field fld : kLayerFields) {
+    const int64_t bytes = model::repacked_bytes(cpu, lw.*fld);
+    if (bytes > 0) total += round_up(uint64_t(bytes), 64);
+  }
+  return total;
+}
+
 uint64_t physical_ram() {
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
   return pages > 0 && page > 0 ? uint64_t(pages) * uint64_t(page) : 0;
@@ -144,6 +155,17 @@ Result<DevicePlan> plan_device(const gguf::File& file, const FileLayout& layout,
   // Mixtures of experts are not split by rows (their experts are placed one by one).
   for (const UnitLayout& u : layout.layers) in.units.push_back({u.name, u.bytes, u.bytes ? params[u.name] : 0, !cfg.moe()});
   const size_t n = in.units.size();
+  if (opts.hybrid) {
+    // The CPU's packed copy of each layer it may compute (as the streamer makes them at load).
+    SLUICE_ASSIGN_OR_RETURN(model::Weights w, model::load_weights(file, *arch, cfg));
+    backend::CpuOptions one = opts.host_cpu;
+    one.n_threads = 1;  // only asked for sizes
+    const std::unique_ptr<backend::Backend> cpu = backend::make_cpu_backend(one);
+    for (size_t l = 0; l < n && l < w.layers.size(); ++l) {
+      if (in.units[l].bytes == 0) continue;
+      in.units[l].cpu_copy_bytes = packed_layer_bytes(*cpu, w.layers[l]);
+    }
+  }
   // Such a layer is "resident" at no cost: nothing to upload, pin, read or copy.
   auto hold_empty_layers = [&](Plan& p) {
     for (size_t i = 0; i < n; ++i) {
@@ -323,10 +345,12 @@ std::string DevicePlan::describe() const {
                 format_bytes(plan.resident_bytes).c_str(), plan.n_slots, format_bytes(plan.slot_bytes).c_str());
   s += line;
   std::snprintf(line, sizeof line,
-                "  pinned RAM %s of the %s budget (B copies %s, disk staging %d x %s); token_embd stays in host memory\n",
-                format_bytes(plan.ram_bytes + plan.staging_bytes).c_str(), format_bytes(ram_budget).c_str(),
-                format_bytes(plan.ram_bytes).c_str(), n_staging,
-                format_bytes(n_staging ? plan.staging_bytes / uint64_t(n_staging) : 0).c_str());
+                "  host RAM %s of the %s budget (pinned: B copies %s, disk staging %d x %s; the CPU's packed layers %s); "
+                "token_embd stays in host memory\n",
+                format_bytes(plan.ram_bytes + plan.staging_bytes + plan.cpu_copy_bytes).c_str(),
+                format_bytes(ram_budget).c_str(), format_bytes(plan.ram_bytes).c_str(), n_staging,
+                format_bytes(n_staging ? plan.staging_bytes / uint64_t(n_staging) : 0).c_str(),
+                format_bytes(plan.cpu_copy_bytes).c_str());
   return s + line;
 }
 
@@ -499,7 +523,8 @@ Result<std::unique_ptr<DeviceStreamer>> DeviceStreamer::create(const std::string
     // stream every layer to the GPU (prefill).
     for (size_t l = 0; l < n_layer; ++l) {
       if (!s->host_capable_[l] && !s->split_capable_[l]) continue;
-      // One block per layer, each matrix at a 64-byte aligned offset.
+      // One block per layer, each matrix at a 64-byte aligned offset (packed_layer_bytes, which
+      // the plan counted against the RAM budget).
       uint64_t offset[std::size(kLayerFields)] = {}, total = 0;
       for (size_t f = 0; f < std::size(kLayerFields); ++f) {
         const model::TensorRef& t = s->host_views_[l].*kLayerFields[f];

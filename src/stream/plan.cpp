@@ -307,14 +307,26 @@ bool split_ram_disk(const PlanInput& in, const std::vector<size_t>& s, uint64_t 
 
 // B, C and CPU-computed bytes of a placed plan (of a split unit, the CPU computes its share).
 void tally(const PlanInput& in, Plan& p) {
-  p.ram_bytes = p.disk_bytes = p.cpu_exec_bytes = 0;
+  p.ram_bytes = p.disk_bytes = p.cpu_exec_bytes = p.cpu_copy_bytes = 0;
   for (size_t i = 0; i < in.units.size(); ++i) {
     const uint64_t b = in.units[i].bytes;
     if (in.has_gpu && p.units[i].home == Home::kRam) p.ram_bytes += b;
     if (p.units[i].home == Home::kDisk) p.disk_bytes += b;
     if (p.units[i].exec == Executor::kCpu) p.cpu_exec_bytes += b;
     if (p.units[i].exec == Executor::kSplit) p.cpu_exec_bytes += uint64_t(std::llround(double(b) * p.units[i].cpu_share));
+    if (in.has_gpu && p.units[i].exec != Executor::kGpu) p.cpu_copy_bytes += in.units[i].cpu_copy_bytes;
   }
+}
+
+// Whether a GPU placement's host memory (pinned B copies, disk staging, the CPU's own copies of
+// its units) fits ram_budget.
+bool fits_ram(const PlanInput& in, const Plan& p) {
+  uint64_t host = p.staging_bytes;
+  for (size_t i = 0; i < in.units.size(); ++i) {
+    if (p.units[i].home == Home::kRam) host += in.units[i].bytes;
+    if (p.units[i].exec != Executor::kGpu) host += in.units[i].cpu_copy_bytes;
+  }
+  return host <= in.ram_budget;
 }
 
 // `base` with c of `candidates` on the CPU, the k-th at floor((k + 0.5) * |candidates| / c), unscored.
@@ -335,6 +347,7 @@ Plan best_spread(const PlanInput& in, const Plan& base, const std::vector<size_t
   Plan chosen = base;
   for (size_t c = 1; c <= nb; ++c) {
     Plan trial = spread(base, candidates, c);
+    if (!fits_ram(in, trial)) continue;  // another spread of c units could fit; the scan is cheap
     score(in, trial);
     if (trial.token_seconds < chosen.token_seconds * (1 - 1e-12)) chosen = std::move(trial);
   }
@@ -353,6 +366,7 @@ std::optional<Plan> best_split(const PlanInput& in, const Plan& base, const std:
     for (size_t i : ram_units) {
       if (in.units[i].splittable) trial.units[i] = {Home::kRam, Executor::kSplit, share};
     }
+    if (!fits_ram(in, trial)) return best;  // the CPU's copies do not depend on the share
     score(in, trial);
     if (!best || trial.token_seconds < best->token_seconds * (1 - 1e-12)) best = std::move(trial);
     if (in.split_share > 0) break;

@@ -66,6 +66,10 @@ struct Unit {
   // Whether the unit may be split by rows between CPU and GPU (dense layers; not mixtures of
   // experts, whose experts are placed one by one).
   bool splittable = true;
+  // Host memory of the CPU's own copy of the unit (the CPU backend's packed layout), held on top
+  // of the pinned copy when the CPU computes the unit (whole or split); counted with the pinned
+  // bytes against ram_budget. 0: the CPU computes on the pinned bytes as they lie.
+  uint64_t cpu_copy_bytes = 0;
 };
 
 // Rates of the machine. Bandwidths are bytes per second, compute rates operations per second
@@ -115,8 +119,9 @@ struct PlanInput {
   std::vector<Unit> units;
   bool has_gpu = true;
   // Memory for weights. On a GPU machine vram_budget covers resident units + slots; the KV cache
-  // and workspace are subtracted first. ram_budget covers pinned host copies of B units plus the
-  // pinned staging slots of C units. In CPU-only mode vram_* is ignored and RAM-resident units
+  // and workspace are subtracted first. ram_budget covers pinned host copies of B units, the
+  // pinned staging slots of C units and the CPU's own copies of the units it computes
+  // (Unit::cpu_copy_bytes; hybrid placements that would exceed it are not considered). In CPU-only mode vram_* is ignored and RAM-resident units
   // plus the disk read pool come from ram_budget.
   uint64_t vram_budget = 0;
   uint64_t vram_reserved = 0;  // KV cache + workspace + activations
@@ -152,6 +157,7 @@ struct Plan {
   uint64_t disk_bytes = 0;      // C bytes
   uint64_t staging_bytes = 0;   // pinned staging for C reads
   uint64_t cpu_exec_bytes = 0;  // bytes the CPU computes on (of split units, its share)
+  uint64_t cpu_copy_bytes = 0;  // host memory of the CPU's own copies of its units (Unit::cpu_copy_bytes)
   std::vector<double> unit_seconds;  // parallel to units: predicted exec seconds per pass
   double t_cpu = 0, t_gpu = 0;  // CPU and GPU shares of t_exec (sums of unit_seconds)
   double t_split = 0;           // split units' share of t_exec (CPU and GPU at once, hand-offs)

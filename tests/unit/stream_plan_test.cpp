@@ -196,6 +196,45 @@ std::vector<int> cpu_positions(const Plan& p) {
   return v;
 }
 
+TEST(StreamPlan, TheCpusCopiesOfItsUnitsCountAgainstTheRamBudget) {
+  // 60 pinned GiB, and each unit the CPU computes holds its packed copy (1 GiB) on top.
+  PlanInput in = dense(60, 1 * kGiB);
+  for (Unit& u : in.units) u.cpu_copy_bytes = kGiB;
+  in.vram_budget = 2 * kGiB;
+  in.allow_cpu_executor = true;
+  auto on_cpu = [](const Plan& p) {
+    int c = 0;
+    for (const auto& u : p.units) c += u.exec != Executor::kGpu;
+    return c;
+  };
+  auto host_bytes = [](const Plan& p) { return p.ram_bytes + p.staging_bytes + p.cpu_copy_bytes; };
+  for (HybridMode mode : {HybridMode::kAuto, HybridMode::kAlternate}) {
+    in.hybrid_mode = mode;
+    in.ram_budget = 128 * kGiB;
+    auto roomy = make_plan(in);
+    ASSERT_TRUE(roomy.is_ok()) << roomy.status().message();
+    const int n_roomy = on_cpu(*roomy);
+    EXPECT_GT(n_roomy, 10);
+    EXPECT_EQ(roomy->cpu_copy_bytes, uint64_t(n_roomy) * kGiB);
+    EXPECT_LE(host_bytes(*roomy), in.ram_budget);
+    // Room for the 60 pinned units and 10 copies: at most 10 on the CPU, all 60 still pinned.
+    in.ram_budget = 70 * kGiB;
+    auto tight = make_plan(in);
+    ASSERT_TRUE(tight.is_ok()) << tight.status().message();
+    EXPECT_GT(on_cpu(*tight), 0);
+    EXPECT_LE(on_cpu(*tight), 10);
+    EXPECT_EQ(count(*tight, Home::kRam), 60);
+    EXPECT_LE(host_bytes(*tight), in.ram_budget);
+    EXPECT_GT(tight->token_seconds, roomy->token_seconds);
+    // No room for a copy: the CPU computes nothing, the plan streams every unit.
+    in.ram_budget = 60 * kGiB;
+    auto none = make_plan(in);
+    ASSERT_TRUE(none.is_ok()) << none.status().message();
+    EXPECT_EQ(on_cpu(*none), 0);
+    EXPECT_EQ(none->cpu_copy_bytes, 0u);
+  }
+}
+
 TEST(StreamPlan, HybridChoosesTwoOfFourSpreadEvenly) {
   // Count c of CPU units (positions floor((k + 0.5) * 4 / c)); a pass starts and ends on the GPU
   // (embedding rows, output head), so a CPU unit first or last costs a switch too:
