@@ -247,6 +247,23 @@ Status print_plan(const ModelFlags& mf, const StreamFlags& sf, const gguf::File&
   SLUICE_ASSIGN_OR_RETURN(stream::FileLayout layout, stream::layout_of(file));
   std::optional<stream::DiskProbe> probe;
   SLUICE_ASSIGN_OR_RETURN(bool device, device_streaming_requested(mf, sf));
+  if (!device && !budget && backend_kind(mf) != model::BackendKind::kCpu && backend::cuda_device_count() > 0) {
+    // What load_model does on this GPU: the whole model when it fits the free memory, else the
+    // device pipeline with the free memory as the VRAM budget (after_whole_load).
+    SLUICE_ASSIGN_OR_RETURN(const uint64_t need, model::Model::device_bytes(mf.model_path, load_options(mf)));
+    SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<backend::Backend> gpu, backend::make_cuda_backend({0, false}));
+    const int64_t free = gpu->free_memory();
+    gpu.reset();
+    if (free < 0 || need <= uint64_t(free)) {
+      std::printf("plan: the whole model on the GPU (%s of GPU memory needed, %s free)\n",
+                  stream::format_bytes(need).c_str(), free < 0 ? "unknown" : stream::format_bytes(uint64_t(free)).c_str());
+      return Status::ok();
+    }
+    std::printf("plan: the whole model needs %s of GPU memory, %s are free: layers stream through the GPU "
+                "(--vram-budget auto)\n",
+                stream::format_bytes(need).c_str(), stream::format_bytes(uint64_t(free)).c_str());
+    device = true;
+  }
   SLUICE_ASSIGN_OR_RETURN(const bool moe, is_moe(mf.model_path));
   if (device && moe) {
     // Mixtures of experts are placed per expert (stream/expert_streamer.h), not per layer.
@@ -255,7 +272,9 @@ Status print_plan(const ModelFlags& mf, const StreamFlags& sf, const gguf::File&
     if (!arch) return unsupported(file.path() + ": architecture \"" + arch_name + "\" is not supported");
     SLUICE_ASSIGN_OR_RETURN(model::Config cfg, model::read_config(file, *arch));
     SLUICE_ASSIGN_OR_RETURN(model::Weights w, model::load_weights(file, *arch, cfg));
-    SLUICE_ASSIGN_OR_RETURN(const uint64_t parsed, stream::parse_vram_budget(sf.vram_budget));
+    // No --vram-budget: a model larger than the GPU (above), planned as with auto.
+    SLUICE_ASSIGN_OR_RETURN(const uint64_t parsed,
+                            stream::parse_vram_budget(sf.vram_budget.empty() ? "auto" : sf.vram_budget));
     SLUICE_ASSIGN_OR_RETURN(const uint64_t vram, plan_vram_budget(parsed));
     double h2d = 25e9, vram_bw = 1e12;
     std::string source = "default (no GPU)";

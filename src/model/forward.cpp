@@ -521,7 +521,18 @@ Status check_max_batch(int max_batch) {
                           std::to_string(max_batch));
 }
 
-Result<std::unique_ptr<Model>> Model::load(const std::string& path, const LoadOptions& opts) {
+namespace {
+
+// What a load reads before it picks a backend: the file, its config and weight references, the
+// context and KV pool sizes; errors name the bad option or the file's problem.
+struct Opened {
+  gguf::File file;
+  Config cfg;
+  Weights w;
+  int n_ctx = 0, kv_positions = 0;
+};
+
+Result<Opened> open_for_load(const std::string& path, const LoadOptions& opts) {
   if (opts.n_ctx < 0) return invalid_argument("n_ctx must be >= 0, got " + std::to_string(opts.n_ctx));
   if (opts.n_threads < 0) return invalid_argument("n_threads must be >= 0, got " + std::to_string(opts.n_threads));
   if (opts.max_sequences < 1 || opts.max_sequences > 4096) {
@@ -538,13 +549,29 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& path, const LoadOp
   }
   SLUICE_ASSIGN_OR_RETURN(Config cfg, read_config(file, *arch));
   SLUICE_ASSIGN_OR_RETURN(Weights w, load_weights(file, *arch, cfg));
-  int n_ctx = opts.n_ctx == 0 ? std::min(cfg.n_ctx_train, kDefaultMaxCtx) : opts.n_ctx;
+  const int n_ctx = opts.n_ctx == 0 ? std::min(cfg.n_ctx_train, kDefaultMaxCtx) : opts.n_ctx;
   if (n_ctx > cfg.n_ctx_train) {
     return invalid_argument("n_ctx " + std::to_string(n_ctx) + " exceeds the model's " + cfg.arch +
                             ".context_length " + std::to_string(cfg.n_ctx_train));
   }
   const int kv_positions = opts.kv_positions > 0 ? opts.kv_positions : n_ctx;
-  SLUICE_ASSIGN_OR_RETURN(auto be, make_backend(opts, cfg, w, kv_positions, bool(opts.layer_source)));
+  return Opened{std::move(file), std::move(cfg), std::move(w), n_ctx, kv_positions};
+}
+
+}  // namespace
+
+Result<uint64_t> Model::device_bytes(const std::string& path, const LoadOptions& opts) {
+  SLUICE_ASSIGN_OR_RETURN(Opened o, open_for_load(path, opts));
+  return device_bytes_needed(o.cfg, o.w, o.kv_positions, opts.max_batch, opts.max_sequences);
+}
+
+Result<std::unique_ptr<Model>> Model::load(const std::string& path, const LoadOptions& opts) {
+  SLUICE_ASSIGN_OR_RETURN(Opened o, open_for_load(path, opts));
+  gguf::File& file = o.file;
+  Config& cfg = o.cfg;
+  Weights& w = o.w;
+  const int n_ctx = o.n_ctx;
+  SLUICE_ASSIGN_OR_RETURN(auto be, make_backend(opts, cfg, w, o.kv_positions, bool(opts.layer_source)));
   std::unique_ptr<LayerSource> source;
   if (opts.layer_source) {
     SLUICE_ASSIGN_OR_RETURN(source, opts.layer_source(file, w, *be));

@@ -85,6 +85,10 @@ class Model {
  public:
   virtual ~Model() = default;
   static Result<std::unique_ptr<Model>> load(const std::string& path, const LoadOptions& opts);
+  // Device memory a whole-model load with `opts` needs on a backend with its own memory (what
+  // load compares with the GPU's free memory): every weight but the embedding table, the KV pool,
+  // activations and scratch. Reads only the file's header. Errors as load's for bad options/files.
+  static Result<uint64_t> device_bytes(const std::string& path, const LoadOptions& opts);
 
   virtual const Config& config() const = 0;
   virtual const char* backend_name() const = 0;  // "cpu", "cuda"

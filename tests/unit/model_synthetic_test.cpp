@@ -592,6 +592,29 @@ TEST(ModelSynthetic, Gemma3ErrorsAreNamed) {
                ErrorCode::kUnsupported, {"gemma3.final_logit_softcapping"});
 }
 
+TEST(ModelSynthetic, DeviceBytesCountWeightsKvPoolAndActivations) {
+  // What --backend auto/cuda compares with the GPU's free memory before a whole-model load.
+  Spec s;
+  const std::string path = write_model(s, make_tensors(s), "devbytes");
+  LoadOptions o;
+  o.n_ctx = 64;
+  auto at64 = Model::device_bytes(path, o);
+  o.n_ctx = 128;
+  auto at128 = Model::device_bytes(path, o);
+  ASSERT_TRUE(at64.is_ok() && at128.is_ok()) << at64.status().message();
+  // Every layer weight (f32 here) is in it; the embedding table (host lookups) is not needed
+  // beyond the untied output head.
+  const uint64_t e = uint64_t(s.n_embd), ff = uint64_t(s.n_ff), kv = uint64_t(s.n_head_kv * s.hd());
+  const uint64_t layer = (e * e * 2 + e * kv * 2 + e * ff * 3 + 2 * e) * 4;
+  EXPECT_GT(*at64, uint64_t(s.n_layer) * layer);
+  // 64 more positions: the K and V rows of every layer in f16 and the attention's scratch grow.
+  EXPECT_GE(*at128 - *at64, 64ull * uint64_t(s.n_layer) * 2 * kv * 2);
+  o.n_ctx = s.n_ctx + 1;  // beyond the file's context length: load's error
+  expect_error(Model::device_bytes(path, o).status(), ErrorCode::kInvalidArgument, {"n_ctx", "context_length"});
+  std::filesystem::remove(path);
+  expect_error(Model::device_bytes(path, LoadOptions{}).status(), ErrorCode::kIo, {"devbytes"});
+}
+
 TEST(ModelSynthetic, UnknownArchitecture) {
   Spec s;
   s.arch = "gpt5";
