@@ -222,8 +222,9 @@ Result<Speculation> make_speculation(const SpecFlags& f, const ModelFlags& mf, m
                                                          *meta->tokenizer, (*dm)->n_vocab()));
     s.draft_model = std::move(dm).value();
     s.drafter = std::make_unique<decode::ModelDrafter>(*s.draft_model);
-    std::fprintf(stderr, "spec:    draft model %s (%d layers, loaded in %.2f s), K = %d%s\n", f.draft_model.c_str(),
-                 s.draft_model->config().n_layer, secs, f.draft_k, f.adaptive ? " (adaptive)" : "");
+    std::fprintf(stderr, "spec:    draft model %s (%d layers on the %s backend, loaded in %.2f s), K = %d%s\n",
+                 f.draft_model.c_str(), s.draft_model->config().n_layer, s.draft_model->backend_name(), secs, f.draft_k,
+                 f.adaptive ? " (adaptive)" : "");
     return s;
   }
   if (!f.self_draft) return s;
