@@ -240,6 +240,17 @@ step_model() {
       echo "Q6_K / Q8_0 in GGUF order (A/B; SLUICE_CUDA_GROUPED=0, the grouped layout is the default):" >>"$OUT_DIR/model_compare.txt"
       SLUICE_CUDA_GROUPED=0 "$SLUICE_BIN" bench -m "$dir/$name.gguf" -p 0 -n 128 -r 3 --backend cuda >>"$OUT_DIR/model_compare.txt" 2>&1
     fi
+    if [[ $name == 8b-q4_k_m || $name == 8b-q8_0 ]]; then
+      # What each kind of kernel costs in the token's context: the time saved without its launches
+      # (outputs meaningless; docs/benchmarks.md, "Decode on the H100").
+      echo "kernel kinds left out (--skip-kernels; the tg128 gained is their cost in context):" >>"$OUT_DIR/model_compare.txt"
+      local sk
+      for sk in gemv norm,addnorm rope attn glu norm,addnorm,rope,attn,glu; do
+        echo "left out: $sk" >>"$OUT_DIR/model_compare.txt"
+        "$SLUICE_BIN" bench -m "$dir/$name.gguf" -p 0 -n 128 -r 3 --backend cuda --skip-kernels "$sk" 2>&1 |
+          grep -a "tg128" >>"$OUT_DIR/model_compare.txt"
+      done
+    fi
     rm -f "$dir/$name.gguf"
   done <<'MODELS'
 8b-q4_k_m llama-3-8b --type q4_k_m

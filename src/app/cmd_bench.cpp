@@ -240,6 +240,10 @@ int cmd_bench(int argc, char** argv) {
   app.add_option("--batch-ctx", batch_ctx, "positions of every sequence before the --batch-seqs passes")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
+  std::string skip_kernels;
+  app.add_option("--skip-kernels", skip_kernels,
+                 "CUDA diagnostic: leave these kernel kinds out (norm,addnorm,rope,attn,glu,gemv); the time a token "
+                 "saves is what they cost in its context; outputs are meaningless");
   auto* json_flag = app.add_flag("--json", json, "JSON output");
   app.add_flag("--csv", csv, "CSV output")->excludes(json_flag);
   ModelFlags mf;
@@ -251,6 +255,16 @@ int cmd_bench(int argc, char** argv) {
   add_layer_skip_flags(app, spf);
   if (auto rc = parse_flags(app, argc, argv)) return *rc;
   if (auto st = resolve_stream_flags(stf); !st.is_ok()) return report_error("bench", st.status());
+  if (!skip_kernels.empty()) {
+    auto mask = parse_skip_kernels(skip_kernels);
+    if (!mask.is_ok()) return report_error("bench", mask.status());
+    if (backend_kind(mf) != model::BackendKind::kCuda) {
+      return report_error("bench", invalid_argument("--skip-kernels leaves out CUDA kernels: it needs --backend cuda"));
+    }
+    mf.skip_kernels = *mask;
+    std::fprintf(stderr, "bench: leaving out every %s launch: outputs are meaningless (a diagnostic)\n",
+                 skip_kernel_names(*mask).c_str());
+  }
   if (n_prompt == 0 && n_gen == 0 && spec_k.empty() && batch_seqs.empty()) return report_error("bench", invalid_argument("-p and -n are both 0: nothing to run"));
 
   auto meta = open_model_meta(model_path);

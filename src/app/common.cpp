@@ -60,6 +60,7 @@ model::LoadOptions load_options(const ModelFlags& f) {
   opts.max_batch = f.max_batch;
   opts.backend = backend_kind(f);
   opts.cuda_graphs = f.graphs;
+  opts.cuda_skip_kernels = f.skip_kernels;
   return opts;
 }
 

@@ -1,7 +1,10 @@
 #include "app/options.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <iterator>
 #include <random>
+#include <utility>
 
 #include "app/commands.h"
 
@@ -37,6 +40,39 @@ void add_backend_flags(CLI::App& app, ModelFlags& f) {
       ->capture_default_str();
   app.add_flag("!--no-graphs", f.graphs,
                "CUDA: issue every decode kernel from the host instead of replaying the recorded step (A/B runs)");
+}
+
+namespace {
+constexpr std::pair<const char*, uint32_t> kSkipKinds[] = {
+    {"norm", backend::kCudaNorm}, {"addnorm", backend::kCudaAddNorm}, {"rope", backend::kCudaRope},
+    {"attn", backend::kCudaAttention}, {"glu", backend::kCudaGlu}, {"gemv", backend::kCudaGemv}};
+}  // namespace
+
+Result<uint32_t> parse_skip_kernels(std::string_view list) {
+  uint32_t mask = 0;
+  if (list.empty()) return mask;
+  for (bool more = true; more;) {  // every piece between commas, empty ones included
+    const size_t comma = list.find(',');
+    const std::string_view name = list.substr(0, comma);
+    more = comma != std::string_view::npos;
+    if (more) list.remove_prefix(comma + 1);
+    const auto* kind = std::find_if(std::begin(kSkipKinds), std::end(kSkipKinds),
+                                    [&](const auto& k) { return name == k.first; });
+    if (kind == std::end(kSkipKinds)) {
+      return invalid_argument("--skip-kernels: unknown kernel kind '" + std::string(name) + "' (known: " +
+                              skip_kernel_names(~0u) + ")");
+    }
+    mask |= kind->second;
+  }
+  return mask;
+}
+
+std::string skip_kernel_names(uint32_t mask) {
+  std::string out;
+  for (const auto& [name, bit] : kSkipKinds) {
+    if (mask & bit) out += (out.empty() ? "" : ",") + std::string(name);
+  }
+  return out;
 }
 
 model::BackendKind backend_kind(const ModelFlags& f) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "decode/sampler.h"
@@ -24,6 +25,7 @@ struct ModelFlags {
   std::string model_path;  // -m
   std::string backend = "auto";  // --backend auto|cpu|cuda
   bool graphs = true;            // CUDA: replay recorded decode steps (--no-graphs: A/B)
+  uint32_t skip_kernels = 0;     // CUDA: kernel kinds left out (bench --skip-kernels, a diagnostic)
   int n_ctx = 0;           // -c; 0: the model's own context length (capped by model/)
   int n_threads = 0;       // -t; 0: all physical cores
   int max_batch = model::kDefaultMaxBatch;  // --ubatch: tokens per forward pass (model::LoadOptions::max_batch)
@@ -85,6 +87,13 @@ void add_ubatch_flag(CLI::App& app, ModelFlags& f);
 void add_backend_flags(CLI::App& app, ModelFlags& f);
 // The --backend choice as model/ takes it.
 model::BackendKind backend_kind(const ModelFlags& f);
+
+// `--skip-kernels LIST` (sluice bench, a diagnostic): comma-separated kinds of CUDA kernel launches
+// to leave out, as backend::CudaKernelKind bits: norm, addnorm, rope, attn, glu, gemv. An empty
+// list is 0; an unknown name is an error naming it and the known ones.
+Result<uint32_t> parse_skip_kernels(std::string_view list);
+// The names of the kinds set in `mask`, comma-separated in the order above.
+std::string skip_kernel_names(uint32_t mask);
 
 // --ram-budget, --vram-budget, --slots, --plan, --trace, --no-probe, --no-hybrid, --hybrid.
 void add_stream_flags(CLI::App& app, StreamFlags& f);

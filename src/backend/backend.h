@@ -374,9 +374,21 @@ std::unique_ptr<Backend> make_cpu_backend(const CpuOptions& opts);
 // The threads a CPU backend of CpuOptions::n_threads = n runs: n, or for n <= 0 the physical cores.
 int cpu_threads(int n);
 
+// Kernel kinds a diagnostic run may leave out (CudaOptions::skip_kernels, `sluice bench
+// --skip-kernels`): what each costs in the context of a whole token is the time it saves. The
+// outputs of such a run are meaningless.
+enum CudaKernelKind : uint32_t {
+  kCudaNorm = 1u << 0,       // RMSNorm + int8 activation (attention input)
+  kCudaAddNorm = 1u << 1,    // residual add + RMSNorm + int8 activation (FFN input)
+  kCudaRope = 1u << 2,       // RoPE + KV store
+  kCudaAttention = 1u << 3,  // attention (decode splits and combine, prefill)
+  kCudaGlu = 1u << 4,        // SwiGLU / GeGLU + int8 activation
+  kCudaGemv = 1u << 5,       // every GEMV launch
+};
 struct CudaOptions {
   int device = 0;
   bool graphs = true;  // record decode steps as CUDA graphs and replay them (see Backend::replay_step)
+  uint32_t skip_kernels = 0;  // CudaKernelKind bits: launches left out (diagnostic; 0 in every real run)
 };
 // The CUDA backend (backend/cuda), in builds with CUDA (SLUICE_HAVE_CUDA). Error: no device, or
 // the device cannot be used.

@@ -465,7 +465,7 @@ Result<std::unique_ptr<backend::Backend>> make_backend(const LoadOptions& opts, 
   if (opts.backend == BackendKind::kAuto && (streaming || backend::cuda_device_count() == 0)) {
     return backend::make_cpu_backend(cpu_options(opts));
   }
-  auto gpu = backend::make_cuda_backend({0, opts.cuda_graphs});
+  auto gpu = backend::make_cuda_backend({0, opts.cuda_graphs, opts.cuda_skip_kernels});
   if (!gpu.is_ok()) {
     if (opts.backend == BackendKind::kAuto) return backend::make_cpu_backend(cpu_options(opts));
     return gpu.status();

@@ -52,6 +52,9 @@ struct LoadOptions {
   // replay it for every token (Backend::replay_step; docs/CUDA.md). Off: every kernel is issued
   // from the host (A/B runs, --no-graphs).
   bool cuda_graphs = true;
+  // kCuda: kernel kinds left out (backend::CudaOptions::skip_kernels; `sluice bench
+  // --skip-kernels`, a diagnostic whose outputs are meaningless). 0 in every real run.
+  uint32_t cuda_skip_kernels = 0;
   int n_threads = 0;   // 0: all physical cores
   // CPU backend: repack resident weights into the packed layout of their format where this CPU
   // has a kernel for it (backend::CpuOptions::pack_weights); the CPU streamer repacks its layers

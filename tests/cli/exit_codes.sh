@@ -70,6 +70,8 @@ expect 0 "LOSSY" "$sluice" run -m "$tmp/ok.gguf" -p hi -n 3 --skip-layers 1,
 expect 2 "--ubatch: Value 0 not in range" "$sluice" run -m "$tmp/ok.gguf" -p hi -n 2 --ubatch 0
 expect 2 "--ubatch: Value 9000 not in range" "$sluice" bench -m "$tmp/ok.gguf" -p 8 -n 0 --ubatch 9000
 expect 0 "pp40" "$sluice" bench -m "$tmp/ok.gguf" -p 40 -n 0 -r 1 --ubatch 16
+expect 2 "unknown kernel kind 'rms' .known: norm,addnorm,rope,attn,glu,gemv" "$sluice" bench -m "$tmp/ok.gguf" -p 8 -n 0 -b cuda --skip-kernels norm,rms
+expect 2 "it needs --backend cuda" "$sluice" bench -m "$tmp/ok.gguf" -p 8 -n 0 -b cpu --skip-kernels gemv
 expect 2 "--batch-tokens 600 is more than --ubatch 512" "$sluice" serve -m "$tmp/ok.gguf" --batch-tokens 600
 expect 2 "--ubatch 8 is less than --parallel 16" "$sluice" serve -m "$tmp/ok.gguf" --parallel 16 --ubatch 8
 expect 2 "--batch-tokens 4 is less than --parallel 8" "$sluice" serve -m "$tmp/ok.gguf" --parallel 8 --batch-tokens 4

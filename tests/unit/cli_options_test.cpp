@@ -146,6 +146,21 @@ TEST(CliOptions, AWholeModelLoadOutOfGpuMemoryFallsBackToTheDevicePipeline) {
   EXPECT_EQ(after_whole_load(BackendKind::kCpu, false, other), LoadFallback::kNone);
 }
 
+TEST(CliOptions, SkipKernelsParseToTheBackendsBitsAndNameUnknownKinds) {
+  EXPECT_EQ(*parse_skip_kernels(""), 0u);
+  EXPECT_EQ(*parse_skip_kernels("gemv"), uint32_t(backend::kCudaGemv));
+  EXPECT_EQ(*parse_skip_kernels("norm,addnorm,rope,attn,glu"),
+            uint32_t(backend::kCudaNorm | backend::kCudaAddNorm | backend::kCudaRope | backend::kCudaAttention |
+                     backend::kCudaGlu));
+  EXPECT_EQ(skip_kernel_names(*parse_skip_kernels("glu,norm")), "norm,glu");
+  for (const char* bad : {"rms", "norm,", ",gemv", "GEMV", "norm,,glu"}) {
+    auto r = parse_skip_kernels(bad);
+    ASSERT_FALSE(r.is_ok()) << bad;
+    EXPECT_EQ(r.status().code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("known: norm,addnorm,rope,attn,glu,gemv"), std::string::npos) << r.status().message();
+  }
+}
+
 TEST(CliOptions, ResolveSamplingValidatesAndDrawsASeedWhenNoneGiven) {
   CLI::App app{"test"};
   SamplingFlags sf;

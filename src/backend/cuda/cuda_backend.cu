@@ -137,7 +137,8 @@ struct Scratch {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(const DeviceInfo& dev, bool graphs) : dev_(dev), graphs_(graphs) {}
+  CudaBackend(const DeviceInfo& dev, bool graphs, uint32_t skip_kernels)
+      : dev_(dev), graphs_(graphs), skip_kernels_(skip_kernels) {}
 
   Status init() {
     SLUICE_CUDA_RETURN_IF_ERROR(cudaSetDevice(dev_.device));
@@ -435,7 +436,9 @@ class CudaBackend final : public Backend {
     if (x.rows <= kMaxMmqTokens && w.ne0 == x.cols && x.cols % 32 == 0 && dst.stride == dst.cols) {
       // Decode: the norm's output feeds matrix products only; make their int8 activation here.
       const Q8Activation q8 = q8_view(x.cols, int(x.rows));
-      must(rms_norm_q8(f32(x), x.stride, f32(dst), dst.stride, x.rows, x.cols, wf, eps, q8, stream_), "rms_norm_q8");
+      if (!skips(kCudaNorm)) {
+        must(rms_norm_q8(f32(x), x.stride, f32(dst), dst.stride, x.rows, x.cols, wf, eps, q8, stream_), "rms_norm_q8");
+      }
       set_q8(dst);
       return;
     }
@@ -453,8 +456,9 @@ class CudaBackend final : public Backend {
     }
     invalidate_q8();
     const Q8Activation q8 = q8_view(x.cols, int(x.rows));
-    must(add_rms_norm_q8(f32(x), x.stride, f32(src), src.stride, f32(dst), dst.stride, x.rows, x.cols,
-                         static_cast<const float*>(w.data), eps, q8, stream_),
+    if (!skips(kCudaAddNorm))
+      must(add_rms_norm_q8(f32(x), x.stride, f32(src), src.stride, f32(dst), dst.stride, x.rows, x.cols,
+                           static_cast<const float*>(w.data), eps, q8, stream_),
          "add_rms_norm_q8");
     set_q8(dst);
   }
@@ -522,7 +526,7 @@ class CudaBackend final : public Backend {
                      k_cache.row_map == v_cache.row_map,
                  "rope_store_kv: out of range");
     invalidate_q8();
-    must(cuda::rope_store_kv(f32(q), q.stride, f32(k), k.stride, rk.n_head, f32(v), v.stride, v.cols, q.rows,
+    if (!skips(kCudaRope)) must(cuda::rope_store_kv(f32(q), q.stride, f32(k), k.stride, rk.n_head, f32(v), v.stride, v.cols, q.rows,
                              rope_args(rq), k_cache.data, k_cache.stride, v_cache.data, v_cache.stride, pos0, stream_,
                              step_pos_for(pos0), k_cache.row_map),
          "rope_store_kv");
@@ -641,7 +645,7 @@ class CudaBackend final : public Backend {
     if (dst.rows <= kMaxMmqTokens && dst.cols % 32 == 0 && dst.stride == dst.cols) {
       // Decode: the product feeds the down projection; make its int8 activation here.
       const Q8Activation q8 = q8_view(dst.cols, int(dst.rows));
-      must((gelu ? geglu_q8 : swiglu_q8)(f32(gate), gate.stride, f32(up), up.stride, f32(dst), dst.stride, dst.rows,
+      if (!skips(kCudaGlu)) must((gelu ? geglu_q8 : swiglu_q8)(f32(gate), gate.stride, f32(up), up.stride, f32(dst), dst.stride, dst.rows,
                                          dst.cols, q8, stream_),
            gelu ? "geglu_q8" : "swiglu_q8");
       set_q8(dst);
@@ -696,7 +700,7 @@ class CudaBackend final : public Backend {
       a.out_q = xq.q;
       a.out_ds = xq.ds;
     }
-    must(cuda::attention(a, ws, attn_ws_.bytes, dev_.sm_count, stream_), "attention");
+    if (!skips(kCudaAttention)) must(cuda::attention(a, ws, attn_ws_.bytes, dev_.sm_count, stream_), "attention");
     if (q8) set_q8(out);
   }
 
@@ -742,7 +746,7 @@ class CudaBackend final : public Backend {
         a.out_q = xq.q;
         a.out_ds = xq.ds;
       }
-      must(cuda::attention(a, ws, attn_ws_.bytes, dev_.sm_count, stream_), "attention_seqs");
+      if (!skips(kCudaAttention)) must(cuda::attention(a, ws, attn_ws_.bytes, dev_.sm_count, stream_), "attention_seqs");
     }
     if (dense) set_q8(out);
   }
@@ -908,7 +912,9 @@ class CudaBackend final : public Backend {
   // per launch), matrix(i) describing each; no allocation on this per-token path.
   template <class Eligible, class Matrix>
   void gemv_grouped(std::span<const WeightView> ws, int tokens, Eligible&& eligible, Matrix&& matrix) {
-    format_groups(ws, tokens, eligible, matrix, [&](const GemvGroupArgs& g) { must(gemv_group(dev_, g, stream_), "gemv"); });
+    format_groups(ws, tokens, eligible, matrix, [&](const GemvGroupArgs& g) {
+      if (!skips(kCudaGemv)) must(gemv_group(dev_, g, stream_), "gemv");
+    });
   }
   static bool same_layout(const WeightView& a, const WeightView& b) { return a.type == b.type && a.grouped == b.grouped; }
   // Calls launch(g) for the weights `eligible(i)` accepts, those of one format together
@@ -1017,7 +1023,7 @@ class CudaBackend final : public Backend {
           must(quantize_activation_q8(f32(xt), a.xq, stream_), "quantize_activation_q8");
         }
         a.y = f32(yt);
-        must(gemv(dev_, a, stream_), "gemv");
+        if (!skips(kCudaGemv)) must(gemv(dev_, a, stream_), "gemv");
       }
     }
   }
@@ -1048,8 +1054,12 @@ class CudaBackend final : public Backend {
     }
   }
 
+  // CudaOptions::skip_kernels (a diagnostic run): whether launches of kind k are left out.
+  bool skips(uint32_t k) const { return (skip_kernels_ & k) != 0; }
+
   DeviceInfo dev_;
   bool graphs_ = false;
+  uint32_t skip_kernels_ = 0;
   int mmq_from_ = kMmqFromTokens;  // fewest tokens that take mmq
   cudaStream_t stream_ = nullptr;
   CublasApi blas_;
@@ -1263,7 +1273,7 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaOptions& opts) {
                             " found)");
   }
   SLUICE_ASSIGN_OR_RETURN(cuda::DeviceInfo dev, cuda::query_device(opts.device));
-  auto be = std::make_unique<cuda::CudaBackend>(dev, opts.graphs);
+  auto be = std::make_unique<cuda::CudaBackend>(dev, opts.graphs, opts.skip_kernels);
   SLUICE_RETURN_IF_ERROR(be->init());
   return std::unique_ptr<Backend>(std::move(be));
 }
