@@ -375,7 +375,10 @@ Status print_plan(const ModelFlags& mf, const StreamFlags& sf, const gguf::File&
 LoadFallback after_whole_load(model::BackendKind asked, bool has_gpu, const Status& failure) {
   if (asked == model::BackendKind::kCpu || !has_gpu) return LoadFallback::kNone;
   if (failure.code() == ErrorCode::kOutOfMemory) return LoadFallback::kDevicePipeline;
-  return asked == model::BackendKind::kAuto ? LoadFallback::kCpu : LoadFallback::kNone;
+  // The GPU's own failures (a format or op it lacks, a CUDA error); the file's and the flags'
+  // errors would stop the CPU too, so they stand.
+  const bool gpu_failure = failure.code() == ErrorCode::kUnsupported || failure.code() == ErrorCode::kInternal;
+  return asked == model::BackendKind::kAuto && gpu_failure ? LoadFallback::kCpu : LoadFallback::kNone;
 }
 
 Result<LoadedModel> load_model(const ModelFlags& mf, const StreamFlags& sf) {

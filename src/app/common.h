@@ -63,7 +63,8 @@ Status print_plan(const ModelFlags& mf, const StreamFlags& sf, const gguf::File&
 // (`asked`: the --backend choice; `has_gpu`: a CUDA device is present; --backend auto loads on
 // the GPU first when there is one): kDevicePipeline when the GPU is out of memory (streams layers
 // through the GPU with its free memory as the VRAM budget; for auto, the CPU if that fails too),
-// kCpu for auto's other GPU failures, kNone (the error stands) otherwise.
+// kCpu for auto when the GPU itself failed (kUnsupported, kInternal), kNone (the error stands)
+// otherwise: errors of the file or the flags would stop the CPU too.
 enum class LoadFallback { kNone, kDevicePipeline, kCpu };
 LoadFallback after_whole_load(model::BackendKind asked, bool has_gpu, const Status& failure);
 

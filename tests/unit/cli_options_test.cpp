@@ -138,9 +138,15 @@ TEST(CliOptions, AWholeModelLoadOutOfGpuMemoryFallsBackToTheDevicePipeline) {
   EXPECT_EQ(after_whole_load(BackendKind::kCuda, true, oom), LoadFallback::kDevicePipeline);
   EXPECT_EQ(after_whole_load(BackendKind::kAuto, true, oom), LoadFallback::kDevicePipeline);
   EXPECT_EQ(after_whole_load(BackendKind::kAuto, false, oom), LoadFallback::kNone);
-  // Other GPU failures: auto runs on the CPU, an explicit cuda reports them.
+  // The GPU's own failures: auto runs on the CPU, an explicit cuda reports them.
   EXPECT_EQ(after_whole_load(BackendKind::kAuto, true, other), LoadFallback::kCpu);
+  EXPECT_EQ(after_whole_load(BackendKind::kAuto, true, unsupported("cuda: no kernel for this format")), LoadFallback::kCpu);
   EXPECT_EQ(after_whole_load(BackendKind::kCuda, true, other), LoadFallback::kNone);
+  // The file's or the flags' errors would stop the CPU too: they stand, with or without a GPU.
+  for (const Status& user : {invalid_argument("n_ctx 9000 exceeds the model's context_length"),
+                             corrupt_file("m.gguf: truncated"), io_error("m.gguf: no such file")}) {
+    EXPECT_EQ(after_whole_load(BackendKind::kAuto, true, user), LoadFallback::kNone) << user.message();
+  }
   // --backend cpu: its own errors stand.
   EXPECT_EQ(after_whole_load(BackendKind::kCpu, true, oom), LoadFallback::kNone);
   EXPECT_EQ(after_whole_load(BackendKind::kCpu, false, other), LoadFallback::kNone);
