@@ -319,14 +319,10 @@ void tally(const PlanInput& in, Plan& p) {
 }
 
 // Whether a GPU placement's host memory (pinned B copies, disk staging, the CPU's own copies of
-// its units) fits ram_budget.
-bool fits_ram(const PlanInput& in, const Plan& p) {
-  uint64_t host = p.staging_bytes;
-  for (size_t i = 0; i < in.units.size(); ++i) {
-    if (p.units[i].home == Home::kRam) host += in.units[i].bytes;
-    if (p.units[i].exec != Executor::kGpu) host += in.units[i].cpu_copy_bytes;
-  }
-  return host <= in.ram_budget;
+// its units, as tally counts them) fits ram_budget.
+bool fits_ram(const PlanInput& in, Plan& p) {
+  tally(in, p);
+  return p.ram_bytes + p.staging_bytes + p.cpu_copy_bytes <= in.ram_budget;
 }
 
 // `base` with c of `candidates` on the CPU, the k-th at floor((k + 0.5) * |candidates| / c), unscored.
@@ -347,7 +343,7 @@ Plan best_spread(const PlanInput& in, const Plan& base, const std::vector<size_t
   Plan chosen = base;
   for (size_t c = 1; c <= nb; ++c) {
     Plan trial = spread(base, candidates, c);
-    if (!fits_ram(in, trial)) continue;  // another spread of c units could fit; the scan is cheap
+    if (!fits_ram(in, trial)) continue;  // units differ in size: a spread of more units may still fit
     score(in, trial);
     if (trial.token_seconds < chosen.token_seconds * (1 - 1e-12)) chosen = std::move(trial);
   }

@@ -456,10 +456,11 @@ class CudaBackend final : public Backend {
     }
     invalidate_q8();
     const Q8Activation q8 = q8_view(x.cols, int(x.rows));
-    if (!skips(kCudaAddNorm))
+    if (!skips(kCudaAddNorm)) {
       must(add_rms_norm_q8(f32(x), x.stride, f32(src), src.stride, f32(dst), dst.stride, x.rows, x.cols,
                            static_cast<const float*>(w.data), eps, q8, stream_),
-         "add_rms_norm_q8");
+           "add_rms_norm_q8");
+    }
     set_q8(dst);
   }
 
@@ -526,10 +527,12 @@ class CudaBackend final : public Backend {
                      k_cache.row_map == v_cache.row_map,
                  "rope_store_kv: out of range");
     invalidate_q8();
-    if (!skips(kCudaRope)) must(cuda::rope_store_kv(f32(q), q.stride, f32(k), k.stride, rk.n_head, f32(v), v.stride, v.cols, q.rows,
-                             rope_args(rq), k_cache.data, k_cache.stride, v_cache.data, v_cache.stride, pos0, stream_,
-                             step_pos_for(pos0), k_cache.row_map),
-         "rope_store_kv");
+    if (!skips(kCudaRope)) {
+      must(cuda::rope_store_kv(f32(q), q.stride, f32(k), k.stride, rk.n_head, f32(v), v.stride, v.cols, q.rows,
+                               rope_args(rq), k_cache.data, k_cache.stride, v_cache.data, v_cache.stride, pos0,
+                               stream_, step_pos_for(pos0), k_cache.row_map),
+           "rope_store_kv");
+    }
   }
 
   // Every sequence's rows in launches of up to kMaxRopeSeqs sequences (they share the layer's cache
@@ -645,9 +648,11 @@ class CudaBackend final : public Backend {
     if (dst.rows <= kMaxMmqTokens && dst.cols % 32 == 0 && dst.stride == dst.cols) {
       // Decode: the product feeds the down projection; make its int8 activation here.
       const Q8Activation q8 = q8_view(dst.cols, int(dst.rows));
-      if (!skips(kCudaGlu)) must((gelu ? geglu_q8 : swiglu_q8)(f32(gate), gate.stride, f32(up), up.stride, f32(dst), dst.stride, dst.rows,
-                                         dst.cols, q8, stream_),
-           gelu ? "geglu_q8" : "swiglu_q8");
+      if (!skips(kCudaGlu)) {
+        must((gelu ? geglu_q8 : swiglu_q8)(f32(gate), gate.stride, f32(up), up.stride, f32(dst), dst.stride, dst.rows,
+                                           dst.cols, q8, stream_),
+             gelu ? "geglu_q8" : "swiglu_q8");
+      }
       set_q8(dst);
       return;
     }
