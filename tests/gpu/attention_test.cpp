@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -354,6 +355,205 @@ TEST(AttentionParityControl, CorruptedCacheIsDetected) {
   const Outcome p = run_case({"control_prefill", 32, 8, 128, 200, 57}, /*corrupt=*/true);
   EXPECT_GT(p.exact_err, 100 * kExactTol);
   EXPECT_GT(p.cpu_err, kCpuTol);
+}
+
+// ---- fused RoPE + KV store (AttentionArgs::rope_k) ------------------------------------------------
+// rope_store_kv (or rope_store_kv_seqs) followed by the attention, against the one fused call on
+// copies of the same inputs: the output, its int8 activation and both whole caches must be equal
+// bit for bit, and the fused call must not write q or k.
+struct RopeCase {
+  std::string name;
+  int n_head, n_head_kv, head_dim;
+  int pos;          // the (first) sequence's new position; sequence s is at pos + 37 * s
+  int n_seqs = 0;   // 0: one row without seq_rows; else seq_rows with this many sequences
+  bool neox = false;
+  int n_rot = 0;    // 0: head_dim
+  bool factors = false;  // freq_factors (Llama 3's long-context table)
+  bool paged = false;    // row maps: position p of sequence s at cache row p * seqs + s
+  int window = 0;
+  int sm_count = 0;
+};
+
+struct RopeOutcome {
+  int64_t out_mismatches = 0, q8_mismatches = 0, cache_mismatches = 0, input_writes = 0;
+  bool finite = true;
+};
+
+// perturb: the fused call rotates with another freq_scale (the negative control).
+RopeOutcome run_rope_case(const RopeCase& c, bool perturb = false) {
+  const int hd = c.head_dim, rows = std::max(c.n_seqs, 1), seqs = rows;
+  const int64_t q_cols = int64_t(c.n_head) * hd, kv_cols = int64_t(c.n_head_kv) * hd;
+  const int last_pos = c.pos + 37 * (seqs - 1);
+  const int64_t cache_rows = int64_t(last_pos + 1) * (c.paged ? seqs : 1) + kSlackRows;
+  const uint64_t salt = std::hash<std::string>{}(c.name);
+  const std::vector<float> q = random_floats(size_t(rows * q_cols), 1.0f, salt);
+  const std::vector<float> k = random_floats(size_t(rows * kv_cols), 1.0f, salt + 1);
+  const std::vector<float> v = random_floats(size_t(rows * kv_cols), 1.0f, salt + 2);
+  const std::vector<float> kc = random_floats(size_t(cache_rows * kv_cols), 1.0f, salt + 3);
+  const std::vector<float> vc = random_floats(size_t(cache_rows * kv_cols), 1.0f, salt + 4);
+  const std::vector<uint16_t> kc16 = to_f16_strided(kc, cache_rows, kv_cols, kv_cols);
+  const std::vector<uint16_t> vc16 = to_f16_strided(vc, cache_rows, kv_cols, kv_cols);
+  const int n_rot = c.n_rot > 0 ? c.n_rot : hd;
+  std::vector<float> factors(size_t(n_rot / 2));
+  for (size_t i = 0; i < factors.size(); ++i) factors[i] = 1.0f + float(i % 7) * 0.75f;
+  DeviceBuffer dfactors(factors.size() * 4);
+  dfactors.upload(factors.data(), factors.size() * 4);
+  // Row maps: sequence s, position p -> cache row p * seqs + s.
+  std::vector<DeviceBuffer> maps;
+  for (int sq = 0; sq < seqs; ++sq) {
+    std::vector<int> m(size_t(last_pos + 1));
+    for (int p = 0; p <= last_pos; ++p) m[size_t(p)] = p * seqs + sq;
+    maps.emplace_back(m.size() * 4);
+    maps.back().upload(m.data(), m.size() * 4);
+  }
+  const auto map_of = [&](int sq) { return c.paged ? maps[size_t(sq)].get<int>() : nullptr; };
+  const auto pos_of = [&](int sq) { return c.pos + 37 * sq; };
+
+  cu::RopeArgs ra;
+  ra.neox = c.neox;
+  ra.n_head = c.n_head;
+  ra.head_dim = hd;
+  ra.n_rot = n_rot;
+  ra.freq_base = 500000.0f;
+  ra.freq_scale = 0.5f;
+  ra.freq_factors = c.factors ? dfactors.get<float>() : nullptr;
+  int sm = c.sm_count;
+  if (sm == 0) GPU_CHECK(cudaDeviceGetAttribute(&sm, cudaDevAttrMultiProcessorCount, 0));
+  std::vector<cu::AttentionSeqRow> seq_rows;
+  for (int sq = 0; sq < c.n_seqs; ++sq) seq_rows.push_back({sq, pos_of(sq), map_of(sq)});
+  const int64_t ws_bytes = c.n_seqs > 0 ? cu::attention_seq_workspace_bytes(rows, c.n_head, hd, last_pos + 1)
+                                        : cu::attention_workspace_bytes(1, c.n_head, hd, int(cache_rows));
+  const int64_t q8_bytes = cu::q8_activation_bytes(q_cols, rows);
+
+  struct Run {
+    std::vector<uint8_t> out, q8, kc, vc, q, k;
+  };
+  const auto run = [&](bool fused) {
+    DeviceBuffer dq(q.size() * 4), dk(k.size() * 4), dv(v.size() * 4), dkc(kc16.size() * 2), dvc(vc16.size() * 2),
+        dout(q.size() * 4), dq8{size_t(q8_bytes)}, dws{size_t(ws_bytes)};
+    dq.upload(q.data(), q.size() * 4);
+    dk.upload(k.data(), k.size() * 4);
+    dv.upload(v.data(), v.size() * 4);
+    dkc.upload(kc16.data(), kc16.size() * 2);
+    dvc.upload(vc16.data(), vc16.size() * 2);
+    dout.poison();
+    dq8.poison();
+    GPU_CHECK(cudaMemset(dws.get(), 0, dws.bytes()));
+    if (!fused) {
+      Status st = Status::ok();
+      if (c.n_seqs > 0) {
+        std::vector<cu::RopeSeq> rs;
+        for (int sq = 0; sq < c.n_seqs; ++sq) rs.push_back({sq, 1, pos_of(sq), map_of(sq)});
+        st = cu::rope_store_kv_seqs(dq.get<float>(), q_cols, dk.get<float>(), kv_cols, c.n_head_kv, dv.get<float>(),
+                                    kv_cols, kv_cols, ra, dkc.get(), kv_cols, dvc.get(), kv_cols, rs, nullptr);
+      } else {
+        st = cu::rope_store_kv(dq.get<float>(), q_cols, dk.get<float>(), kv_cols, c.n_head_kv, dv.get<float>(),
+                               kv_cols, kv_cols, 1, ra, dkc.get(), kv_cols, dvc.get(), kv_cols, c.pos, nullptr, nullptr,
+                               map_of(0));
+      }
+      SLUICE_CHECK(st.is_ok(), st.message());
+    }
+    cu::AttentionArgs a;
+    a.q = dq.get<float>();
+    a.q_stride = q_cols;
+    a.n_tokens = rows;
+    a.k_cache = dkc.get();
+    a.k_stride = kv_cols;
+    a.v_cache = dvc.get();
+    a.v_stride = kv_cols;
+    a.out = dout.get<float>();
+    a.out_stride = q_cols;
+    a.n_head = c.n_head;
+    a.n_head_kv = c.n_head_kv;
+    a.head_dim = hd;
+    a.scale = 1.0f / std::sqrt(float(hd));
+    a.window = c.window;
+    if (c.n_seqs > 0) {
+      a.seq_rows = seq_rows.data();
+    } else {
+      a.pos0 = c.pos;
+      a.row_map = map_of(0);
+    }
+    const cu::Q8Activation xq = cu::q8_activation_view(dq8.get(), q_cols, rows);
+    a.out_q = xq.q;
+    a.out_ds = xq.ds;
+    if (fused) {
+      a.rope_k = dk.get<float>();
+      a.rope_k_stride = kv_cols;
+      a.rope_v = dv.get<float>();
+      a.rope_v_stride = kv_cols;
+      a.rope = ra;
+      if (perturb) a.rope.freq_scale *= 1.5f;
+    }
+    const Status st = cu::attention(a, dws.get(), ws_bytes, sm, nullptr);
+    SLUICE_CHECK(st.is_ok(), st.message());
+    GPU_CHECK(cudaDeviceSynchronize());
+    Run r;
+    r.out.resize(dout.bytes());
+    r.q8.resize(dq8.bytes());
+    r.kc.resize(dkc.bytes());
+    r.vc.resize(dvc.bytes());
+    r.q.resize(dq.bytes());
+    r.k.resize(dk.bytes());
+    dout.download(r.out.data(), r.out.size());
+    dq8.download(r.q8.data(), r.q8.size());
+    dkc.download(r.kc.data(), r.kc.size());
+    dvc.download(r.vc.data(), r.vc.size());
+    dq.download(r.q.data(), r.q.size());
+    dk.download(r.k.data(), r.k.size());
+    return r;
+  };
+  const Run base = run(false), fused = run(true);
+  RopeOutcome o;
+  const auto diff = [](const std::vector<uint8_t>& x, const std::vector<uint8_t>& y) {
+    int64_t n = 0;
+    for (size_t i = 0; i < x.size(); ++i) n += x[i] != y[i];
+    return n;
+  };
+  o.out_mismatches = diff(base.out, fused.out);
+  o.q8_mismatches = diff(base.q8, fused.q8);
+  o.cache_mismatches = diff(base.kc, fused.kc) + diff(base.vc, fused.vc);
+  // The fused call leaves q and k as they were uploaded.
+  o.input_writes = std::memcmp(fused.q.data(), q.data(), fused.q.size()) != 0;
+  o.input_writes += std::memcmp(fused.k.data(), k.data(), fused.k.size()) != 0;
+  for (size_t i = 0; i < base.out.size(); i += 4) {
+    float f;
+    std::memcpy(&f, base.out.data() + i, 4);
+    o.finite = o.finite && std::isfinite(f);
+  }
+  return o;
+}
+
+class AttentionFusedRope : public ::testing::TestWithParam<RopeCase> {};
+
+TEST_P(AttentionFusedRope, MatchesRopeStoreThenAttention) {
+  SLUICE_SKIP_WITHOUT_GPU();
+  const RopeOutcome o = run_rope_case(GetParam());
+  EXPECT_TRUE(o.finite);
+  EXPECT_EQ(o.out_mismatches, 0);
+  EXPECT_EQ(o.q8_mismatches, 0);
+  EXPECT_EQ(o.cache_mismatches, 0) << "the fused call stored other K/V bytes than rope_store_kv";
+  EXPECT_EQ(o.input_writes, 0) << "the fused call wrote q or k";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, AttentionFusedRope,
+    ::testing::Values(RopeCase{"llama8b_pos0", 32, 8, 128, 0}, RopeCase{"llama8b_pos127", 32, 8, 128, 127},
+                      RopeCase{"llama8b_pos4000_factors", 32, 8, 128, 4000, 0, false, 0, true},
+                      RopeCase{"llama8b_pos300_1sm", 32, 8, 128, 300, 0, false, 0, false, false, 0, 1},
+                      RopeCase{"neox_partial_rot", 16, 4, 128, 200, 0, true, 64},
+                      RopeCase{"smollm2_paged", 9, 3, 64, 50, 0, false, 0, false, true},
+                      RopeCase{"gemma3_window_neox", 4, 1, 256, 700, 0, true, 0, false, false, 512},
+                      RopeCase{"seqs5_paged", 32, 8, 128, 20, 5, false, 0, false, true},
+                      RopeCase{"seqs32_neox", 8, 2, 64, 3, 32, true}),
+    [](const ::testing::TestParamInfo<RopeCase>& i) { return i.param.name; });
+
+// The comparison can fail: a fused call that rotates differently changes the output and the cache.
+TEST(AttentionFusedRopeControl, ADifferentRotationIsDetected) {
+  SLUICE_SKIP_WITHOUT_GPU();
+  const RopeOutcome o = run_rope_case({"control", 32, 8, 128, 100}, /*perturb=*/true);
+  EXPECT_GT(o.out_mismatches, 0);
+  EXPECT_GT(o.cache_mismatches, 0);
 }
 
 // ---- argument checks: host-side, before any CUDA call, so no GPU is needed ----------------------
