@@ -76,9 +76,8 @@ struct AttentionArgs {
   const float* rope_v = nullptr;
   int64_t rope_v_stride = 0;
   RopeArgs rope{};
-  // Decode: combine the splits in a second launch instead of in the last split block of each
-  // head group (the same arithmetic: results are bit-identical). The CUDA backend sets it unless
-  // SLUICE_CUDA_FUSE_COMBINE=1 (docs/CUDA.md).
+  // Decode, for tests: combine the splits in a second launch instead of in the last split block
+  // of each head group (the same arithmetic: results are bit-identical).
   bool separate_combine = false;
 };
 // True when attention() writes out_q/out_ds for this call shape (decode rows, dense output).

@@ -150,10 +150,7 @@ class CudaBackend final : public Backend {
     // Tensor-core math with f32 accumulation (CUBLAS_COMPUTE_32F below); default pointer mode.
     // SLUICE_CUDA_MMQ (A/B runs): 0 = products of more than kMaxGemvTokens tokens take the
     // dequantize + cuBLAS path; N = mmq from N tokens (default kMmqFromTokens).
-    // Fusions not yet measured on a GPU are off by default; SLUICE_CUDA_FUSE_ROPE=1 and
-    // SLUICE_CUDA_FUSE_COMBINE=1 turn them on (A/B runs; docs/CUDA.md).
-    if (const char* env = std::getenv("SLUICE_CUDA_FUSE_ROPE")) fuse_rope_ = std::string(env) != "0";
-    if (const char* env = std::getenv("SLUICE_CUDA_FUSE_COMBINE")) fuse_combine_ = std::string(env) != "0";
+    if (const char* fuse_env = std::getenv("SLUICE_CUDA_FUSE_ROPE")) fuse_rope_ = std::string(fuse_env) != "0";
     if (const char* mmq_env = std::getenv("SLUICE_CUDA_MMQ")) {
       const int n = std::atoi(mmq_env);
       mmq_from_ = n <= 0 ? kMaxMmqTokens + 1 : n;
@@ -699,8 +696,8 @@ class CudaBackend final : public Backend {
   }
 
   // Decode rows (every sequence one new token, one cache pool): RoPE, the KV store and the
-  // attention in one launch (AttentionArgs::rope_k) where fuse_rope_; else the two calls.
-  // --skip-kernels rope or attn takes the two calls.
+  // attention in one launch (AttentionArgs::rope_k); else the two calls. SLUICE_CUDA_FUSE_ROPE=0
+  // turns the fusion off (A/B runs); --skip-kernels rope or attn takes the two calls.
   void rope_attention_seqs(const Tensor& q, const RopeParams& rq, const Tensor& k, const RopeParams& rk,
                            const Tensor& v, const Tensor& out, const AttentionParams& p,
                            std::span<const SeqRows> seqs) override {
@@ -769,7 +766,6 @@ class CudaBackend final : public Backend {
       a.out_ds = xq.ds;
     }
     set_rope(a, fr, new_row0);
-    a.separate_combine = !fuse_combine_;
     if (!skips(kCudaAttention)) must(cuda::attention(a, ws, attn_ws_.bytes, dev_.sm_count, stream_), "attention");
     if (q8) set_q8(out);
   }
@@ -817,7 +813,6 @@ class CudaBackend final : public Backend {
         a.out_ds = xq.ds;
       }
       set_rope(a, fr, 0);  // the new rows are q's rows
-      a.separate_combine = !fuse_combine_;
       if (!skips(kCudaAttention)) must(cuda::attention(a, ws, attn_ws_.bytes, dev_.sm_count, stream_), "attention_seqs");
     }
     if (dense) set_q8(out);
@@ -1141,8 +1136,7 @@ class CudaBackend final : public Backend {
   bool graphs_ = false;
   uint32_t skip_kernels_ = 0;
   int mmq_from_ = kMmqFromTokens;  // fewest tokens that take mmq
-  bool fuse_rope_ = false;     // rope_attention_seqs fuses RoPE + KV store into the attention
-  bool fuse_combine_ = false;  // the decode attention combines in its last split block
+  bool fuse_rope_ = true;           // rope_attention_seqs fuses (SLUICE_CUDA_FUSE_ROPE=0: off)
   cudaStream_t stream_ = nullptr;
   CublasApi blas_;
   cublasHandle_t cublas_ = nullptr;
