@@ -117,28 +117,6 @@ void exact_head(const Case& c, const std::vector<float>& q, const std::vector<fl
   }
 }
 
-// The arguments of a call over device buffers: q and out rows q_stride apart, K/V rows kv_stride
-// apart, scale 1/sqrt(head_dim); positions, window and the optional parts are the caller's.
-cu::AttentionArgs attention_args(const DeviceBuffer& q, int64_t q_stride, int n_tokens, const DeviceBuffer& k,
-                                 const DeviceBuffer& v, int64_t kv_stride, const DeviceBuffer& out, int n_head,
-                                 int n_head_kv, int head_dim) {
-  cu::AttentionArgs a;
-  a.q = q.get<float>();
-  a.q_stride = q_stride;
-  a.n_tokens = n_tokens;
-  a.k_cache = k.get();
-  a.k_stride = kv_stride;
-  a.v_cache = v.get();
-  a.v_stride = kv_stride;
-  a.out = out.get<float>();
-  a.out_stride = q_stride;
-  a.n_head = n_head;
-  a.n_head_kv = n_head_kv;
-  a.head_dim = head_dim;
-  a.scale = 1.0f / std::sqrt(float(head_dim));
-  return a;
-}
-
 // `corrupt`: the device copy of the V row at position pos0 (seen by every query row) is
 // overwritten after the host data was made (the negative control: the comparison must then fail).
 Outcome run_case(const Case& c, bool corrupt = false) {
@@ -175,7 +153,20 @@ Outcome run_case(const Case& c, bool corrupt = false) {
   GPU_CHECK(cudaMemset(dws.get(), 0, dws.bytes()));  // attention_workspace_bytes: zero-filled before use
   if (corrupt) GPU_CHECK(cudaMemset(dv.get<uint16_t>() + int64_t(c.pos0) * kv_stride, 0x3C, size_t(kv_cols) * 2));
 
-  cu::AttentionArgs a = attention_args(dq, q_stride, c.n_tokens, dk, dv, kv_stride, dout, c.n_head, c.n_head_kv, hd);
+  cu::AttentionArgs a;
+  a.q = dq.get<float>();
+  a.q_stride = q_stride;
+  a.n_tokens = c.n_tokens;
+  a.k_cache = dk.get();
+  a.k_stride = kv_stride;
+  a.v_cache = dv.get();
+  a.v_stride = kv_stride;
+  a.out = dout.get<float>();
+  a.out_stride = q_stride;
+  a.n_head = c.n_head;
+  a.n_head_kv = c.n_head_kv;
+  a.head_dim = hd;
+  a.scale = 1.0f / std::sqrt(float(hd));
   a.pos0 = c.pos0;
   a.window = c.window;
   const int64_t q8_bytes = cu::q8_activation_bytes(q_cols, c.n_tokens);
@@ -462,7 +453,20 @@ RopeOutcome run_rope_case(const RopeCase& c, bool perturb = false) {
       }
       SLUICE_CHECK(st.is_ok(), st.message());
     }
-    cu::AttentionArgs a = attention_args(dq, q_cols, rows, dkc, dvc, kv_cols, dout, c.n_head, c.n_head_kv, hd);
+    cu::AttentionArgs a;
+    a.q = dq.get<float>();
+    a.q_stride = q_cols;
+    a.n_tokens = rows;
+    a.k_cache = dkc.get();
+    a.k_stride = kv_cols;
+    a.v_cache = dvc.get();
+    a.v_stride = kv_cols;
+    a.out = dout.get<float>();
+    a.out_stride = q_cols;
+    a.n_head = c.n_head;
+    a.n_head_kv = c.n_head_kv;
+    a.head_dim = hd;
+    a.scale = 1.0f / std::sqrt(float(hd));
     a.window = c.window;
     if (c.n_seqs > 0) {
       a.seq_rows = seq_rows.data();
