@@ -353,15 +353,6 @@ class Backend {
       attention(q.row_range(s.row0, s.n), s.k_cache, s.v_cache, out.row_range(s.row0, s.n), ps);
     }
   }
-  // rope_store_kv_seqs, then attention_seqs (the default): a layer's attention after its Q/K/V
-  // products. A GPU backend fuses the two for decode rows (one launch fewer per layer), with the
-  // same out and caches; q and k then hold unspecified values afterwards.
-  virtual void rope_attention_seqs(const Tensor& q, const RopeParams& rq, const Tensor& k, const RopeParams& rk,
-                                   const Tensor& v, const Tensor& out, const AttentionParams& p,
-                                   std::span<const SeqRows> seqs) {
-    rope_store_kv_seqs(q, rq, k, rk, v, seqs);
-    attention_seqs(q, out, p, seqs);
-  }
 };
 
 struct CpuOptions {

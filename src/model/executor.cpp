@@ -98,7 +98,8 @@ void Executor::attend(const LayerWeights& L, int l, int64_t n, std::span<const S
     seq_rows_.push_back({s.row0, s.n, s.pos0, kv_.k(l, end, s.map), kv_.v(l, end, s.map)});
   }
   const backend::AttentionParams ap{c.n_head, c.n_head_kv, c.head_dim, scale, 0, swa ? c.n_swa : 0};
-  be.rope_attention_seqs(q, rq, k, rk, v, attn, ap, seq_rows_);
+  be.rope_store_kv_seqs(q, rq, k, rk, v, seq_rows_);
+  be.attention_seqs(q, attn, ap, seq_rows_);
 }
 
 void Executor::attention_norm(const LayerWeights& L, int64_t n) {

@@ -62,25 +62,6 @@ Status check_args(const AttentionArgs& a, int sm_count) {
                             std::to_string(a.n_head_kv) + ")");
   }
   if (sm_count <= 0) return invalid_argument("attention: sm_count must be positive");
-  if (a.rope_k != nullptr) {
-    // Each row's own new key only: one row, or one decode row per sequence.
-    if (a.seq_rows == nullptr && a.n_tokens != 1) {
-      return invalid_argument("attention: fused RoPE needs one query row, or seq_rows (" +
-                              std::to_string(a.n_tokens) + " rows)");
-    }
-    const RopeArgs& r = a.rope;
-    if (r.n_head != a.n_head || r.head_dim != a.head_dim || r.n_rot <= 0 || r.n_rot % 2 != 0 ||
-        r.n_rot > a.head_dim) {
-      return invalid_argument("attention: fused RoPE: heads " + std::to_string(r.n_head) + " x " +
-                              std::to_string(r.head_dim) + " (q has " + std::to_string(a.n_head) + " x " +
-                              std::to_string(a.head_dim) + "), n_rot " + std::to_string(r.n_rot) +
-                              " (even, in (0, head_dim])");
-    }
-    const int64_t kv_cols = int64_t(a.n_head_kv) * a.head_dim;
-    if (a.rope_v == nullptr || a.rope_k_stride < kv_cols || a.rope_v_stride < kv_cols) {
-      return invalid_argument("attention: fused RoPE: null new value rows, or a new-row stride shorter than its row");
-    }
-  }
   if (a.q == nullptr || a.k_cache == nullptr || a.v_cache == nullptr || a.out == nullptr) {
     return invalid_argument("attention: null q, cache or out pointer");
   }

@@ -17,7 +17,6 @@
 
 #include <cstdint>
 
-#include "backend/cuda/ops.h"
 #include "core/status.h"
 
 namespace sluice::backend::cuda {
@@ -64,18 +63,6 @@ struct AttentionArgs {
   // pos_dev, plan_ctx and row_map are then unused. Always the decode kernels: rows of different
   // sequences share no keys, so the prefill kernel's tiles would gain nothing.
   const AttentionSeqRow* seq_rows = nullptr;
-  // Optional, decode rows only (one query row, or seq_rows): RoPE and the KV store fused in
-  // (rope_store_kv, then the attention, in one launch). q holds the unrotated queries, rope_k /
-  // rope_v rows (of q's row index) the new tokens' unrotated keys and values (n_head_kv heads,
-  // f32); each query row's key and value at its own position are rotated (q and k with `rope`, as
-  // rope_store_kv does), converted to f16 and written into k_cache / v_cache, which are then
-  // written as well as read. q and rope_k are not written. Same results as the two calls, bit for
-  // bit (rope.n_head and rope.head_dim are those of q).
-  const float* rope_k = nullptr;
-  int64_t rope_k_stride = 0;
-  const float* rope_v = nullptr;
-  int64_t rope_v_stride = 0;
-  RopeArgs rope{};
   // Decode, for tests: combine the splits in a second launch instead of in the last split block
   // of each head group (the same arithmetic: results are bit-identical).
   bool separate_combine = false;

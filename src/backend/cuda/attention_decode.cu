@@ -16,7 +16,6 @@
 #include <string>
 
 #include "backend/cuda/attention_internal.cuh"
-#include "backend/cuda/rope_math.cuh"
 
 namespace sluice::backend::cuda::attn {
 namespace {
@@ -78,19 +77,6 @@ struct DecodeParams {
   int64_t out_stride;
   int8_t* out_q;  // nullptr: no int8 activation
   float2* out_ds;
-  // Fused RoPE + KV store (rope_k non-null; AttentionArgs::rope_k): each row's new key and value,
-  // unrotated f32, and the rotation (rope_math.cuh); k_store / v_store are the caches (k / v).
-  const float* rope_k;
-  int64_t rope_k_stride;
-  const float* rope_v;
-  int64_t rope_v_stride;
-  __half* k_store;
-  __half* v_store;
-  int rope_half;
-  bool rope_neox;
-  float theta_scale;
-  float freq_scale;
-  const float* freq_factors;
   SeqRowDev seq[kMaxAttentionSeqRows];
 };
 
@@ -152,11 +138,12 @@ __device__ void combine_head(const float* ws_acc, const float2* ws_ml, int64_t r
 // kernel, every single-sequence decode, has no map load or branch in its key loops).
 template <int HD, bool kPaged>
 __global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(const __grid_constant__ DecodeParams p) {
+  pdl_wait();
+  pdl_trigger();
   using S = DecodeShape<HD>;
   __shared__ float sc[2][kMaxHeadsPerBlock][kDecodeTile];  // scores, then probabilities; 2 tiles
   __shared__ float alpha_s[kMaxHeadsPerBlock];             // per-tile rescale of the accumulators
   __shared__ float red[S::kGroups * kMaxHeadsPerBlock * HD];  // final sum over key groups (<= 16 KB)
-  __shared__ float rope_cs[HD / 2], rope_sn[HD / 2];         // fused RoPE: the row's cos/sin table
 
   int b = int(blockIdx.x);
   const int hg = b % p.n_hgroups;
@@ -178,7 +165,6 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(const __gr
   // row or the step's position range; with a window, for splits wholly before it). Every key of
   // [begin, end) is visible, so each tile's first key is and the tile max is finite.
   // Several sequences: row t is its own sequence's one decode row, with its own keys.
-  // (*pos_dev is set before the step's first kernel: final before pdl_wait.)
   const bool multi = p.n_seq_rows > 0;
   const int n_kv = multi ? p.seq[t].pos + 1 : (p.pos_dev != nullptr ? *p.pos_dev : p.pos0) + t + 1;
   const int* row_map = multi ? p.seq[t].map : p.row_map;
@@ -191,54 +177,13 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(const __gr
   const int nh = min(p.heads_per_block, p.group - slot0);  // heads of this block, >= 1
   const int head0 = kvh * p.group + slot0;
 
-  // Fused RoPE: the table of the row's own position (its new key's) depends on no earlier kernel,
-  // so it is made while the QKV product finishes.
-  const bool rope = p.rope_k != nullptr;
-  const int pos = n_kv - 1;
-  if (rope) {
-    for (int i = tid; i < p.rope_half; i += kDecodeThreads) {
-      rope_angle(pos, i, p.theta_scale, p.freq_scale, p.freq_factors, rope_cs[i], rope_sn[i]);
-    }
-  }
-  pdl_wait();
-  pdl_trigger();
-  if (rope) __syncthreads();  // the table is complete (block-uniform branch)
-
   // This thread's 8 elements of each query head, pre-scaled.
   float qr[kMaxHeadsPerBlock][8];
 #pragma unroll
   for (int h = 0; h < kMaxHeadsPerBlock; ++h) {
-    const float* qh = p.q + q_row * p.q_stride + int64_t(head0 + h) * HD;
+    const float* qh = p.q + q_row * p.q_stride + int64_t(head0 + h) * HD + c * 8;
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      float x = 0.0f;
-      if (h < nh && piece_ok) {
-        x = rope ? rope_element(qh, c * 8 + e, p.rope_half, p.rope_neox, rope_cs, rope_sn) : qh[c * 8 + e];
-      }
-      qr[h][e] = x * p.scale_log2;
-    }
-  }
-  // Fused RoPE: the blocks whose keys include the row's own position take its key and value from
-  // the new rows (rotated, rounded to f16 as the cache holds them) instead of the cache, and one
-  // block per KV head (head group 0) writes them into the cache for later steps.
-  const bool has_new = rope && begin <= pos && pos < end;  // block-uniform
-  uint4 k_new = make_uint4(0, 0, 0, 0), v_new = make_uint4(0, 0, 0, 0);
-  if (has_new && piece_ok) {
-    const float* kr = p.rope_k + q_row * p.rope_k_stride + int64_t(kvh) * HD;
-    const float* vr = p.rope_v + q_row * p.rope_v_stride + int64_t(kvh) * HD;
-    float kf[8], vf[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      kf[e] = rope_element(kr, c * 8 + e, p.rope_half, p.rope_neox, rope_cs, rope_sn);
-      vf[e] = vr[c * 8 + e];
-    }
-    k_new = float8_to_halves(kf);
-    v_new = float8_to_halves(vf);
-    if (hg == 0 && grp == 0) {
-      const int64_t crow = row_map != nullptr ? int64_t(row_map[pos]) : int64_t(pos);
-      *reinterpret_cast<uint4*>(p.k_store + crow * p.k_stride + int64_t(kvh) * HD + c * 8) = k_new;
-      *reinterpret_cast<uint4*>(p.v_store + crow * p.v_stride + int64_t(kvh) * HD + c * 8) = v_new;
-    }
+    for (int e = 0; e < 8; ++e) qr[h][e] = (h < nh && piece_ok) ? qh[e] * p.scale_log2 : 0.0f;
   }
   float acc[kMaxHeadsPerBlock][8];
 #pragma unroll
@@ -254,8 +199,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(const __gr
 
   // This thread's piece of the K or V row of key j (zeros past the end: those rows are not read;
   // a V row's probability is 0 there but the memory may hold anything, and NaN * 0 = NaN).
-  auto load_piece = [&](const __half* base, int64_t stride, int j, const uint4& fresh) {
-    if (has_new && j == pos) return fresh;
+  auto load_piece = [&](const __half* base, int64_t stride, int j) {
     const int64_t row = kPaged && piece_ok && j < end ? cache_row(row_map, j) : int64_t(j);
     return (piece_ok && j < end) ? load_row16(base + row * stride) : make_uint4(0, 0, 0, 0);
   };
@@ -266,9 +210,9 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(const __gr
     //    sc is double-buffered: a slow thread may still read the previous tile's probabilities.
     uint4 kr[S::kKeysPerGroup], vr[S::kKeysPerGroup];
 #pragma unroll
-    for (int u = 0; u < S::kKeysPerGroup; ++u) kr[u] = load_piece(kp, p.k_stride, tile0 + grp + S::kGroups * u, k_new);
+    for (int u = 0; u < S::kKeysPerGroup; ++u) kr[u] = load_piece(kp, p.k_stride, tile0 + grp + S::kGroups * u);
 #pragma unroll
-    for (int u = 0; u < S::kKeysPerGroup; ++u) vr[u] = load_piece(vp, p.v_stride, tile0 + grp + S::kGroups * u, v_new);
+    for (int u = 0; u < S::kKeysPerGroup; ++u) vr[u] = load_piece(vp, p.v_stride, tile0 + grp + S::kGroups * u);
 #pragma unroll
     for (int u = 0; u < S::kKeysPerGroup; ++u) {
       const int jl = grp + S::kGroups * u;
@@ -448,20 +392,6 @@ Status launch_decode(const AttentionArgs& a, const DecodePlan& plan, void* works
   p.out_q = q8 ? a.out_q : nullptr;
   p.out_ds = q8 ? a.out_ds : nullptr;
   p.fused = !a.separate_combine;
-  if (a.rope_k != nullptr) {
-    p.rope_k = a.rope_k;
-    p.rope_k_stride = a.rope_k_stride;
-    p.rope_v = a.rope_v;
-    p.rope_v_stride = a.rope_v_stride;
-    p.k_store = static_cast<__half*>(const_cast<void*>(a.k_cache));  // written: AttentionArgs::rope_k
-    p.v_store = static_cast<__half*>(const_cast<void*>(a.v_cache));
-    p.rope_half = a.rope.n_rot / 2;
-    p.rope_neox = a.rope.neox;
-    // Host libm powf, as the rope kernels' arguments (ops.cu) and the CPU backend compute it.
-    p.theta_scale = std::pow(a.rope.freq_base, -2.0f / float(a.rope.n_rot));
-    p.freq_scale = a.rope.freq_scale;
-    p.freq_factors = a.rope.freq_factors;
-  }
   switch (a.head_dim) {
     case 32: return launch_decode_hd<32>(p, a.n_tokens, stream);
     case 64: return launch_decode_hd<64>(p, a.n_tokens, stream);

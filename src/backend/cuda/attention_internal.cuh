@@ -107,15 +107,4 @@ __device__ __forceinline__ void halves8_to_float(const uint4& u, float (&f)[8]) 
   }
 }
 
-// 8 floats as f16 (each rounded to nearest, as __float2half_rn), packed as halves8_to_float reads them.
-__device__ __forceinline__ uint4 float8_to_halves(const float (&f)[8]) {
-  uint32_t w[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    w[i] = uint32_t(__half_as_ushort(__float2half_rn(f[2 * i]))) |
-           (uint32_t(__half_as_ushort(__float2half_rn(f[2 * i + 1]))) << 16);
-  }
-  return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
 }  // namespace sluice::backend::cuda::attn

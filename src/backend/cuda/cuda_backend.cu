@@ -150,7 +150,6 @@ class CudaBackend final : public Backend {
     // Tensor-core math with f32 accumulation (CUBLAS_COMPUTE_32F below); default pointer mode.
     // SLUICE_CUDA_MMQ (A/B runs): 0 = products of more than kMaxGemvTokens tokens take the
     // dequantize + cuBLAS path; N = mmq from N tokens (default kMmqFromTokens).
-    if (const char* fuse_env = std::getenv("SLUICE_CUDA_FUSE_ROPE")) fuse_rope_ = std::string(fuse_env) != "0";
     if (const char* mmq_env = std::getenv("SLUICE_CUDA_MMQ")) {
       const int n = std::atoi(mmq_env);
       mmq_from_ = n <= 0 ? kMaxMmqTokens + 1 : n;
@@ -685,64 +684,6 @@ class CudaBackend final : public Backend {
 
   void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out,
                  const AttentionParams& p) override {
-    attention_impl(q, k_cache, v_cache, out, p, nullptr);
-  }
-
-  // The decode rows (one token) of every sequence in launches of up to kMaxAttentionSeqRows
-  // sequences, each row over its own sequence's keys; longer rows (prompt chunks) one call each.
-  void attention_seqs(const Tensor& q, const Tensor& out, const AttentionParams& p,
-                      std::span<const SeqRows> seqs) override {
-    attention_seqs_impl(q, out, p, seqs, nullptr);
-  }
-
-  // Decode rows (every sequence one new token, one cache pool): RoPE, the KV store and the
-  // attention in one launch (AttentionArgs::rope_k); else the two calls. SLUICE_CUDA_FUSE_ROPE=0
-  // turns the fusion off (A/B runs); --skip-kernels rope or attn takes the two calls.
-  void rope_attention_seqs(const Tensor& q, const RopeParams& rq, const Tensor& k, const RopeParams& rk,
-                           const Tensor& v, const Tensor& out, const AttentionParams& p,
-                           std::span<const SeqRows> seqs) override {
-    bool fuse = fuse_rope_ && !seqs.empty() && same_rope(rq, rk) && one_pool(seqs) && !skips(kCudaRope) &&
-                !skips(kCudaAttention) && k.dtype == DType::kF32 && v.dtype == DType::kF32 &&
-                rq.n_head == p.n_head && rq.head_dim == p.head_dim && int64_t(rq.n_head) * rq.head_dim == q.cols &&
-                k.rows == q.rows && v.rows == q.rows && k.cols == int64_t(p.n_head_kv) * p.head_dim &&
-                v.cols == k.cols && seqs[0].k_cache.cols == k.cols && seqs[0].v_cache.cols == v.cols;
-    for (const SeqRows& sq : seqs) fuse = fuse && sq.n == 1 && sq.pos0 + 1 <= sq.v_cache.rows;
-    if (!fuse) {
-      Backend::rope_attention_seqs(q, rq, k, rk, v, out, p, seqs);
-      return;
-    }
-    const FusedRope fr{&k, &v, rope_args(rq)};
-    if (seqs.size() == 1) {
-      const SeqRows& sq = seqs[0];
-      SLUICE_CHECK(sq.row0 >= 0 && sq.row0 + 1 <= q.rows && sq.row0 + 1 <= out.rows, "rope_attention_seqs: out of range");
-      AttentionParams ps = p;
-      ps.pos0 = sq.pos0;
-      attention_impl(q.row_range(sq.row0, 1), sq.k_cache, sq.v_cache, out.row_range(sq.row0, 1), ps, &fr, sq.row0);
-    } else {
-      attention_seqs_impl(q, out, p, seqs, &fr);
-    }
-  }
-
- private:
-  // The new rows of a fused RoPE + KV store + attention (rope_attention_seqs).
-  struct FusedRope {
-    const Tensor* k;
-    const Tensor* v;
-    RopeArgs args;
-  };
-  // Points `a` at the new key/value rows from row `row0` of fr's tensors (nullptr fr: no fusion).
-  static void set_rope(AttentionArgs& a, const FusedRope* fr, int64_t row0) {
-    if (fr == nullptr) return;
-    a.rope_k = f32(*fr->k) + row0 * fr->k->stride;
-    a.rope_k_stride = fr->k->stride;
-    a.rope_v = f32(*fr->v) + row0 * fr->v->stride;
-    a.rope_v_stride = fr->v->stride;
-    a.rope = fr->args;
-  }
-
-  // attention(); with fr, the query row's RoPE and KV store too (its new rows: row new_row0 of fr's).
-  void attention_impl(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out,
-                      const AttentionParams& p, const FusedRope* fr, int64_t new_row0 = 0) {
     SLUICE_CHECK(k_cache.dtype == DType::kF16 && v_cache.dtype == DType::kF16, "attention: caches must be f16");
     invalidate_q8();
     SLUICE_CHECK(p.pos0 + q.rows <= k_cache.rows, "attention: positions beyond the cache");
@@ -765,16 +706,15 @@ class CudaBackend final : public Backend {
       a.out_q = xq.q;
       a.out_ds = xq.ds;
     }
-    set_rope(a, fr, new_row0);
     if (!skips(kCudaAttention)) must(cuda::attention(a, ws, attn_ws_.bytes, dev_.sm_count, stream_), "attention");
     if (q8) set_q8(out);
   }
 
-  // attention_seqs(); with fr (every sequence one decode row), their RoPE and KV store too.
-  void attention_seqs_impl(const Tensor& q, const Tensor& out, const AttentionParams& p, std::span<const SeqRows> seqs,
-                           const FusedRope* fr) {
+  // The decode rows (one token) of every sequence in launches of up to kMaxAttentionSeqRows
+  // sequences, each row over its own sequence's keys; longer rows (prompt chunks) one call each.
+  void attention_seqs(const Tensor& q, const Tensor& out, const AttentionParams& p,
+                      std::span<const SeqRows> seqs) override {
     if (seqs.size() <= 1 || !one_pool(seqs)) {
-      SLUICE_CHECK(fr == nullptr, "attention_seqs: a fused RoPE of one sequence goes through attention_impl");
       Backend::attention_seqs(q, out, p, seqs);
       return;
     }
@@ -812,12 +752,12 @@ class CudaBackend final : public Backend {
         a.out_q = xq.q;
         a.out_ds = xq.ds;
       }
-      set_rope(a, fr, 0);  // the new rows are q's rows
       if (!skips(kCudaAttention)) must(cuda::attention(a, ws, attn_ws_.bytes, dev_.sm_count, stream_), "attention_seqs");
     }
     if (dense) set_q8(out);
   }
 
+ private:
   static float* f32(const Tensor& t) { return static_cast<float*>(t.data); }
   // The tensors and head shape of an attention call (rows, positions and paging: the caller's).
   static AttentionArgs attention_args(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out,
@@ -1136,7 +1076,6 @@ class CudaBackend final : public Backend {
   bool graphs_ = false;
   uint32_t skip_kernels_ = 0;
   int mmq_from_ = kMmqFromTokens;  // fewest tokens that take mmq
-  bool fuse_rope_ = true;           // rope_attention_seqs fuses (SLUICE_CUDA_FUSE_ROPE=0: off)
   cudaStream_t stream_ = nullptr;
   CublasApi blas_;
   cublasHandle_t cublas_ = nullptr;

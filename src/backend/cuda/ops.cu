@@ -13,7 +13,6 @@
 #include <string>
 
 #include "backend/cuda/common.cuh"
-#include "backend/cuda/rope_math.cuh"
 #include "backend/cuda/ops.h"
 
 namespace sluice::backend::cuda {
@@ -423,8 +422,13 @@ __global__ void __launch_bounds__(kThreads) glu_q8_kernel(const float* gate, int
                                                           int64_t rows, int64_t cols, int8_t* q, float2* ds);
 
 // ---- rope -----------------------------------------------------------------------------------------------
-// RoPE (rope_math.cuh has the arithmetic). One block per row: the block first fills the row's
-// cos/sin table (n_rot / 2 entries, shared by all heads), then rotates every head's pairs.
+// Angles exactly as the CPU computes them: theta_i = pos * ts^i built by i successive f32
+// multiplies (ts = powf(base, -2 / n_rot), computed on the host with the same libm call), then
+// th = freq_scale * (theta_i / factor_i). At position 1e5 one f32 ulp of th is ~0.008 rad, so the
+// angle must be bit-identical, not merely close. cos/sin are evaluated in double and rounded to
+// f32: correctly rounded (up to double rounding, ~1e-9 of cases), like glibc's cosf/sinf nearly
+// always are. One block per row: the block first fills the row's cos/sin table (n_rot / 2 entries,
+// shared by all heads), then rotates every head's pairs.
 struct RopeKernelArgs {
   float* x;
   int64_t stride;
@@ -445,8 +449,15 @@ constexpr int kRopeThreads = 512;  // a decode row: 2048 pairs in 4 steps per th
 
 // The row's cos/sin table, as rope_kernel fills it (one entry per rotating pair of a head).
 __device__ __forceinline__ void rope_table(const RopeKernelArgs& a, int64_t position, float* cs, float* sn) {
+  const float pos = float(position);
   for (int i = threadIdx.x; i < a.half; i += kRopeThreads) {
-    rope_angle(position, i, a.theta_scale, a.freq_scale, a.freq_factors, cs[i], sn[i]);
+    float theta = pos;
+    for (int k = 0; k < i; ++k) theta = __fmul_rn(theta, a.theta_scale);
+    const float th = __fmul_rn(a.freq_scale, a.freq_factors ? __fdiv_rn(theta, a.freq_factors[i]) : theta);
+    double sv, cv;
+    sincos(double(th), &sv, &cv);
+    cs[i] = __double2float_rn(cv);
+    sn[i] = __double2float_rn(sv);
   }
 }
 
@@ -459,8 +470,8 @@ __device__ __forceinline__ void rope_row(const RopeKernelArgs& a, float* xr, int
     const int i0 = a.neox ? i : 2 * i;
     const int i1 = a.neox ? i + a.half : 2 * i + 1;
     const float x0 = v[i0], x1 = v[i1];
-    v[i0] = rope_first(x0, x1, cs[i], sn[i]);
-    v[i1] = rope_second(x0, x1, cs[i], sn[i]);
+    v[i0] = __fsub_rn(__fmul_rn(x0, cs[i]), __fmul_rn(x1, sn[i]));
+    v[i1] = __fadd_rn(__fmul_rn(x0, sn[i]), __fmul_rn(x1, cs[i]));
   }
 }
 
