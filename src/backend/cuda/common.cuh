@@ -71,15 +71,6 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
-// A hint to bring `bytes` (a multiple of 16; p 16-byte aligned) from global memory into L2
-// (cp.async.bulk.prefetch.L2: one instruction, the copy engine of the SM does the rest). A no-op
-// before compute capability 9.0.
-__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
-
 // True where kernels are launched as programmatic dependents: compute capability 9.0+ on the
 // current device, unless SLUICE_CUDA_PDL=0 (A/B runs). Asked once per process (gemv.cu).
 bool pdl_enabled();

@@ -69,15 +69,6 @@ bool gemv_direct_enabled() {
   }();
   return enabled;
 }
-int64_t gemv_l2_prefetch_bytes() {
-  static const int64_t bytes = [] {  // immutable after its first initialization
-    constexpr int64_t kDefaultL2PrefetchMb = 0;
-    const char* env = std::getenv("SLUICE_CUDA_L2_PREFETCH_MB");
-    const int64_t mb = env != nullptr ? std::max<int64_t>(0, std::atoll(env)) : kDefaultL2PrefetchMb;
-    return mb << 20;
-  }();
-  return bytes;
-}
 }  // namespace gemv_detail
 
 int64_t q8_activation_bytes(int64_t cols, int tokens) {

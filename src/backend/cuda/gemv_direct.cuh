@@ -45,12 +45,9 @@ inline constexpr int kDirectWarps = 4;  // warps per block
 // moving forward from the last one. kFull: every row step has 32 pieces (cols a multiple of
 // 2048), no per-lane guard.
 // Needs: row_bytes and every weight pointer 16-byte aligned, activations as in dot_lane, rows < 2^31.
-// pf_rows: rows of the warp (its first pf_rows, one per lane, <= 32) prefetched into L2 before
-// pdl_wait (launch_direct_k; 0: none).
 template <class F, int NT, int kDepth, bool kFull>
 __global__ void __launch_bounds__(kDirectWarps * kWarpSize) gemv_direct_kernel(const __grid_constant__ Segs segs,
-                                                                              int64_t row_bytes, int npieces,
-                                                                              int pf_rows) {
+                                                                              int64_t row_bytes, int npieces) {
   constexpr int kPiecesPerBlock = F::kBlockElems / F::kPieceElems;
   static_assert(kWarpSize % kPiecesPerBlock == 0);
   constexpr int kStepBytes = kWarpSize / kPiecesPerBlock * F::kBlockBytes;
@@ -103,17 +100,6 @@ __global__ void __launch_bounds__(kDirectWarps * kWarpSize) gemv_direct_kernel(c
   pdl_trigger();
 #pragma unroll
   for (int k = 0; k < kDepth; ++k) load_next(k);
-  // While the kernel before this one (a norm, the attention, SwiGLU: little memory traffic) still
-  // runs, HBM would idle: the warp's next rows are streamed into L2, so that after pdl_wait their
-  // loads hit there (the first row's first steps are already on their way into the ring).
-  if (lane < pf_rows) {
-    const int r = row0 + lane * warps;
-    if (r < rows) {
-      int m = 0;
-      advance_seg(r, m);
-      prefetch_l2(segs.w[m] + int64_t(r - int(segs.row0[m])) * row_bytes, uint32_t(row_bytes));
-    }
-  }
   pdl_wait();
 
   int row = row0, m = 0;

@@ -3,7 +3,6 @@
 // which split the template instantiations so they compile in parallel.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <numeric>
 #include <string>
@@ -88,10 +87,6 @@ Status launch_tokens(int tokens, const DeviceInfo& dev, cudaStream_t stream, con
   }
 }
 
-// Bytes of weights the direct GEMV prefetches into L2 before its pdl_wait, over the whole grid
-// (the first rows of every warp): SLUICE_CUDA_L2_PREFETCH_MB (A/B runs; 0: none), default
-// kDefaultL2PrefetchMb. Read once per process.
-int64_t gemv_l2_prefetch_bytes();
 // The direct kernel (gemv_direct.cuh): a persistent grid of kDirectWarps-warp blocks, one warp per
 // row at a time.
 template <class F, int NT, int kDepth, bool kFull>
@@ -102,13 +97,7 @@ Status launch_direct_k(const DeviceInfo& dev, cudaStream_t stream, const Segs& s
   const int64_t rows = segs.row0[segs.n];
   const int grid = int(std::min<int64_t>(int64_t(dev.sm_count) * per_sm, (rows + kDirectWarps - 1) / kDirectWarps));
   const int npieces = nb * (F::kBlockElems / F::kPieceElems);
-  // The L2 prefetch budget (gemv_l2_prefetch_bytes) over the grid's warps, in whole rows, at most
-  // one per lane and no more than a warp has.
-  const int64_t warps = int64_t(grid) * kDirectWarps;
-  const int64_t pf = pdl_enabled() ? gemv_l2_prefetch_bytes() / (warps * row_bytes) : 0;
-  const int pf_rows = int(std::min<int64_t>({pf, int64_t(kWarpSize), (rows + warps - 1) / warps}));
-  SLUICE_CUDA_RETURN_IF_ERROR(
-      launch_pdl(kernel, dim3(unsigned(grid)), dim3(kThreads), 0, stream, segs, row_bytes, npieces, pf_rows));
+  SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(kernel, dim3(unsigned(grid)), dim3(kThreads), 0, stream, segs, row_bytes, npieces));
   SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("gemv_direct_kernel");
   return Status::ok();
 }
