@@ -3,8 +3,7 @@
 //   out[t][h] = softmax(scale * q[t][h] . K[a .. pos0+t][h/g]) V[a .. pos0+t][h/g],  g = n_head / n_head_kv,
 //   a = first_key(t) (0, or the start of a sliding window)
 // Decode (one or a few query rows) splits the key range across blocks (flash-decoding: partial
-// softmax per split; the last split block of each head group to finish combines them), so any
-// context length fills the GPU; prefill (many
+// softmax per split, then a combine pass), so any context length fills the GPU; prefill (many
 // rows) tiles queries and keys flash-style with an online softmax: no n x n score matrix is ever
 // materialized, memory is O(n).
 //
@@ -63,16 +62,12 @@ struct AttentionArgs {
   // pos_dev, plan_ctx and row_map are then unused. Always the decode kernels: rows of different
   // sequences share no keys, so the prefill kernel's tiles would gain nothing.
   const AttentionSeqRow* seq_rows = nullptr;
-  // Decode, for tests: combine the splits in a second launch instead of in the last split block
-  // of each head group (the same arithmetic: results are bit-identical).
-  bool separate_combine = false;
 };
 // True when attention() writes out_q/out_ds for this call shape (decode rows, dense output).
 bool attention_writes_q8(const AttentionArgs& args);
 
 // Workspace bytes attention() needs for this call shape at most `max_positions` cache rows
-// (allocate once for the largest call; 0 is a valid answer). The workspace must be zero-filled
-// before its first use (cudaMemset): it holds arrival counters that every call leaves at zero.
+// (allocate once for the largest call; 0 is a valid answer).
 int64_t attention_workspace_bytes(int n_tokens, int n_head, int head_dim, int max_positions);
 // The same for a call with seq_rows of n_rows rows.
 int64_t attention_seq_workspace_bytes(int n_rows, int n_head, int head_dim, int max_positions);

@@ -2,9 +2,7 @@
 // row is cut into splits so that even one KV head at a long context spreads over every SM; each
 // block scores its split for up to kMaxHeadsPerBlock query heads of one KV head, keeps an f32
 // running max, sum of exponentials and unnormalized weighted V sum, and writes them to the
-// workspace. The last split block of each (query row, head group) to finish (an arrival counter
-// per group) rescales the splits to a common max and normalizes: no second launch, whose start
-// a decode step would wait for. (A separate combine kernel, the same arithmetic, serves tests.)
+// workspace. A combine kernel rescales the splits to a common max and normalizes.
 //
 // Thread layout of a block (HD = head_dim): a K/V row of one KV head is HD f16 = HD/8 16-byte
 // pieces; kLanes (HD/8 rounded up to a power of two, so shuffles reduce within aligned lane
@@ -70,13 +68,6 @@ struct DecodeParams {
   const int* row_map;  // AttentionArgs::row_map (nullptr: position = row)
   float scale_log2;  // scale * log2(e): scores come out in log2 units, so exp2f is the exponential
   int n_seq_rows;    // > 0: query row t is seq[t] (its q/out row, position and row map)
-  // The combine in the split kernel (fused): counters (see decode_workspace_bytes) and the output.
-  bool fused;
-  int* counters;
-  float* out;
-  int64_t out_stride;
-  int8_t* out_q;  // nullptr: no int8 activation
-  float2* out_ds;
   SeqRowDev seq[kMaxAttentionSeqRows];
 };
 
@@ -85,52 +76,6 @@ struct OutRows {
   int n;
   int64_t row[kMaxAttentionSeqRows];
 };
-
-// Block-wide reduction of one value per thread (max or sum); every thread gets the result.
-// Starts with a barrier so back-to-back calls may reuse `scratch`.
-template <bool kMax>
-__device__ float block_reduce(float v, float* scratch) {
-  v = kMax ? warp_max(v) : warp_sum(v);
-  __syncthreads();
-  if (threadIdx.x % kWarpSize == 0) scratch[threadIdx.x / kWarpSize] = v;
-  __syncthreads();
-  const int n_warps = int(blockDim.x) / kWarpSize;
-  float r = scratch[0];
-  for (int w = 1; w < n_warps; ++w) r = kMax ? fmaxf(r, scratch[w]) : r + scratch[w];
-  return r;
-}
-
-// One head of one query row, by the whole block (every thread calls it): out[e0 + d] =
-// sum_s 2^(m_s - M) acc_s[d] / sum_s 2^(m_s - M) l_s over the splits at workspace rows
-// [row0, row0 + n_splits). Each row has a non-empty split (the one holding its own position), so M
-// is finite and the denominator positive; empty splits (before a sliding window, past a short
-// row) weigh 0. Workspace reads bypass L1 (__ldcg): in the fused combine other blocks wrote them
-// during this launch. w: kMaxSplits floats of shared memory; scratch: one float per warp.
-__device__ void combine_head(const float* ws_acc, const float2* ws_ml, int64_t row0, int n_splits, int head_dim,
-                             float* out, int64_t e0, int8_t* out_q, float2* out_ds, float* w, float* scratch) {
-  float mx = -INFINITY;
-  for (int s = int(threadIdx.x); s < n_splits; s += kDecodeThreads) mx = fmaxf(mx, __ldcg(ws_ml + row0 + s).x);
-  mx = block_reduce<true>(mx, scratch);
-  float denom = 0.0f;
-  for (int s = int(threadIdx.x); s < n_splits; s += kDecodeThreads) {
-    const float2 ml = __ldcg(ws_ml + row0 + s);
-    const float ws = exp2f(ml.x - mx);  // 0 for empty splits (m = -inf)
-    w[s] = ws;
-    denom += ws * ml.y;
-  }
-  denom = block_reduce<false>(denom, scratch);  // its barriers also publish w[]
-  const float inv = 1.0f / denom;
-  // head_dim is a multiple of 32: each warp covers 32 consecutive outputs, one q8 block of the
-  // dense output row (out_q: the output projection's int8 activation, written here).
-  for (int d = int(threadIdx.x); d < head_dim; d += kDecodeThreads) {
-    float acc = 0.0f;
-    for (int s = 0; s < n_splits; ++s) acc = fmaf(w[s], __ldcg(ws_acc + (row0 + s) * head_dim + d), acc);
-    const float y = acc * inv;
-    const int64_t e = e0 + d;
-    out[e] = y;
-    if (out_q != nullptr) q8_block(y, out_q + (e - int64_t(threadIdx.x % kWarpSize)), out_ds + e / 32);
-  }
-}
 
 // Grid: one block per (head group, split, KV head, query row), flattened with the head group
 // fastest so the blocks sharing a KV head's rows run side by side and the second reads hit L2.
@@ -299,32 +244,25 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(const __gr
     const int64_t row = (int64_t(t) * p.n_head + head0 + warp) * p.n_splits + split;
     p.ws_ml[row] = make_float2(m_run, l_run);
   }
-  if (!p.fused) return;
-
-  // The last of the group's n_splits blocks to get here combines the group's heads. The fence
-  // makes this block's workspace writes visible before its arrival is counted; the last block's
-  // fence orders its reads after every other block's writes (their arrivals came first).
-  __shared__ int last;
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) {
-    int* counter = p.counters + (int64_t(t) * p.n_head_kv + kvh) * p.n_hgroups + hg;
-    last = atomicAdd(counter, 1) == p.n_splits - 1;
-    if (last) *counter = 0;  // every block of the group has arrived: ready for the next call
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  __shared__ float w[kMaxSplits];
-  __shared__ float scratch[kDecodeThreads / kWarpSize];
-  const int64_t out_row = multi ? p.seq[t].row : int64_t(t);
-  for (int h = 0; h < nh; ++h) {
-    combine_head(p.ws_acc, p.ws_ml, (int64_t(t) * p.n_head + head0 + h) * p.n_splits, p.n_splits, HD, p.out,
-                 out_row * p.out_stride + int64_t(head0 + h) * HD, p.out_q, p.out_ds, w, scratch);
-  }
 }
 
-// The separate combine (AttentionArgs::separate_combine): one block per (head, query row).
+// Block-wide reduction of one value per thread (max or sum); every thread gets the result.
+// Starts with a barrier so back-to-back calls may reuse `scratch`.
+template <bool kMax>
+__device__ float block_reduce(float v, float* scratch) {
+  v = kMax ? warp_max(v) : warp_sum(v);
+  __syncthreads();
+  if (threadIdx.x % kWarpSize == 0) scratch[threadIdx.x / kWarpSize] = v;
+  __syncthreads();
+  const int n_warps = int(blockDim.x) / kWarpSize;
+  float r = scratch[0];
+  for (int w = 1; w < n_warps; ++w) r = kMax ? fmaxf(r, scratch[w]) : r + scratch[w];
+  return r;
+}
+
+// One block per (head, query row): out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s.
+// Each row has a non-empty split (the one holding its own position), so M is finite and the
+// denominator positive; empty splits (before a sliding window, past a short row) weigh 0.
 __global__ void __launch_bounds__(kDecodeThreads)
     decode_combine_kernel(const float* __restrict__ ws_acc, const float2* __restrict__ ws_ml, float* __restrict__ out,
                           int64_t out_stride, int n_head, int head_dim, int n_splits, int8_t* __restrict__ out_q,
@@ -335,25 +273,46 @@ __global__ void __launch_bounds__(kDecodeThreads)
   pdl_trigger();
   const int head = int(blockIdx.x);
   const int t = int(blockIdx.y);
-  const int64_t out_row = rows.n > 0 ? rows.row[t] : int64_t(t);
-  combine_head(ws_acc, ws_ml, (int64_t(t) * n_head + head) * n_splits, n_splits, head_dim, out,
-               out_row * out_stride + int64_t(head) * head_dim, out_q, out_ds, w, scratch);
+  const int64_t row0 = (int64_t(t) * n_head + head) * n_splits;
+
+  float mx = -INFINITY;
+  for (int s = int(threadIdx.x); s < n_splits; s += kDecodeThreads) mx = fmaxf(mx, ws_ml[row0 + s].x);
+  mx = block_reduce<true>(mx, scratch);
+  float denom = 0.0f;
+  for (int s = int(threadIdx.x); s < n_splits; s += kDecodeThreads) {
+    const float2 ml = ws_ml[row0 + s];
+    const float ws = exp2f(ml.x - mx);  // 0 for empty splits (m = -inf)
+    w[s] = ws;
+    denom += ws * ml.y;
+  }
+  denom = block_reduce<false>(denom, scratch);  // its barriers also publish w[]
+  const float inv = 1.0f / denom;
+  // head_dim is a multiple of 32: each warp covers 32 consecutive outputs, one q8 block of the
+  // dense output row (out_q: the output projection's int8 activation, written here).
+  for (int d = int(threadIdx.x); d < head_dim; d += kDecodeThreads) {
+    float acc = 0.0f;
+    for (int s = 0; s < n_splits; ++s) acc = fmaf(w[s], ws_acc[(row0 + s) * head_dim + d], acc);
+    const float y = acc * inv;
+    const int64_t e = (rows.n > 0 ? rows.row[t] : int64_t(t)) * out_stride + int64_t(head) * head_dim + d;
+    out[e] = y;
+    if (out_q != nullptr) q8_block(y, out_q + (e - int64_t(threadIdx.x % kWarpSize)), out_ds + e / 32);
+  }
 }
 
 template <int HD>
-Status launch_decode_hd(const DecodeParams& p, int n_tokens, cudaStream_t stream) {
+Status launch_decode_hd(const DecodeParams& p, int n_tokens, float* out, int64_t out_stride, int8_t* out_q,
+                        float2* out_ds, cudaStream_t stream) {
   const int64_t blocks = int64_t(n_tokens) * p.n_head_kv * p.n_hgroups * p.n_splits;
   const bool paged = p.row_map != nullptr || p.n_seq_rows > 0;
   const auto kernel = paged ? decode_split_kernel<HD, true> : decode_split_kernel<HD, false>;
-  SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(kernel, dim3(unsigned(blocks)), dim3(kDecodeThreads), 0, stream, p));
-  SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("decode_split_kernel");
-  if (p.fused) return Status::ok();
   OutRows rows{};
   rows.n = p.n_seq_rows;
   for (int t = 0; t < p.n_seq_rows; ++t) rows.row[t] = p.seq[t].row;
+  SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(kernel, dim3(unsigned(blocks)), dim3(kDecodeThreads), 0, stream, p));
+  SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("decode_split_kernel");
   SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(decode_combine_kernel, dim3(unsigned(p.n_head), unsigned(n_tokens)),
-                                         dim3(kDecodeThreads), 0, stream, p.ws_acc, p.ws_ml, p.out, p.out_stride,
-                                         p.n_head, HD, p.n_splits, p.out_q, p.out_ds, rows));
+                                         dim3(kDecodeThreads), 0, stream, p.ws_acc, p.ws_ml, out, out_stride,
+                                         p.n_head, HD, p.n_splits, out_q, out_ds, rows));
   SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("decode_combine_kernel");
   return Status::ok();
 }
@@ -369,8 +328,7 @@ Status launch_decode(const AttentionArgs& a, const DecodePlan& plan, void* works
   p.v = static_cast<const __half*>(a.v_cache);
   p.v_stride = a.v_stride;
   const int64_t rows = int64_t(a.n_tokens) * a.n_head * plan.n_splits;
-  p.counters = static_cast<int*>(workspace);
-  p.ws_acc = reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + decode_counter_bytes(a.n_head));
+  p.ws_acc = static_cast<float*>(workspace);
   p.ws_ml = reinterpret_cast<float2*>(p.ws_acc + rows * a.head_dim);
   p.n_head = a.n_head;
   p.n_head_kv = a.n_head_kv;
@@ -387,20 +345,17 @@ Status launch_decode(const AttentionArgs& a, const DecodePlan& plan, void* works
   p.n_seq_rows = a.seq_rows != nullptr ? a.n_tokens : 0;
   for (int t = 0; t < p.n_seq_rows; ++t) p.seq[t] = {a.seq_rows[t].row, a.seq_rows[t].row_map, a.seq_rows[t].pos};
   const bool q8 = a.out_q != nullptr && a.out_ds != nullptr && attention_writes_q8(a);
-  p.out = a.out;
-  p.out_stride = a.out_stride;
-  p.out_q = q8 ? a.out_q : nullptr;
-  p.out_ds = q8 ? a.out_ds : nullptr;
-  p.fused = !a.separate_combine;
+  int8_t* q = q8 ? a.out_q : nullptr;
+  float2* ds = q8 ? a.out_ds : nullptr;
   switch (a.head_dim) {
-    case 32: return launch_decode_hd<32>(p, a.n_tokens, stream);
-    case 64: return launch_decode_hd<64>(p, a.n_tokens, stream);
-    case 96: return launch_decode_hd<96>(p, a.n_tokens, stream);
-    case 128: return launch_decode_hd<128>(p, a.n_tokens, stream);
-    case 160: return launch_decode_hd<160>(p, a.n_tokens, stream);
-    case 192: return launch_decode_hd<192>(p, a.n_tokens, stream);
-    case 224: return launch_decode_hd<224>(p, a.n_tokens, stream);
-    case 256: return launch_decode_hd<256>(p, a.n_tokens, stream);
+    case 32: return launch_decode_hd<32>(p, a.n_tokens, a.out, a.out_stride, q, ds, stream);
+    case 64: return launch_decode_hd<64>(p, a.n_tokens, a.out, a.out_stride, q, ds, stream);
+    case 96: return launch_decode_hd<96>(p, a.n_tokens, a.out, a.out_stride, q, ds, stream);
+    case 128: return launch_decode_hd<128>(p, a.n_tokens, a.out, a.out_stride, q, ds, stream);
+    case 160: return launch_decode_hd<160>(p, a.n_tokens, a.out, a.out_stride, q, ds, stream);
+    case 192: return launch_decode_hd<192>(p, a.n_tokens, a.out, a.out_stride, q, ds, stream);
+    case 224: return launch_decode_hd<224>(p, a.n_tokens, a.out, a.out_stride, q, ds, stream);
+    case 256: return launch_decode_hd<256>(p, a.n_tokens, a.out, a.out_stride, q, ds, stream);
     default: break;
   }
   return unsupported("attention: head_dim " + std::to_string(a.head_dim) + " has no decode kernel");

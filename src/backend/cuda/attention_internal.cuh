@@ -69,20 +69,11 @@ struct DecodePlan {
   int64_t blocks() const { return int64_t(n_hgroups) * n_splits; }
 };
 
-// Workspace of a decode call: arrival counters, then the unnormalized partial outputs
-// [rows][head_dim] f32, then (max, sum) [rows] float2, rows = n_tokens * n_head * n_splits, row
-// ((t * n_head + h) * n_splits + s). The max is in log2 units (scores are pre-multiplied by
-// log2(e)). The counters (one per query row, KV head and head group: at most
-// kMaxAttentionSeqRows * n_head, a fixed region so that calls of any shape sharing the workspace
-// find them where the last call left them) count the splits that are done; the last split block
-// of a (row, head group) combines them, and sets its counter back to zero for the next call. They
-// must be zero before the first call (attention.h: a zero-filled workspace).
-inline int64_t decode_counter_bytes(int64_t n_head) {
-  return (int64_t(kMaxAttentionSeqRows) * n_head * int64_t(sizeof(int)) + 15) / 16 * 16;
-}
+// Workspace of a decode call: the unnormalized partial outputs [rows][head_dim] f32 followed by
+// (max, sum) [rows] float2, rows = n_tokens * n_head * n_splits, row ((t * n_head + h) * n_splits
+// + s). The max is in log2 units (scores are pre-multiplied by log2(e)).
 inline int64_t decode_workspace_bytes(int64_t n_tokens, int64_t n_head, int64_t head_dim, int64_t n_splits) {
-  return decode_counter_bytes(n_head) +
-         n_tokens * n_head * n_splits * (head_dim * int64_t(sizeof(float)) + int64_t(sizeof(float2)));
+  return n_tokens * n_head * n_splits * (head_dim * int64_t(sizeof(float)) + int64_t(sizeof(float2)));
 }
 
 Status launch_decode(const AttentionArgs& a, const DecodePlan& plan, void* workspace, cudaStream_t stream);

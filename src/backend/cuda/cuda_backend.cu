@@ -193,11 +193,10 @@ class CudaBackend final : public Backend {
     const ScratchSizes z = scratch_sizes(shape, dev_);
     if (graphs_) SLUICE_RETURN_IF_ERROR(init_step_pos());  // read by recorded steps
     for (auto [s, bytes] : {std::pair{&q8_, z.q8}, std::pair{&x_f16_, z.x_f16}, std::pair{&w_f16_, z.w_f16},
-                            std::pair{&mmq_partials_, z.mmq_partials}}) {
+                            std::pair{&attn_ws_, z.attn}, std::pair{&mmq_partials_, z.mmq_partials}}) {
       SLUICE_RETURN_IF_ERROR(resize(*s, bytes, bytes));
     }
-    SLUICE_RETURN_IF_ERROR(zeroed(attn_ws_, z.attn, z.attn));  // its arrival counters start at zero
-    return zeroed(mmq_counters_, z.mmq_counter_bytes, z.mmq_counter_bytes);
+    return zeroed_counters(z.mmq_counter_bytes, z.mmq_counter_bytes);
   }
 
   // Q6_K and Q8_0 matrices of whole 8-block groups are stored grouped (layout.h): their decode
@@ -698,7 +697,7 @@ class CudaBackend final : public Backend {
                                        k_cache.rows));
     a.pos_dev = step_pos_for(p.pos0);
     const int64_t need = attention_workspace_bytes(a.n_tokens, p.n_head, p.head_dim, int(k_cache.rows));
-    void* ws = attention_workspace(need);
+    void* ws = grow(attn_ws_, need);
     // Decode: the combine pass also writes the output's int8 activation for the output projection.
     const bool q8 = attention_writes_q8(a) && out.stride == out.cols;
     if (q8) {
@@ -746,7 +745,7 @@ class CudaBackend final : public Backend {
       a.seq_rows = rows.data() + t0;
       int positions = 1;
       for (int t = 0; t < n; ++t) positions = std::max(positions, a.seq_rows[t].pos + 1);
-      void* ws = attention_workspace(attention_seq_workspace_bytes(n, p.n_head, p.head_dim, positions));
+      void* ws = grow(attn_ws_, attention_seq_workspace_bytes(n, p.n_head, p.head_dim, positions));
       if (dense) {
         const Q8Activation xq = q8_view(out.cols, int(out.rows));
         a.out_q = xq.q;
@@ -982,23 +981,14 @@ class CudaBackend final : public Backend {
   // At least n arrival counters for mmq's column splits, zero (every launch leaves them zero).
   int* mmq_counters(int64_t n) {
     const int64_t bytes = n * int64_t(sizeof(int));
-    must(zeroed(mmq_counters_, bytes, std::max<int64_t>(bytes, mmq_counters_.bytes + mmq_counters_.bytes / 2)),
-         "mmq counters");
+    must(zeroed_counters(bytes, std::max<int64_t>(bytes, mmq_counters_.bytes + mmq_counters_.bytes / 2)), "mmq counters");
     return static_cast<int*>(mmq_counters_.ptr);
   }
-  // The decode attention's workspace, at least `bytes`, zero-filled when new (its arrival counters;
-  // every call leaves them zero).
-  void* attention_workspace(int64_t bytes) {
-    must(zeroed(attn_ws_, bytes, std::max<int64_t>(bytes, attn_ws_.bytes + attn_ws_.bytes / 2)), "attention workspace");
-    return attn_ws_.ptr;
-  }
-  // `s` at least `bytes` long (a new buffer of `want` where it is shorter), zero-filled when new.
-  // The memset is ordered on the compute stream; a buffer that grows while a step is recorded
-  // gets it as a node of that step's graph (zeroing counters that are zero again after each call).
-  Status zeroed(Scratch& s, int64_t bytes, int64_t want) {
-    if (bytes <= s.bytes) return Status::ok();
-    SLUICE_RETURN_IF_ERROR(resize(s, bytes, want));
-    SLUICE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(s.ptr, 0, size_t(s.bytes), stream_));
+  // mmq_counters_ at least `bytes` long (a new buffer of `want` where it is shorter), all zero.
+  Status zeroed_counters(int64_t bytes, int64_t want) {
+    if (bytes <= mmq_counters_.bytes) return Status::ok();
+    SLUICE_RETURN_IF_ERROR(resize(mmq_counters_, bytes, want));
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(mmq_counters_.ptr, 0, size_t(mmq_counters_.bytes), stream_));
     return Status::ok();
   }
 
