@@ -249,8 +249,11 @@ TEST_P(AttentionParity, MatchesReferences) {
 
 std::vector<Case> cases() {
   return {
-      // Decode (<= 4 rows): split keys + combine. Context = pos0 + tokens.
+      // Decode (<= 4 rows): split keys + combine; up to attn::kSinglePassKeys (256) keys one split
+      // whose kernel writes the output itself. Context = pos0 + tokens.
       {"decode_ctx1", 32, 8, 64, 0, 1},
+      {"decode_ctx256_single_4tok", 32, 8, 128, 252, 4},  // the longest single-split context
+      {"decode_ctx130_single_hd256", 8, 1, 256, 129, 1},
       {"decode_ctx7_smollm2", 9, 3, 64, 6, 1},
       {"decode_ctx7_2tok", 9, 3, 64, 5, 2},
       {"decode_ctx257_mha", 8, 8, 128, 256, 1},

@@ -2,18 +2,33 @@
 // choice between the decode (attention_decode.cu) and prefill (attention_prefill.cu) kernels.
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <string>
 
 #include "backend/cuda/attention.h"
 #include "backend/cuda/attention_internal.cuh"
 
 namespace sluice::backend::cuda {
+namespace attn {
+int single_pass_keys() {
+  static const int keys = [] {  // immutable after its first initialization
+    const char* env = std::getenv("SLUICE_CUDA_ATTN_SINGLE_KEYS");
+    if (env == nullptr || *env == '\0') return kSinglePassKeys;
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    return (*end == '\0' && v >= 0 && v <= (1L << 30)) ? int(v) : kSinglePassKeys;
+  }();
+  return keys;
+}
+}  // namespace attn
+
 namespace {
 
 using attn::ceil_div;
 
 // Enough blocks that every SM has kDecodeBlocksPerSm of them, but no split shorter than
-// kMinSplitKeys and no more than kMaxSplits; split lengths are whole tiles.
+// kMinSplitKeys and no more than kMaxSplits; split lengths are whole tiles. Up to
+// single_pass_keys() keys, one split.
 attn::DecodePlan plan_decode(const AttentionArgs& a, int sm_count) {
   attn::DecodePlan plan;
   plan.group = a.n_head / a.n_head_kv;
@@ -29,7 +44,9 @@ attn::DecodePlan plan_decode(const AttentionArgs& a, int sm_count) {
   }
   const int64_t base_blocks = int64_t(a.n_tokens) * a.n_head_kv * plan.n_hgroups;
   const int64_t target = int64_t(attn::kDecodeBlocksPerSm) * sm_count;
-  const int64_t splits = std::clamp<int64_t>(ceil_div(target, base_blocks), 1, attn::max_splits(n_ctx));
+  const int64_t splits = n_ctx <= attn::single_pass_keys()
+                             ? 1
+                             : std::clamp<int64_t>(ceil_div(target, base_blocks), 1, attn::max_splits(n_ctx));
   const int64_t keys = ceil_div(ceil_div(n_ctx, splits), attn::kDecodeTile) * attn::kDecodeTile;
   plan.split_keys = int(keys);
   plan.n_splits = int(ceil_div(n_ctx, keys));  // <= splits: rounding up to whole tiles may drop some

@@ -2,7 +2,10 @@
 // row is cut into splits so that even one KV head at a long context spreads over every SM; each
 // block scores its split for up to kMaxHeadsPerBlock query heads of one KV head, keeps an f32
 // running max, sum of exponentials and unnormalized weighted V sum, and writes them to the
-// workspace. A combine kernel rescales the splits to a common max and normalizes.
+// workspace. A combine kernel rescales the splits to a common max and normalizes. A call of one
+// split (short contexts, attn::single_pass_keys) skips the workspace and the combine: the split
+// kernel normalizes and writes the output and its int8 activation itself, with the combine's
+// arithmetic (bit-identical to split + combine of the same plan).
 //
 // Thread layout of a block (HD = head_dim): a K/V row of one KV head is HD f16 = HD/8 16-byte
 // pieces; kLanes (HD/8 rounded up to a power of two, so shuffles reduce within aligned lane
@@ -66,6 +69,10 @@ struct DecodeParams {
   int window;          // AttentionArgs::window (0: none)
   const int* pos_dev;  // non-null: pos0 is read here (a replayed step)
   const int* row_map;  // AttentionArgs::row_map (nullptr: position = row)
+  float* out;       // kFinal: the output [rows][out_stride] and its optional int8 activation
+  int64_t out_stride;
+  int8_t* out_q;
+  float2* out_ds;
   float scale_log2;  // scale * log2(e): scores come out in log2 units, so exp2f is the exponential
   int n_seq_rows;    // > 0: query row t is seq[t] (its q/out row, position and row map)
   SeqRowDev seq[kMaxAttentionSeqRows];
@@ -81,7 +88,8 @@ struct OutRows {
 // fastest so the blocks sharing a KV head's rows run side by side and the second reads hit L2.
 // kPaged: keys through the paged cache's row map (a separate instantiation, so the unpaged
 // kernel, every single-sequence decode, has no map load or branch in its key loops).
-template <int HD, bool kPaged>
+// kFinal: one split (p.n_splits == 1); the block writes the normalized output, not the workspace.
+template <int HD, bool kPaged, bool kFinal>
 __global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(const __grid_constant__ DecodeParams p) {
   pdl_wait();
   pdl_trigger();
@@ -89,6 +97,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(const __gr
   __shared__ float sc[2][kMaxHeadsPerBlock][kDecodeTile];  // scores, then probabilities; 2 tiles
   __shared__ float alpha_s[kMaxHeadsPerBlock];             // per-tile rescale of the accumulators
   __shared__ float red[S::kGroups * kMaxHeadsPerBlock * HD];  // final sum over key groups (<= 16 KB)
+  __shared__ float l_s[kMaxHeadsPerBlock];                    // kFinal: each head's sum of exponentials
 
   int b = int(blockIdx.x);
   const int hg = b % p.n_hgroups;
@@ -229,16 +238,30 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(const __gr
       }
     }
   }
+  if (kFinal && warp < nh && lane == 0) l_s[warp] = l_run;
   __syncthreads();
+  // nh * HD is a multiple of 32 and a warp's 32 outputs are one q8 block of the output row, so the
+  // kFinal branch's warp shuffles (q8_block) see whole warps.
   for (int idx = tid; idx < nh * HD; idx += kDecodeThreads) {
     const int h = idx / HD;
     const int d = idx % HD;
     float sum = 0.0f;
 #pragma unroll
     for (int g = 0; g < S::kGroups; ++g) sum += red[(g * kMaxHeadsPerBlock + h) * HD + d];
-    const int64_t row = (int64_t(t) * p.n_head + head0 + h) * p.n_splits + split;
-    p.ws_acc[row * HD + d] = sum;
+    if constexpr (kFinal) {
+      // The combine's arithmetic for one split: weight exp2f(0) = 1, y = sum * (1 / l). The split
+      // holds the row's own key, so l > 0.
+      const float inv = 1.0f / l_s[h];
+      const float y = sum * inv;
+      const int64_t e = q_row * p.out_stride + int64_t(head0 + h) * HD + d;
+      p.out[e] = y;
+      if (p.out_q != nullptr) q8_block(y, p.out_q + (e - int64_t(lane)), p.out_ds + e / 32);
+    } else {
+      const int64_t row = (int64_t(t) * p.n_head + head0 + h) * p.n_splits + split;
+      p.ws_acc[row * HD + d] = sum;
+    }
   }
+  if constexpr (kFinal) return;
   // An empty split writes (-inf, 0) and zeros: the combine gives it weight 0.
   if (warp < nh && lane == 0) {
     const int64_t row = (int64_t(t) * p.n_head + head0 + warp) * p.n_splits + split;
@@ -304,7 +327,18 @@ Status launch_decode_hd(const DecodeParams& p, int n_tokens, float* out, int64_t
                         float2* out_ds, cudaStream_t stream) {
   const int64_t blocks = int64_t(n_tokens) * p.n_head_kv * p.n_hgroups * p.n_splits;
   const bool paged = p.row_map != nullptr || p.n_seq_rows > 0;
-  const auto kernel = paged ? decode_split_kernel<HD, true> : decode_split_kernel<HD, false>;
+  if (p.n_splits == 1) {
+    DecodeParams pf = p;
+    pf.out = out;
+    pf.out_stride = out_stride;
+    pf.out_q = out_q;
+    pf.out_ds = out_ds;
+    const auto kernel = paged ? decode_split_kernel<HD, true, true> : decode_split_kernel<HD, false, true>;
+    SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(kernel, dim3(unsigned(blocks)), dim3(kDecodeThreads), 0, stream, pf));
+    SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("decode_split_kernel (one split)");
+    return Status::ok();
+  }
+  const auto kernel = paged ? decode_split_kernel<HD, true, false> : decode_split_kernel<HD, false, false>;
   OutRows rows{};
   rows.n = p.n_seq_rows;
   for (int t = 0; t < p.n_seq_rows; ++t) rows.row[t] = p.seq[t].row;

@@ -38,6 +38,13 @@ inline constexpr int kMaxSplits = 256;
 // Decode grids aim for this many blocks per SM: with ~16 KB of loads in flight per block that is
 // enough outstanding memory traffic to keep HBM busy, and all blocks run in one wave.
 inline constexpr int kDecodeBlocksPerSm = 4;
+// A call whose keys (the plan's context) are at most this many is not split: one block per (row,
+// KV head, head group) walks every tile and writes the normalized output and its int8 activation
+// itself, with no combine launch. At a short context the combine is one more link in the decode
+// step's chain of dependent kernels; the tiles it would have spread over blocks are few.
+// SLUICE_CUDA_ATTN_SINGLE_KEYS overrides it (0: always split; A/B runs), read once per process.
+inline constexpr int kSinglePassKeys = 256;
+int single_pass_keys();
 
 // Prefill blocks: 4 warps x 8 query rows = 32 rows per block; each warp owns its rows end to end
 // (scores, softmax, output), so the softmax needs no cross-warp exchange.
@@ -66,6 +73,7 @@ struct DecodePlan {
   int heads_per_block = 1;  // <= kMaxHeadsPerBlock; the last head group may hold fewer
   int n_splits = 1;         // key splits; every split but possibly the last spans split_keys keys
   int split_keys = kDecodeTile;  // a multiple of kDecodeTile
+  // n_splits == 1: the split kernel normalizes and writes the output (no combine launch).
   int64_t blocks() const { return int64_t(n_hgroups) * n_splits; }
 };
 
