@@ -242,6 +242,19 @@ class Backend {
     for (size_t i = 0; i < ws.size(); ++i) matmul(ws[i], x, ys[i]);
   }
 
+  // The decode step's Q, K and V products followed by the rope and KV store of one sequence:
+  // matmul_multi({wq, wk, wv}, x, {q, k, v}); rope_store_kv(q, rq, k, rk, v, s.k_cache, s.v_cache,
+  // s.pos0) on rows [s.row0, s.row0 + s.n) = all of x's rows. A GPU backend may do the rotation and
+  // the store in the products' epilogue (one launch fewer, no re-read of q, k and v), with the
+  // same results.
+  virtual void matmul_rope_store_kv(std::span<const WeightView, 3> wqkv, const Tensor& x,
+                                    std::span<const Tensor, 3> qkv, const RopeParams& rq, const RopeParams& rk,
+                                    const SeqRows& s) {
+    matmul_multi(wqkv, x, qkv);
+    rope_store_kv(qkv[0].row_range(s.row0, s.n), rq, qkv[1].row_range(s.row0, s.n), rk, qkv[2].row_range(s.row0, s.n),
+                  s.k_cache, s.v_cache, s.pos0);
+  }
+
   // ys[i] = xs[i] ws[i]^T, every weight with its own input (the experts of a mixture-of-experts
   // layer, each on its own hidden rows): one dispatch where the backend can. Same results as
   // separate matmul calls.

@@ -54,33 +54,67 @@ Status Executor::layer(const LayerWeights& L, int l, int64_t n, std::span<const 
   attention_norm(L, n);
   const backend::WeightView qkv_w[] = {L.wq.view(), L.wk.view(), L.wv.view()};
   const Tensor qkv_y[] = {q, k, v};
-  be.matmul_multi(qkv_w, xn, qkv_y);
-  attend(L, l, n, segs);
+  // One sequence and nothing between the products and the rotation (no biases, no head norms):
+  // the backend may rotate and store in the products' epilogue.
+  const bool plain = !L.bq.present() && !L.bk.present() && !L.bv.present() && !L.q_norm.present() &&
+                     !L.k_norm.present() && segs.size() == 1;
+  if (plain) {
+    kv_rows(l, segs);
+    const RopePair rp = rope_params(l);
+    be.matmul_rope_store_kv(qkv_w, xn, qkv_y, rp.q, rp.k, seq_rows_[0]);
+  } else {
+    be.matmul_multi(qkv_w, xn, qkv_y);
+  }
+  attend(L, l, n, segs, /*stored=*/plain);
   be.matmul(L.wo.view(), attn, xn);
   attention_residual(L, n);
   return ffn(L, l, n);
 }
 
-void Executor::attend(const LayerWeights& L, int l, int64_t n, std::span<const Segment> segs) {
+// Sliding-window layers (Gemma 3's local layers) rotate with their own RoPE base.
+Executor::RopePair Executor::rope_params(int l) const {
+  const Config& c = *cfg_;
+  const bool swa = c.is_swa(l);
+  RopePair p;
+  p.q = backend::RopeParams{c.rope_mode,
+                            c.n_head,
+                            c.head_dim,
+                            c.n_rot,
+                            swa ? c.rope_freq_base_swa : c.rope_freq_base,
+                            swa ? c.rope_freq_scale_swa : c.rope_freq_scale,
+                            rope_freqs_};
+  p.k = p.q;
+  p.k.n_head = c.n_head_kv;
+  return p;
+}
+
+// Per sequence: its rows rotate at its positions, its K/V go to its blocks (one segment: the whole
+// pass, as with one sequence).
+void Executor::kv_rows(int l, std::span<const Segment> segs) {
+  seq_rows_.clear();
+  for (const Segment& s : segs) {
+    const int end = s.pos0 + int(s.n);
+    seq_rows_.push_back({s.row0, s.n, s.pos0, kv_.k(l, end, s.map), kv_.v(l, end, s.map)});
+  }
+}
+
+void Executor::attend(const LayerWeights& L, int l, int64_t n, std::span<const Segment> segs, bool stored) {
   backend::Backend& be = *be_;
   const Config& c = *cfg_;
   const Tensor q = q_.first_rows(n), k = k_.first_rows(n), v = v_.first_rows(n), attn = attn_.first_rows(n);
   const float eps = c.rms_eps;
-  // Sliding-window layers (Gemma 3's local layers) see the last n_swa positions and rotate with
-  // their own RoPE base; global layers see every position.
+  // Sliding-window layers (Gemma 3's local layers) see the last n_swa positions; global layers see
+  // every position.
   const bool swa = c.is_swa(l);
-  backend::RopeParams rq{c.rope_mode,
-                         c.n_head,
-                         c.head_dim,
-                         c.n_rot,
-                         swa ? c.rope_freq_base_swa : c.rope_freq_base,
-                         swa ? c.rope_freq_scale_swa : c.rope_freq_scale,
-                         rope_freqs_};
-  backend::RopeParams rk = rq;
-  rk.n_head = c.n_head_kv;
   // read_config sets attn_scale for every architecture; 1/sqrt(head_dim) stands in for a Config
   // made by hand.
   const float scale = c.attn_scale > 0 ? c.attn_scale : 1.0f / std::sqrt(float(c.head_dim));
+  const backend::AttentionParams ap{c.n_head, c.n_head_kv, c.head_dim, scale, 0, swa ? c.n_swa : 0};
+  if (stored) {
+    be.attention_seqs(q, attn, ap, seq_rows_);
+    return;
+  }
+  const RopePair rp = rope_params(l);
   if (L.bq.present()) be.add_bias(q, L.bq.view());
   if (L.bk.present()) be.add_bias(k, L.bk.view());
   if (L.bv.present()) be.add_bias(v, L.bv.view());
@@ -90,15 +124,9 @@ void Executor::attend(const LayerWeights& L, int l, int64_t n, std::span<const S
     if (L.q_norm.present()) be.rms_norm(q, L.q_norm.view(), eps, q);
     if (L.k_norm.present()) be.rms_norm(k, L.k_norm.view(), eps, k);
   }
-  // Per sequence: its rows rotate at its positions, its K/V go to its blocks, its queries attend
-  // over its own keys (one segment: the whole pass, as with one sequence).
-  seq_rows_.clear();
-  for (const Segment& s : segs) {
-    const int end = s.pos0 + int(s.n);
-    seq_rows_.push_back({s.row0, s.n, s.pos0, kv_.k(l, end, s.map), kv_.v(l, end, s.map)});
-  }
-  const backend::AttentionParams ap{c.n_head, c.n_head_kv, c.head_dim, scale, 0, swa ? c.n_swa : 0};
-  be.rope_store_kv_seqs(q, rq, k, rk, v, seq_rows_);
+  // Its queries attend over its own keys.
+  kv_rows(l, segs);
+  be.rope_store_kv_seqs(q, rp.q, k, rp.k, v, seq_rows_);
   be.attention_seqs(q, attn, ap, seq_rows_);
 }
 

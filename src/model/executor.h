@@ -99,8 +99,16 @@ class Executor {
 
  private:
   // The attention block's middle on q/k/v (biases, Q/K norms, RoPE, K/V stored into this
-  // executor's cache, attention into attn_).
-  void attend(const LayerWeights& L, int layer, int64_t n, std::span<const Segment> segs);
+  // executor's cache, attention into attn_). stored: RoPE and the store were done with the
+  // products (Backend::matmul_rope_store_kv, seq_rows_ from kv_rows); only the attention is left.
+  void attend(const LayerWeights& L, int layer, int64_t n, std::span<const Segment> segs, bool stored = false);
+  // The RoPE parameters of layer `layer`'s queries and keys.
+  struct RopePair {
+    backend::RopeParams q, k;
+  };
+  RopePair rope_params(int layer) const;
+  // seq_rows_ = each segment's rows, position and cache views of layer `layer`.
+  void kv_rows(int layer, std::span<const Segment> segs);
   // x += xn (the attention output, post-normed where the layer has it); xn = ffn_norm(x).
   void attention_residual(const LayerWeights& L, int64_t n);
   // The FFN's activation on gate/up rows: gate = act(gate) * up.

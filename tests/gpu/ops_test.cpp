@@ -944,6 +944,228 @@ TEST(FusedDecodeOps, RopeStoreKvEqualsSeparateOps) {
   }
 }
 
+// The Q/K/V GEMV's rope-and-store epilogue (gemv.h, GemvRopeStore) equals the plain GEMVs followed
+// by rope_store_kv bit for bit (q, k, v and both caches): the direct kernel's formats (Q4_K, Q5_K,
+// grouped Q6_K and Q8_0), Q/K and V in different formats (two launches), 1 and 2 tokens, full and
+// partial rotation, frequency factors, a paged cache (a row map) and a device position (the pos0
+// argument then wrong on purpose). The epilogue's launch must be taken (status ok); a format
+// without the direct kernel is refused with kUnsupported, before anything is launched.
+TEST(FusedDecodeOps, QkvRopeStoreEpilogueEqualsSeparateOps) {
+  SLUICE_SKIP_WITHOUT_GPU();
+  auto made = backend::make_cuda_backend({});
+  ASSERT_TRUE(made.is_ok()) << made.status().message();
+  backend::Backend& be = **made;
+  Result<cu::DeviceInfo> dev = cu::query_device(0);
+  ASSERT_TRUE(dev.is_ok());
+  using T = quant::Type;
+  struct C {
+    T qk, v;
+    int tokens, n_head, n_head_k, head_dim, n_rot, pos0;
+    bool factors, paged, pos_dev;
+  };
+  const C cases[] = {{T::kQ4_K, T::kQ4_K, 1, 32, 8, 128, 128, 37, false, false, false},
+                     {T::kQ4_K, T::kQ6_K, 1, 16, 4, 128, 128, 300, true, true, true},
+                     {T::kQ8_0, T::kQ8_0, 2, 16, 4, 128, 64, 4000, false, false, true},
+                     {T::kQ5_K, T::kQ6_K, 2, 8, 2, 64, 64, 100000, true, true, false},
+                     {T::kQ6_K, T::kQ8_0, 1, 12, 4, 128, 96, 5, true, false, false}};
+  const int64_t cols = 2048;
+  auto format = [](T t) {
+    for (const FormatRef& f : weight_formats()) {
+      if (f.type == t) return &f;
+    }
+    return static_cast<const FormatRef*>(nullptr);
+  };
+  uint64_t salt = 700;
+  for (const C& c : cases) {
+    SCOPED_TRACE(std::string(format(c.qk)->name) + "/" + format(c.v)->name + " tokens " + std::to_string(c.tokens) +
+                 " pos " + std::to_string(c.pos0));
+    const int64_t rows[3] = {int64_t(c.n_head) * c.head_dim, int64_t(c.n_head_k) * c.head_dim,
+                             int64_t(c.n_head_k) * c.head_dim};
+    const T types[3] = {c.qk, c.qk, c.v};
+    WeightView w[3];
+    for (int i = 0; i < 3; ++i) {
+      const QuantMatrix m = make_matrix(*format(types[i]), rows[i], cols, ++salt);
+      auto up = be.upload_weight(WeightView{types[i], cols, rows[i], m.bytes.data()});
+      ASSERT_TRUE(up.is_ok()) << up.status().message();
+      w[i] = *up;
+    }
+    const auto x = random_floats(size_t(c.tokens * cols), 1.0f, ++salt);
+    DeviceBuffer dx(x.size() * 4), dq8(size_t(cu::q8_activation_bytes(cols, c.tokens)));
+    dx.upload(x.data(), x.size() * 4);
+    const cu::Q8Activation xq = cu::q8_activation_view(dq8.get(), cols, c.tokens);
+    expect_ok(cu::quantize_activation_q8(dx.get<float>(), xq, nullptr));
+    const int64_t cache_rows = int64_t(c.pos0) + c.tokens + 3, kvc = rows[1];
+    std::vector<DeviceBuffer> y1, y2, caches;
+    for (int i = 0; i < 3; ++i) {
+      y1.emplace_back(size_t(c.tokens * rows[i]) * 4);
+      y2.emplace_back(size_t(c.tokens * rows[i]) * 4);
+      y1.back().poison();
+      y2.back().poison();
+    }
+    for (int i = 0; i < 4; ++i) {  // k1, v1, k2, v2
+      caches.emplace_back(size_t(cache_rows * kvc) * 2);
+      GPU_CHECK(cudaMemset(caches.back().get(), 0x3C, caches.back().bytes()));
+    }
+    std::vector<float> ff(size_t(c.n_rot / 2));
+    for (size_t i = 0; i < ff.size(); ++i) ff[i] = 1.0f + 7.0f * float(i) / float(ff.size());
+    std::vector<int> map(static_cast<size_t>(cache_rows));
+    for (int64_t p = 0; p < cache_rows; ++p) map[size_t(p)] = int(cache_rows - 1 - p);
+    DeviceBuffer dff(ff.size() * 4 + 4), dmap(map.size() * 4), dpos(4);
+    dff.upload(ff.data(), ff.size() * 4);
+    dmap.upload(map.data(), map.size() * 4);
+    dpos.upload(&c.pos0, 4);
+    cu::RopeArgs a;
+    a.n_head = c.n_head;
+    a.head_dim = c.head_dim;
+    a.n_rot = c.n_rot;
+    a.freq_base = 500000.0f;
+    a.freq_scale = 0.5f;
+    a.freq_factors = c.factors ? dff.get<float>() : nullptr;
+    const int* pos_dev = c.pos_dev ? dpos.get<int>() : nullptr;
+    const int pos_arg = c.pos_dev ? 0 : c.pos0;
+    const int* row_map = c.paged ? dmap.get<int>() : nullptr;
+    cu::GemvRopeStore rs;
+    expect_ok(cu::rope_store_epilogue(a, rs));
+    rs.pos0 = pos_arg;
+    rs.pos_dev = pos_dev;
+    rs.row_map = row_map;
+    // One launch per format, as the backend groups them.
+    auto launches = [&](std::vector<DeviceBuffer>& y, DeviceBuffer* kcache, DeviceBuffer* vcache) {
+      std::vector<cu::GemvGroupArgs> gs;
+      for (int i = 0; i < 3; ++i) {
+        if (i > 0 && types[i] == types[i - 1]) {
+          gs.back().m[gs.back().n++] = cu::GemvMatrix{w[i].data, rows[i], nullptr, xq, y[size_t(i)].get<float>()};
+          continue;
+        }
+        cu::GemvGroupArgs g;
+        g.type = types[i];
+        g.grouped = w[i].grouped;
+        g.cols = cols;
+        g.tokens = c.tokens;
+        g.m[g.n++] = cu::GemvMatrix{w[i].data, rows[i], nullptr, xq, y[size_t(i)].get<float>()};
+        gs.push_back(g);
+      }
+      std::vector<cu::GemvRopeStore> epi(gs.size(), rs);
+      if (kcache != nullptr) {  // the epilogue's kind and cache of each matrix
+        int i = 0;
+        for (size_t gi = 0; gi < gs.size(); ++gi) {
+          for (int j = 0; j < gs[gi].n; ++j, ++i) {
+            epi[gi].kind[j] = i == 0 ? cu::GemvRopeStore::kQ : i == 1 ? cu::GemvRopeStore::kK : cu::GemvRopeStore::kV;
+            epi[gi].cache[j] = i == 0 ? nullptr : (i == 1 ? kcache : vcache)->get();
+            epi[gi].cache_stride[j] = kvc;
+          }
+          gs[gi].rope = &epi[gi];
+        }
+      }
+      for (const cu::GemvGroupArgs& g : gs) expect_ok(cu::gemv_group(*dev, g, nullptr));
+    };
+    launches(y1, &caches[0], &caches[1]);
+    launches(y2, nullptr, nullptr);
+    expect_ok(cu::rope_store_kv(y2[0].get<float>(), rows[0], y2[1].get<float>(), rows[1], c.n_head_k,
+                                y2[2].get<float>(), rows[2], rows[2], c.tokens, a, caches[2].get(), kvc,
+                                caches[3].get(), kvc, pos_arg, nullptr, pos_dev, row_map));
+    GPU_CHECK(cudaDeviceSynchronize());
+    const char* names[3] = {"q", "k", "v"};
+    for (int i = 0; i < 3; ++i) {
+      const size_t n = size_t(c.tokens * rows[i]);
+      EXPECT_EQ(download_f32(y1[size_t(i)], n), download_f32(y2[size_t(i)], n)) << names[i];
+    }
+    EXPECT_EQ(download_u16(caches[0], size_t(cache_rows * kvc)), download_u16(caches[2], size_t(cache_rows * kvc)))
+        << "k cache";
+    EXPECT_EQ(download_u16(caches[1], size_t(cache_rows * kvc)), download_u16(caches[3], size_t(cache_rows * kvc)))
+        << "v cache";
+    // The epilogue wrote the token's cache rows (they were 0x3C3C before).
+    std::vector<uint16_t> kc = download_u16(caches[0], size_t(cache_rows * kvc));
+    const int64_t row = c.paged ? map[size_t(c.pos0)] : c.pos0;
+    EXPECT_NE(kc[size_t(row * kvc)], 0x3C3C);
+  }
+  // No direct kernel: refused before any launch.
+  const QuantMatrix m = make_matrix(*format(T::kQ4_0), 256, cols, 1);
+  auto up = be.upload_weight(WeightView{T::kQ4_0, cols, 256, m.bytes.data()});
+  ASSERT_TRUE(up.is_ok());
+  DeviceBuffer dq8(size_t(cu::q8_activation_bytes(cols, 1))), dy(256 * 4), dc(256 * 2 * 8);
+  cu::GemvRopeStore rs;
+  rs.head_dim = 128;
+  rs.half = 64;
+  rs.kind[0] = cu::GemvRopeStore::kK;
+  rs.cache[0] = dc.get();
+  rs.cache_stride[0] = 256;
+  cu::GemvGroupArgs g;
+  g.type = T::kQ4_0;
+  g.cols = cols;
+  g.m[g.n++] = cu::GemvMatrix{up->data, 256, nullptr, cu::q8_activation_view(dq8.get(), cols, 1), dy.get<float>()};
+  g.rope = &rs;
+  EXPECT_EQ(cu::gemv_group(*dev, g, nullptr).code(), ErrorCode::kUnsupported);
+}
+
+// Backend::matmul_rope_store_kv on the CUDA backend (the epilogue where it fits) gives what
+// matmul_multi + rope_store_kv give, bit for bit: Q4_K Q/K with a grouped Q6_K V, 1 token, and
+// 3 tokens (the small-batch products: the two steps).
+TEST(FusedDecodeOps, MatmulRopeStoreKvEqualsTwoSteps) {
+  SLUICE_SKIP_WITHOUT_GPU();
+  auto made = backend::make_cuda_backend({});
+  ASSERT_TRUE(made.is_ok()) << made.status().message();
+  backend::Backend& be = **made;
+  const int64_t cols = 2048, n_head = 16, n_head_k = 4, hd = 128, cache_rows = 64;
+  const quant::Type types[3] = {quant::Type::kQ4_K, quant::Type::kQ4_K, quant::Type::kQ6_K};
+  const int64_t rows[3] = {n_head * hd, n_head_k * hd, n_head_k * hd};
+  WeightView w[3];
+  for (int i = 0; i < 3; ++i) {
+    const FormatRef* f = nullptr;
+    for (const FormatRef& r : weight_formats()) f = r.type == types[i] ? &r : f;
+    ASSERT_NE(f, nullptr);
+    const QuantMatrix m = make_matrix(*f, rows[i], cols, 800 + uint64_t(i));
+    auto up = be.upload_weight(WeightView{types[i], cols, rows[i], m.bytes.data()});
+    ASSERT_TRUE(up.is_ok());
+    w[i] = *up;
+  }
+  backend::RopeParams rq{backend::RopeMode::kNormal, int(n_head), int(hd), int(hd), 500000.0f, 1.0f, {}};
+  backend::RopeParams rk = rq;
+  rk.n_head = int(n_head_k);
+  for (int tokens : {1, 3}) {
+    SCOPED_TRACE("tokens " + std::to_string(tokens));
+    const auto xv = random_floats(size_t(tokens * cols), 1.0f, 900 + uint64_t(tokens));
+    auto x = be.alloc(DType::kF32, cols, tokens);
+    ASSERT_TRUE(x.is_ok());
+    std::vector<Tensor> y1, y2, c1, c2;
+    for (int i = 0; i < 3; ++i) {
+      auto a = be.alloc(DType::kF32, rows[i], tokens), b = be.alloc(DType::kF32, rows[i], tokens);
+      ASSERT_TRUE(a.is_ok() && b.is_ok());
+      y1.push_back(*a);
+      y2.push_back(*b);
+    }
+    const std::vector<float> fill(static_cast<size_t>(cache_rows * rows[1]), 1.0f);  // f16 caches: converted
+    for (int i = 0; i < 2; ++i) {
+      auto a = be.alloc(DType::kF16, rows[1], cache_rows), b = be.alloc(DType::kF16, rows[1], cache_rows);
+      ASSERT_TRUE(a.is_ok() && b.is_ok());
+      be.upload(*a, fill.data());
+      be.upload(*b, fill.data());
+      c1.push_back(*a);
+      c2.push_back(*b);
+    }
+    const int pos0 = 9;
+    be.upload(*x, xv.data());
+    be.matmul_rope_store_kv(std::span<const WeightView, 3>(w, 3), *x, std::span<const Tensor, 3>(y1.data(), 3), rq, rk,
+                            backend::SeqRows{0, tokens, pos0, c1[0], c1[1]});
+    be.upload(*x, xv.data());
+    const WeightView ws[3] = {w[0], w[1], w[2]};
+    be.matmul_multi(ws, *x, y2);
+    be.rope_store_kv(y2[0], rq, y2[1], rk, y2[2], c2[0], c2[1], pos0);
+    for (int i = 0; i < 3; ++i) {
+      std::vector<float> a(size_t(tokens * rows[i])), b(a.size());
+      be.download(y1[size_t(i)], a.data());
+      be.download(y2[size_t(i)], b.data());
+      EXPECT_EQ(a, b) << "output " << i;
+    }
+    for (int i = 0; i < 2; ++i) {
+      std::vector<float> a(fill.size()), b(fill.size());  // f16 -> f32 keeps every bit pattern apart
+      be.download(c1[size_t(i)], a.data());
+      be.download(c2[size_t(i)], b.data());
+      EXPECT_EQ(a, b) << (i == 0 ? "k cache" : "v cache");
+    }
+  }
+}
+
 // The decode ops of a mixture-of-experts layer on the CUDA backend: matmul_each over rows of the
 // tensor SwiGLU just quantized (one grouped GEMV launch, every expert on its own row) and
 // add_rows_scaled equal separate matmul and scatter_add_rows calls bit for bit, in Q4_K and Q6_K

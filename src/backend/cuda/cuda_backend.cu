@@ -154,6 +154,9 @@ class CudaBackend final : public Backend {
       const int n = std::atoi(mmq_env);
       mmq_from_ = n <= 0 ? kMaxMmqTokens + 1 : n;
     }
+    // SLUICE_CUDA_QKV_ROPE=0 (A/B runs): matmul_rope_store_kv takes the two steps.
+    const char* qkv_rope_env = std::getenv("SLUICE_CUDA_QKV_ROPE");
+    qkv_rope_ = !(qkv_rope_env != nullptr && std::string(qkv_rope_env) == "0");
     return Status::ok();
   }
 
@@ -533,6 +536,81 @@ class CudaBackend final : public Backend {
                                stream_, step_pos_for(pos0), k_cache.row_map),
            "rope_store_kv");
     }
+  }
+
+  // The Q, K and V products with the rotation and the KV store in the direct GEMV's epilogue
+  // (gemv.h, GemvRopeStore), where every product of the call takes it: 1 or 2 rows on the GEMV
+  // path, the adjacent-pair rotation, dense rows, f16 caches. Otherwise (or when a diagnostic run
+  // skips GEMVs or rope) the two steps; both give the same bits.
+  void matmul_rope_store_kv(std::span<const WeightView, 3> w, const Tensor& x, std::span<const Tensor, 3> y,
+                            const RopeParams& rq, const RopeParams& rk, const SeqRows& s) override {
+    GemvRopeStore rs;
+    if (!rope_epilogue_fits(w, x, y, rq, rk, s, rs)) {
+      Backend::matmul_rope_store_kv(w, x, y, rq, rk, s);
+      return;
+    }
+    const Q8Activation xq = q8_activation_of(x);
+    auto matrix = [&](size_t j) { return GemvMatrix{w[j].data, w[j].ne1, f32(x), xq, f32(y[j])}; };
+    // The epilogue's kind and cache of each matrix of a launch, by its output.
+    auto with_kinds = [&](GemvGroupArgs& g, GemvRopeStore& r) {
+      r = rs;
+      for (int i = 0; i < g.n; ++i) {
+        const int j = g.m[i].y == f32(y[0]) ? 0 : g.m[i].y == f32(y[1]) ? 1 : 2;
+        r.kind[i] = j == 0 ? GemvRopeStore::kQ : j == 1 ? GemvRopeStore::kK : GemvRopeStore::kV;
+        const Tensor& c = j == 1 ? s.k_cache : s.v_cache;
+        r.cache[i] = j == 0 ? nullptr : c.data;
+        r.cache_stride[i] = j == 0 ? 0 : c.stride;
+      }
+      g.rope = &r;
+    };
+    const std::span<const WeightView> ws(w.data(), w.size());
+    bool takes = true;  // every launch of the call has the epilogue (checked before any launch)
+    format_groups(ws, int(x.rows), [](size_t) { return true; }, matrix, [&](const GemvGroupArgs& g0) {
+      GemvGroupArgs g = g0;
+      GemvRopeStore r;
+      with_kinds(g, r);
+      g.check_only = true;
+      takes = takes && gemv_group(dev_, g, stream_).is_ok();
+    });
+    if (!takes) {
+      Backend::matmul_rope_store_kv(w, x, y, rq, rk, s);
+      return;
+    }
+    invalidate_q8();
+    format_groups(ws, int(x.rows), [](size_t) { return true; }, matrix, [&](const GemvGroupArgs& g0) {
+      GemvGroupArgs g = g0;
+      GemvRopeStore r;
+      with_kinds(g, r);
+      must(gemv_group(dev_, g, stream_), "gemv (rope and KV store)");
+    });
+  }
+  // The shapes and switches matmul_rope_store_kv's fused path needs; rs gets the rotation and the
+  // call's positions.
+  bool rope_epilogue_fits(std::span<const WeightView, 3> w, const Tensor& x, std::span<const Tensor, 3> y,
+                          const RopeParams& rq, const RopeParams& rk, const SeqRows& s, GemvRopeStore& rs) const {
+    if (!qkv_rope_ || skips(kCudaGemv) || skips(kCudaRope) || !same_rope(rq, rk)) return false;
+    if (x.dtype != DType::kF32 || x.rows < 1 || x.rows > 2 || x.rows >= mmq_from_ || !dense_rows(x) || x.cols % 32 != 0) {
+      return false;
+    }
+    for (size_t i = 0; i < 3; ++i) {
+      if (!gemv_needs_q8(w[i].type) || w[i].ne0 != x.cols || w[i].ne1 != y[i].cols || y[i].rows != x.rows ||
+          y[i].dtype != DType::kF32 || !dense_rows(y[i])) {
+        return false;
+      }
+    }
+    const Tensor& kc = s.k_cache;
+    const Tensor& vc = s.v_cache;
+    if (s.row0 != 0 || s.n != x.rows || s.pos0 < 0 || kc.dtype != DType::kF16 || vc.dtype != DType::kF16 ||
+        kc.cols != y[1].cols || vc.cols != y[2].cols || s.pos0 + s.n > kc.rows || s.pos0 + s.n > vc.rows ||
+        kc.row_map != vc.row_map || int64_t(rq.n_head) * rq.head_dim != y[0].cols ||
+        int64_t(rk.n_head) * rk.head_dim != y[1].cols) {
+      return false;
+    }
+    if (!rope_store_epilogue(rope_args(rq), rs).is_ok()) return false;
+    rs.pos0 = s.pos0;
+    rs.pos_dev = step_pos_for(s.pos0);
+    rs.row_map = kc.row_map;
+    return true;
   }
 
   // Every sequence's rows in launches of up to kMaxRopeSeqs sequences (they share the layer's cache
@@ -1066,6 +1144,7 @@ class CudaBackend final : public Backend {
   bool graphs_ = false;
   uint32_t skip_kernels_ = 0;
   int mmq_from_ = kMmqFromTokens;  // fewest tokens that take mmq
+  bool qkv_rope_ = true;           // matmul_rope_store_kv: the GEMV's rope-and-store epilogue
   cudaStream_t stream_ = nullptr;
   CublasApi blas_;
   cublasHandle_t cublas_ = nullptr;

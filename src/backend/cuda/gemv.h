@@ -93,6 +93,29 @@ struct GemvMatrix {
   Q8Activation xq;           // block-quantized weights
   float* y = nullptr;        // [tokens][rows]
 };
+// The decode step's Q, K and V products with RoPE and the KV store in their epilogue
+// (Backend::matmul_rope_store_kv): matrix i of the group is a Q (rotated, written to y), a K
+// (rotated, written to y and as f16 to cache row pos of `cache`) or a V (written to y and to the
+// cache) for tokens t = 0, 1 at positions pos0 + t (or *pos_dev + t), cache row row_map[pos] where
+// row_map is set. The rotation is the adjacent-pair one (pairs 2j, 2j + 1 of a head, j < half),
+// bit-identical to rope_store_kv (ops.h). Only the direct kernel has this epilogue: a call it does
+// not take (another format, more than 2 tokens, odd row counts, Q/K rows not whole heads) fails
+// with kUnsupported before anything is launched.
+struct GemvRopeStore {
+  static constexpr int kQ = 1, kK = 2, kV = 3;
+  int kind[kMaxGemvMatrices] = {};
+  void* cache[kMaxGemvMatrices] = {};  // f16 [positions][cache_stride] (K and V)
+  int64_t cache_stride[kMaxGemvMatrices] = {};
+  int head_dim = 0;
+  int half = 0;  // rotating pairs per head: n_rot / 2
+  float theta_scale = 1.0f;
+  float freq_scale = 1.0f;
+  const float* freq_factors = nullptr;  // device [half] or nullptr
+  int pos0 = 0;
+  const int* pos_dev = nullptr;
+  const int* row_map = nullptr;
+};
+
 struct GemvGroupArgs {
   quant::Type type = quant::Type::kF32;
   int64_t cols = 0;
@@ -101,6 +124,8 @@ struct GemvGroupArgs {
   bool grouped = false;                  // every w in the grouped Q6_K / Q8_0 layout (layout.h)
   int n = 0;                             // matrices, 1..kMaxGemvMatrices
   GemvMatrix m[kMaxGemvMatrices];
+  const GemvRopeStore* rope = nullptr;   // non-null: the rope-and-store epilogue (above)
+  bool check_only = false;               // with rope: only whether the call would be taken (no launch)
 };
 Status gemv_group(const DeviceInfo& dev, const GemvGroupArgs& args, cudaStream_t stream);
 

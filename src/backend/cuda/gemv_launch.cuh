@@ -89,14 +89,26 @@ Status launch_tokens(int tokens, const DeviceInfo& dev, cudaStream_t stream, con
 
 // The direct kernel (gemv_direct.cuh): a persistent grid of kDirectWarps-warp blocks, one warp per
 // row at a time.
+// epi: the rope-and-store epilogue (gemv_direct_rope_kernel; a warp's rows go in pairs).
 template <class F, int NT, int kDepth, bool kFull>
-Status launch_direct_k(const DeviceInfo& dev, cudaStream_t stream, const Segs& segs, int64_t row_bytes, int nb) {
-  auto* kernel = gemv_direct_kernel<F, NT, kDepth, kFull>;
+Status launch_direct_k(const DeviceInfo& dev, cudaStream_t stream, const Segs& segs, int64_t row_bytes, int nb,
+                       const RopeEpi* epi) {
   constexpr int kThreads = kDirectWarps * kWarpSize;
-  static const int per_sm = blocks_per_sm(kernel, kThreads);  // immutable after initialization
   const int64_t rows = segs.row0[segs.n];
-  const int grid = int(std::min<int64_t>(int64_t(dev.sm_count) * per_sm, (rows + kDirectWarps - 1) / kDirectWarps));
   const int npieces = nb * (F::kBlockElems / F::kPieceElems);
+  if (epi != nullptr) {
+    auto* kernel = gemv_direct_rope_kernel<F, NT, kDepth, kFull>;
+    static const int per_sm = blocks_per_sm(kernel, kThreads);  // immutable after initialization
+    const int64_t units = (rows / 2 + kDirectWarps - 1) / kDirectWarps;
+    const int grid = int(std::min<int64_t>(int64_t(dev.sm_count) * per_sm, units));
+    SLUICE_CUDA_RETURN_IF_ERROR(
+        launch_pdl(kernel, dim3(unsigned(grid)), dim3(kThreads), 0, stream, segs, row_bytes, npieces, *epi));
+    SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("gemv_direct_rope_kernel");
+    return Status::ok();
+  }
+  auto* kernel = gemv_direct_kernel<F, NT, kDepth, kFull>;
+  static const int per_sm = blocks_per_sm(kernel, kThreads);  // immutable after initialization
+  const int grid = int(std::min<int64_t>(int64_t(dev.sm_count) * per_sm, (rows + kDirectWarps - 1) / kDirectWarps));
   SLUICE_CUDA_RETURN_IF_ERROR(launch_pdl(kernel, dim3(unsigned(grid)), dim3(kThreads), 0, stream, segs, row_bytes, npieces));
   SLUICE_CUDA_RETURN_IF_LAUNCH_FAILED("gemv_direct_kernel");
   return Status::ok();
@@ -107,16 +119,50 @@ Status launch_direct_k(const DeviceInfo& dev, cudaStream_t stream, const Segs& s
 // win: 6 for Q4_K, 4 for Q5_K (whose larger words cost more registers per step).
 // Grouped Q6_K and Q8_0 (18-19 registers of words per step) take 4 on long rows, as Q5_K.
 template <class F, int NT>
-Status launch_direct(const DeviceInfo& dev, cudaStream_t stream, const Segs& segs, int64_t row_bytes, int nb) {
+Status launch_direct(const DeviceInfo& dev, cudaStream_t stream, const Segs& segs, int64_t row_bytes, int nb,
+                     const RopeEpi* epi = nullptr) {
   constexpr int kLongDepth = F::kDirectLongDepth;
   const bool full = nb * (F::kBlockElems / F::kPieceElems) % kWarpSize == 0;
   const bool long_rows = int64_t(nb) * F::kBlockElems >= 12288;
   if (long_rows) {
-    return full ? launch_direct_k<F, NT, kLongDepth, true>(dev, stream, segs, row_bytes, nb)
-                : launch_direct_k<F, NT, kLongDepth, false>(dev, stream, segs, row_bytes, nb);
+    return full ? launch_direct_k<F, NT, kLongDepth, true>(dev, stream, segs, row_bytes, nb, epi)
+                : launch_direct_k<F, NT, kLongDepth, false>(dev, stream, segs, row_bytes, nb, epi);
   }
-  return full ? launch_direct_k<F, NT, 3, true>(dev, stream, segs, row_bytes, nb)
-              : launch_direct_k<F, NT, 3, false>(dev, stream, segs, row_bytes, nb);
+  return full ? launch_direct_k<F, NT, 3, true>(dev, stream, segs, row_bytes, nb, epi)
+              : launch_direct_k<F, NT, 3, false>(dev, stream, segs, row_bytes, nb, epi);
+}
+
+// The rope-and-store epilogue's own checks (the direct kernel's are the caller's) and its kernel
+// parameters.
+inline Status rope_epi_of(const GemvGroupArgs& g, RopeEpi& e) {
+  const GemvRopeStore& r = *g.rope;
+  if (r.head_dim <= 0 || r.head_dim % 2 != 0 || r.half < 0 || 2 * r.half > r.head_dim) {
+    return unsupported("gemv rope epilogue: bad head_dim or rotary pairs");
+  }
+  if (g.tokens > 2) return unsupported("gemv rope epilogue: more than 2 tokens");
+  for (int i = 0; i < g.n; ++i) {
+    const int kind = r.kind[i];
+    const int64_t rows = g.m[i].rows;
+    if (kind != kEpiQ && kind != kEpiK && kind != kEpiV) return invalid_argument("gemv rope epilogue: bad matrix kind");
+    if (rows % 2 != 0 || (kind != kEpiV && rows % r.head_dim != 0)) {
+      return unsupported("gemv rope epilogue: rows not in pairs or not whole heads");
+    }
+    if (kind != kEpiQ && (r.cache[i] == nullptr || r.cache_stride[i] < rows)) {
+      return invalid_argument("gemv rope epilogue: missing or narrow cache");
+    }
+    e.kind[i] = kind;
+    e.cache[i] = static_cast<__half*>(r.cache[i]);
+    e.cache_stride[i] = r.cache_stride[i];
+  }
+  e.head_dim = r.head_dim;
+  e.half = r.half;
+  e.theta_scale = r.theta_scale;
+  e.freq_scale = r.freq_scale;
+  e.freq_factors = r.freq_factors;
+  e.pos0 = r.pos0;
+  e.pos_dev = r.pos_dev;
+  e.row_map = r.row_map;
+  return Status::ok();
 }
 
 // The direct kernel is the default for the formats that have one, at 1..2 tokens: measured on an
@@ -220,9 +266,20 @@ Status launch_gemv(const DeviceInfo& dev, const GemvGroupArgs& g, cudaStream_t s
   if constexpr (!std::is_void_v<D>) {
     const bool direct = g.variant == kGemvDirect || (g.variant == -1 && gemv_direct_enabled());
     if (aligned && ds16 && rows <= INT32_MAX && direct && g.tokens <= 2) {
+      if (g.rope != nullptr) {
+        RopeEpi e;
+        SLUICE_RETURN_IF_ERROR(rope_epi_of(g, e));
+        if (g.check_only) return Status::ok();
+        return g.tokens == 1 ? launch_direct<D, 1>(dev, stream, segs, row_bytes, nb, &e)
+                             : launch_direct<D, 2>(dev, stream, segs, row_bytes, nb, &e);
+      }
       return g.tokens == 1 ? launch_direct<D, 1>(dev, stream, segs, row_bytes, nb)
                            : launch_direct<D, 2>(dev, stream, segs, row_bytes, nb);
     }
+  }
+  if (g.rope != nullptr) {
+    return unsupported(std::string("gemv rope epilogue: no direct kernel for this call (") + gemv_type_name(g.type) +
+                       ", " + std::to_string(g.tokens) + " tokens)");
   }
   if (copy >= 2) {
     return deep ? launch_tokens<F, CfgDeep>(g.tokens, dev, stream, segs, row_bytes, nb, plan, copy < 16)

@@ -14,6 +14,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/rope.cuh"
 
 namespace sluice::backend::cuda {
 namespace {
@@ -422,13 +423,9 @@ __global__ void __launch_bounds__(kThreads) glu_q8_kernel(const float* gate, int
                                                           int64_t rows, int64_t cols, int8_t* q, float2* ds);
 
 // ---- rope -----------------------------------------------------------------------------------------------
-// Angles exactly as the CPU computes them: theta_i = pos * ts^i built by i successive f32
-// multiplies (ts = powf(base, -2 / n_rot), computed on the host with the same libm call), then
-// th = freq_scale * (theta_i / factor_i). At position 1e5 one f32 ulp of th is ~0.008 rad, so the
-// angle must be bit-identical, not merely close. cos/sin are evaluated in double and rounded to
-// f32: correctly rounded (up to double rounding, ~1e-9 of cases), like glibc's cosf/sinf nearly
-// always are. One block per row: the block first fills the row's cos/sin table (n_rot / 2 entries,
-// shared by all heads), then rotates every head's pairs.
+// Angles as the CPU computes them (rope_cos_sin, rope.cuh). One block per row: the block first
+// fills the row's cos/sin table (n_rot / 2 entries, shared by all heads), then rotates every
+// head's pairs.
 struct RopeKernelArgs {
   float* x;
   int64_t stride;
@@ -449,15 +446,8 @@ constexpr int kRopeThreads = 512;  // a decode row: 2048 pairs in 4 steps per th
 
 // The row's cos/sin table, as rope_kernel fills it (one entry per rotating pair of a head).
 __device__ __forceinline__ void rope_table(const RopeKernelArgs& a, int64_t position, float* cs, float* sn) {
-  const float pos = float(position);
   for (int i = threadIdx.x; i < a.half; i += kRopeThreads) {
-    float theta = pos;
-    for (int k = 0; k < i; ++k) theta = __fmul_rn(theta, a.theta_scale);
-    const float th = __fmul_rn(a.freq_scale, a.freq_factors ? __fdiv_rn(theta, a.freq_factors[i]) : theta);
-    double sv, cv;
-    sincos(double(th), &sv, &cv);
-    cs[i] = __double2float_rn(cv);
-    sn[i] = __double2float_rn(sv);
+    rope_cos_sin(a.theta_scale, a.freq_scale, a.freq_factors, position, i, cs[i], sn[i]);
   }
 }
 
@@ -469,9 +459,10 @@ __device__ __forceinline__ void rope_row(const RopeKernelArgs& a, float* xr, int
     float* v = xr + int64_t(h) * a.head_dim;
     const int i0 = a.neox ? i : 2 * i;
     const int i1 = a.neox ? i + a.half : 2 * i + 1;
-    const float x0 = v[i0], x1 = v[i1];
-    v[i0] = __fsub_rn(__fmul_rn(x0, cs[i]), __fmul_rn(x1, sn[i]));
-    v[i1] = __fadd_rn(__fmul_rn(x0, sn[i]), __fmul_rn(x1, cs[i]));
+    float x0 = v[i0], x1 = v[i1];
+    rope_rotate(x0, x1, cs[i], sn[i]);
+    v[i0] = x0;
+    v[i1] = x1;
   }
 }
 
@@ -890,6 +881,9 @@ Status check_rope(const RopeArgs& args) {
   return Status::ok();
 }
 
+// Host libm powf, the very call the CPU backend makes (std::pow on two floats).
+float theta_scale_of(const RopeArgs& args) { return std::pow(args.freq_base, -2.0f / float(args.n_rot)); }
+
 RopeKernelArgs rope_kernel_args(float* x, int64_t stride, int64_t rows, const RopeArgs& args, int pos0,
                                 const int* pos_dev) {
   RopeKernelArgs a;
@@ -900,8 +894,7 @@ RopeKernelArgs rope_kernel_args(float* x, int64_t stride, int64_t rows, const Ro
   a.head_dim = args.head_dim;
   a.half = args.n_rot / 2;
   a.neox = args.neox;
-  // Host libm powf, the very call the CPU backend makes (std::pow on two floats).
-  a.theta_scale = std::pow(args.freq_base, -2.0f / float(args.n_rot));
+  a.theta_scale = theta_scale_of(args);
   a.freq_scale = args.freq_scale;
   a.freq_factors = args.freq_factors;
   a.pos0 = pos0;
@@ -909,6 +902,17 @@ RopeKernelArgs rope_kernel_args(float* x, int64_t stride, int64_t rows, const Ro
   return a;
 }
 }  // namespace
+
+Status rope_store_epilogue(const RopeArgs& args, GemvRopeStore& out) {
+  SLUICE_RETURN_IF_ERROR(check_rope(args));
+  if (args.neox) return unsupported("rope epilogue: the NeoX rotation pairs elements half a head apart");
+  out.head_dim = args.head_dim;
+  out.half = args.n_rot / 2;
+  out.theta_scale = theta_scale_of(args);
+  out.freq_scale = args.freq_scale;
+  out.freq_factors = args.freq_factors;
+  return Status::ok();
+}
 
 Status rope(float* x, int64_t stride, int64_t rows, const RopeArgs& args, int pos0, cudaStream_t stream,
             const int* pos_dev) {

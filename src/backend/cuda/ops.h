@@ -99,6 +99,11 @@ struct RopeArgs {
 Status rope(float* x, int64_t stride, int64_t rows, const RopeArgs& args, int pos0, cudaStream_t stream,
             const int* pos_dev = nullptr);
 
+// The rotation of `args` as the Q/K/V GEMV's rope-and-store epilogue takes it (gemv.h,
+// GemvRopeStore: head_dim, half, theta_scale, freq_scale, freq_factors; the rest is the caller's),
+// with the angles rope_store_kv uses. kUnsupported for the NeoX (halves) rotation.
+Status rope_store_epilogue(const RopeArgs& args, GemvRopeStore& out);
+
 // rope(q) and rope(k) with the same parameters (k has n_head_k heads), then k and v rows stored
 // as f16 into the caches at rows [pos0, pos0 + rows): the four calls of a layer in one launch.
 Status rope_store_kv(float* q, int64_t q_stride, float* k, int64_t k_stride, int n_head_k, const float* v,
