@@ -551,38 +551,33 @@ class CudaBackend final : public Backend {
     }
     const Q8Activation xq = q8_activation_of(x);
     auto matrix = [&](size_t j) { return GemvMatrix{w[j].data, w[j].ne1, f32(x), xq, f32(y[j])}; };
-    // The epilogue's kind and cache of each matrix of a launch, by its output.
-    auto with_kinds = [&](GemvGroupArgs& g, GemvRopeStore& r) {
-      r = rs;
+    // The call's launches (one per weight format: at most 3), each with its matrices' epilogue
+    // kinds and caches (found by output), all checked before any is made.
+    GemvGroupArgs groups[3];
+    GemvRopeStore epi[3];
+    int n = 0;
+    bool takes = true;
+    const std::span<const WeightView> ws(w.data(), w.size());
+    format_groups(ws, int(x.rows), [](size_t) { return true; }, matrix, [&](const GemvGroupArgs& g) {
+      GemvRopeStore& r = epi[n] = rs;
       for (int i = 0; i < g.n; ++i) {
         const int j = g.m[i].y == f32(y[0]) ? 0 : g.m[i].y == f32(y[1]) ? 1 : 2;
         r.kind[i] = j == 0 ? GemvRopeStore::kQ : j == 1 ? GemvRopeStore::kK : GemvRopeStore::kV;
-        const Tensor& c = j == 1 ? s.k_cache : s.v_cache;
-        r.cache[i] = j == 0 ? nullptr : c.data;
-        r.cache_stride[i] = j == 0 ? 0 : c.stride;
+        r.cache[i] = j == 0 ? nullptr : j == 1 ? s.k_cache.data : s.v_cache.data;
+        r.cache_stride[i] = j == 0 ? 0 : j == 1 ? s.k_cache.stride : s.v_cache.stride;
       }
-      g.rope = &r;
-    };
-    const std::span<const WeightView> ws(w.data(), w.size());
-    bool takes = true;  // every launch of the call has the epilogue (checked before any launch)
-    format_groups(ws, int(x.rows), [](size_t) { return true; }, matrix, [&](const GemvGroupArgs& g0) {
-      GemvGroupArgs g = g0;
-      GemvRopeStore r;
-      with_kinds(g, r);
-      g.check_only = true;
-      takes = takes && gemv_group(dev_, g, stream_).is_ok();
+      GemvGroupArgs& c = groups[n++] = g;
+      c.rope = &r;
+      c.check_only = true;
+      takes = takes && gemv_group(dev_, c, stream_).is_ok();
+      c.check_only = false;
     });
     if (!takes) {
       Backend::matmul_rope_store_kv(w, x, y, rq, rk, s);
       return;
     }
     invalidate_q8();
-    format_groups(ws, int(x.rows), [](size_t) { return true; }, matrix, [&](const GemvGroupArgs& g0) {
-      GemvGroupArgs g = g0;
-      GemvRopeStore r;
-      with_kinds(g, r);
-      must(gemv_group(dev_, g, stream_), "gemv (rope and KV store)");
-    });
+    for (int i = 0; i < n; ++i) must(gemv_group(dev_, groups[i], stream_), "gemv (rope and KV store)");
   }
   // The shapes and switches matmul_rope_store_kv's fused path needs; rs gets the rotation and the
   // call's positions.
