@@ -69,6 +69,13 @@ bool gemv_direct_enabled() {
   }();
   return enabled;
 }
+bool gemv_coalesced_enabled() {
+  static const bool enabled = [] {  // immutable after its first initialization
+    const char* env = std::getenv("SLUICE_CUDA_GEMV_COALESCED");
+    return !(env != nullptr && std::string(env) == "0");
+  }();
+  return enabled;
+}
 }  // namespace gemv_detail
 
 int64_t q8_activation_bytes(int64_t cols, int tokens) {

@@ -71,6 +71,17 @@ inline constexpr int kEpiQ = 1, kEpiK = 2, kEpiV = 3;
 // Needs: row_bytes and every weight pointer 16-byte aligned, activations as in dot_lane, rows < 2^31.
 //
 // kRope (epi non-null): rows in pairs, as RopeEpi says; every matrix's row count is even.
+// A lane's activation offsets (elements of q, entries of ds) within a row step: pieces l, l + 32, ...
+// unless the format maps its lanes otherwise (FmtQ8_0GC::act_offsets).
+template <class F>
+__device__ __forceinline__ int2 lane_act_offsets(int lane) {
+  if constexpr (requires { F::act_offsets(lane); }) {
+    return F::act_offsets(lane);
+  } else {
+    return int2{lane * F::kPieceElems, lane * (F::kPieceElems / 32)};
+  }
+}
+
 template <class F, int NT, int kDepth, bool kFull, bool kRope>
 __device__ __forceinline__ void gemv_direct_body(const Segs& segs, int64_t row_bytes, int npieces,
                                                  const RopeEpi* epi) {
@@ -160,8 +171,9 @@ __device__ __forceinline__ void gemv_direct_body(const Segs& segs, int64_t row_b
   advance_seg(row, m);
   int seg_begin = int(segs.row0[m]), seg_end = int(segs.row0[m + 1]);
   const int64_t cols = segs.a[0].cols;
-  const int8_t* xq = segs.a[m].q + lane * F::kPieceElems;
-  const float2* xds = segs.a[m].ds + lane * (F::kPieceElems / 32);
+  const int2 act_off = lane_act_offsets<F>(lane);
+  const int8_t* xq = segs.a[m].q + act_off.x;
+  const float2* xds = segs.a[m].ds + act_off.y;
   float acc[NT];
   float prev[NT];  // kRope: the even row's outputs until its pair's odd row ends
 #pragma unroll
@@ -231,8 +243,8 @@ __device__ __forceinline__ void gemv_direct_body(const Segs& segs, int64_t row_b
             advance_seg(row, m);
             seg_begin = int(segs.row0[m]);
             seg_end = int(segs.row0[m + 1]);
-            xq = segs.a[m].q + lane * F::kPieceElems;
-            xds = segs.a[m].ds + lane * (F::kPieceElems / 32);
+            xq = segs.a[m].q + act_off.x;
+            xds = segs.a[m].ds + act_off.y;
           }
         }
       }
@@ -269,6 +281,15 @@ struct DirectOf<FmtQ6_KG> {
 template <>
 struct DirectOf<FmtQ8_0G> {
   using type = FmtQ8_0G;
+};
+// The direct format for rows of whole row steps (kFull), where one exists with another lane map.
+template <class D>
+struct FullStepsOf {
+  using type = D;
+};
+template <>
+struct FullStepsOf<FmtQ8_0G> {
+  using type = FmtQ8_0GC;
 };
 
 }  // namespace sluice::backend::cuda::gemv_detail

@@ -118,12 +118,25 @@ Status launch_direct_k(const DeviceInfo& dev, cudaStream_t stream, const Segs& s
 // rows; on long rows (ffn_down: 14336, 28672 columns; few rows per warp) more steps in flight
 // win: 6 for Q4_K, 4 for Q5_K (whose larger words cost more registers per step).
 // Grouped Q6_K and Q8_0 (18-19 registers of words per step) take 4 on long rows, as Q5_K.
+// Rows of whole steps take FullStepsOf<F> (grouped Q8_0: FmtQ8_0GC's coalesced lane map) unless
+// SLUICE_CUDA_GEMV_COALESCED=0 (A/B runs; read once per process). Its ring depth on short rows at
+// one token is the format's kDirectShortDepth1 (measured, docs/CUDA.md), else as below.
+bool gemv_coalesced_enabled();
+
 template <class F, int NT>
 Status launch_direct(const DeviceInfo& dev, cudaStream_t stream, const Segs& segs, int64_t row_bytes, int nb,
                      const RopeEpi* epi = nullptr) {
   constexpr int kLongDepth = F::kDirectLongDepth;
   const bool full = nb * (F::kBlockElems / F::kPieceElems) % kWarpSize == 0;
   const bool long_rows = int64_t(nb) * F::kBlockElems >= 12288;
+  using FF = typename FullStepsOf<F>::type;
+  if constexpr (!std::is_same_v<FF, F>) {
+    if (full && gemv_coalesced_enabled()) {
+      constexpr int kShortDepth = NT == 1 ? FF::kDirectShortDepth1 : 3;
+      return long_rows ? launch_direct_k<FF, NT, FF::kDirectLongDepth, true>(dev, stream, segs, row_bytes, nb, epi)
+                       : launch_direct_k<FF, NT, kShortDepth, true>(dev, stream, segs, row_bytes, nb, epi);
+    }
+  }
   if (long_rows) {
     return full ? launch_direct_k<F, NT, kLongDepth, true>(dev, stream, segs, row_bytes, nb, epi)
                 : launch_direct_k<F, NT, kLongDepth, false>(dev, stream, segs, row_bytes, nb, epi);
