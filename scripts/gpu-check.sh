@@ -240,7 +240,7 @@ step_model() {
       echo "Q6_K / Q8_0 in GGUF order (A/B; SLUICE_CUDA_GROUPED=0, the grouped layout is the default):" >>"$OUT_DIR/model_compare.txt"
       SLUICE_CUDA_GROUPED=0 "$SLUICE_BIN" bench -m "$dir/$name.gguf" -p 0 -n 128 -r 3 --backend cuda >>"$OUT_DIR/model_compare.txt" 2>&1
     fi
-    if [[ $name == 8b-q4_k_m || $name == 8b-q8_0 ]]; then
+    if [[ $name == 8b-q4_k_m || $name == 8b-q6_k || $name == 8b-q8_0 ]]; then
       # The two decode-step changes of 2026-12-07 (docs/benchmarks.md, "Two decode-step changes
       # kept"), each off in turn and both off: the split attention at short contexts, the separate
       # RoPE + KV-store launch.
@@ -251,6 +251,11 @@ step_model() {
         SLUICE_CUDA_ATTN_SINGLE_KEYS=$single SLUICE_CUDA_QKV_ROPE=$qkv "$SLUICE_BIN" bench -m "$dir/$name.gguf" -p 0 -n 128 -r 3 \
           --backend cuda 2>&1 | grep -a "tg128" >>"$OUT_DIR/model_compare.txt"
       done
+      # The coalesced lane maps of the direct GEMV (docs/benchmarks.md, "Coalesced lane maps"):
+      # off = one piece per lane everywhere.
+      echo "A/B: SLUICE_CUDA_GEMV_COALESCED=0 (default 1):" >>"$OUT_DIR/model_compare.txt"
+      SLUICE_CUDA_GEMV_COALESCED=0 "$SLUICE_BIN" bench -m "$dir/$name.gguf" -p 0 -n 128 -r 3 --backend cuda 2>&1 |
+        grep -a "tg128" >>"$OUT_DIR/model_compare.txt"
       # What each kind of kernel costs in the token's context: the time saved without its launches
       # (outputs meaningless; docs/benchmarks.md, "Decode on the H100").
       echo "kernel kinds left out (--skip-kernels; the tg128 gained is their cost in context):" >>"$OUT_DIR/model_compare.txt"

@@ -174,6 +174,10 @@ std::vector<Param> params() {
         {"long_b2", {300, 14336, 2}},
         {"long_part", {77, 12544, 1}},
         {"long_part_b2", {77, 12544, 2}},
+        // Q4_K rows of whole steps take DirectQ4_KC's coalesced lane map by default (4096_b2,
+        // 14336x4096, ...); variant 3 keeps DirectQ45_K's one piece per lane there.
+        {"piece_lanes_4096", {1001, 4096, 1, 3}},
+        {"piece_lanes_long_b2", {300, 14336, 2, 3}},
         // The second launch shape (4 warps, 4 KB stages).
         {"v1_odd_rows2", {1001, 1024, 1, 1}},
         {"v1_batch5", {129, 2048, 5, 1}},
@@ -183,9 +187,11 @@ std::vector<Param> params() {
     };
     for (const auto& [name, c] : shapes) out.push_back({f, name, c});
     if (f.type != quant::Type::kQ6_K && f.type != quant::Type::kQ8_0) continue;
-    // The grouped layout: the direct kernel (1..2 tokens; ring depth 3, or 4 from 12288 columns),
-    // the staged shapes (variants 0 and 1, 3+ tokens) reading whole groups from shared memory.
-    // Q8_0 rows may end inside a 2048-column row step (its groups are 256 columns).
+    // The grouped layout: the direct kernel (1..2 tokens; the coalesced lane maps FmtQ6_KGC /
+    // FmtQ8_0GC on rows of whole 2048-column steps, their ring depths by row length; variant 3: the
+    // one-piece-per-lane maps there too), the staged shapes (variants 0 and 1, 3+ tokens) reading
+    // whole groups from shared memory. Q8_0 rows may end inside a 2048-column row step (its groups
+    // are 256 columns).
     std::vector<std::pair<std::string, Case>> grouped = {
         {"grouped_small", {7, 2048, 1, -1, true}},
         {"grouped_4096", {1001, 4096, 1, -1, true}},
@@ -197,6 +203,8 @@ std::vector<Param> params() {
         {"grouped_v1_b2", {300, 14336, 2, 1, true}},
         {"grouped_b3", {129, 2048, 3, -1, true}},
         {"grouped_b8", {300, 4096, 8, -1, true}},
+        {"grouped_piece_lanes_4096", {1001, 4096, 1, 3, true}},
+        {"grouped_piece_lanes_long_b2", {300, 14336, 2, 3, true}},
     };
     if (f.type == quant::Type::kQ8_0) {
       grouped.push_back({"grouped_part", {77, 1280, 1, -1, true}});

@@ -58,10 +58,13 @@ bool gemv_supported(quant::Type type);
 // Q5_K, grouped Q6_K and grouped Q8_0 at 1..2 tokens unless SLUICE_CUDA_GEMV_DIRECT=0, else 0
 // or 1 by rows); 0 = 8 warps x 2 KB stages, 1 = 4 warps x 4 KB stages (see gemv_kernel.cuh);
 // 2 = the direct kernel (gemv_direct.cuh: Q4_K, Q5_K, grouped Q6_K / Q8_0, 1 or 2 tokens; other
-// calls: the shape -1 would pick). 0..2 are for benchmarks and tests.
-// Results are identical up to f32 summation order.
+// calls: the shape -1 would pick); on rows of whole 2048-element steps it reads Q4_K, grouped
+// Q6_K and Q8_0 with their coalesced lane maps unless SLUICE_CUDA_GEMV_COALESCED=0; 3 = the direct
+// kernel with the one-piece-per-lane maps everywhere (what =0 gives). 0..3 are for benchmarks and
+// tests; 4..5 act as -1. Results are identical up to f32 summation order.
 inline constexpr int kGemvVariants = 6;
 inline constexpr int kGemvDirect = 2;
+inline constexpr int kGemvDirectPieceLanes = 3;
 
 struct GemvArgs {
   quant::Type type = quant::Type::kF32;

@@ -291,5 +291,13 @@ template <>
 struct FullStepsOf<FmtQ8_0G> {
   using type = FmtQ8_0GC;
 };
+template <>
+struct FullStepsOf<DirectQ45_K<false>> {
+  using type = DirectQ4_KC;
+};
+template <>
+struct FullStepsOf<FmtQ6_KG> {
+  using type = FmtQ6_KGC;
+};
 
 }  // namespace sluice::backend::cuda::gemv_detail

@@ -632,6 +632,77 @@ struct DirectQ45_K : FmtQ45_K<kFive> {
 using FmtQ4_K = FmtQ45_K<false>;
 using FmtQ5_K = FmtQ45_K<true>;
 
+// Q4_K for the direct kernel on rows of whole steps (launch_direct; DirectQ45_K elsewhere), the
+// coalesced lane map of FmtQ8_0GC: lane l (block l / 4, p = l % 4) reads qs words p and 4 + p of
+// its block (bytes 16 p.. and 64 + 16 p.. of the 128), so one load instruction of the warp takes 64
+// contiguous qs bytes of each block (2-3 sectors) where DirectQ45_K's took 16 bytes from each of 4
+// sectors (each sector crossing from L2 twice). qs word w holds elements 64 (w / 2) + 16 (w % 2)
+// + [0, 16) of sub-block 2 (w / 2) (low nibbles) and the same + 32 of sub-block 2 (w / 2) + 1
+// (high nibbles): the lane has 16 elements of each sub-block of pair c = p / 2 (6-bit scales) and
+// of pair c = 2 + p / 2 (split scales), all at the same byte offset 2 (p / 2) of the scale words.
+// A sub-block's min term (its 32-element activation sum) is added by its lane of even p. The same
+// exact int sums per 16 elements, scaled and summed in another order than DirectQ45_K.
+struct DirectQ4_KC : FmtQ45_K<false> {
+  using B = FmtQ45_K<false>;
+  // Ring depths measured on the 8B Q4_K_M decode (H100; short / long rows): 4 / 5 gave 420-421
+  // tok/s, 3 / 6 (DirectQ45_K's) 404-405, 3 / 5 412, 4 / 6 413.
+  static constexpr int kDirectLongDepth = 5, kDirectShortDepth1 = 4;
+  struct Lane {
+    int base;  // the lane's block within a row step
+    int p;
+  };
+  __device__ static Lane lane_of(int l) { return Lane{l / 4 * B::kBlockBytes, l % 4}; }
+  __device__ static int2 act_offsets(int l) {
+    const int p = l % 4;
+    return int2{l / 4 * 256 + 64 * (p / 2) + 16 * (p % 2), l / 4 * 8 + 2 * (p / 2)};
+  }
+  struct Words {
+    uint4 hd, q0, q1;
+  };
+  __device__ static void load(const uint8_t* p, const Lane& L, Words& w) {
+    w.hd = ldg_stream_u128(p);
+    w.q0 = ldg_stream_u128(p + B::kQsOff + 16 * L.p);
+    w.q1 = ldg_stream_u128(p + B::kQsOff + 64 + 16 * L.p);
+  }
+  template <int NT>
+  __device__ static void dot_direct(const Words& w, const Lane& L, const int8_t* xq, const float2* xds, int64_t cols,
+                                    float (&acc)[NT]) {
+    const uint4 hd = w.hd;
+    const float d = half_bits_to_float(hd.x & 0xFFFFu), dmin = half_bits_to_float(hd.x >> 16);
+    const float min_on = L.p % 2 == 0 ? 1.0f : 0.0f;
+    const int sh = 16 * (L.p / 2);
+    const uint32_t A = (hd.y >> sh) & 0xFFFFu, Bw = (hd.z >> sh) & 0xFFFFu, C = (hd.w >> sh) & 0xFFFFu;
+    const uint32_t sc_a = A & 0x3F3Fu, mn_a = Bw & 0x3F3Fu;  // pair p / 2 (sub-blocks < 4)
+    const uint32_t sc_b = (C & 0x0F0Fu) | ((A >> 2) & 0x3030u), mn_b = ((C >> 4) & 0x0F0Fu) | ((Bw >> 2) & 0x3030u);
+    const int sa0 = int(sc_a & 0xFFu), sa1 = int(sc_a >> 8), sb0 = int(sc_b & 0xFFu), sb1 = int(sc_b >> 8);
+    const float ma0 = float(mn_a & 0xFFu), ma1 = float(mn_a >> 8), mb0 = float(mn_b & 0xFFu), mb1 = float(mn_b >> 8);
+    const uint32_t qa[4] = {w.q0.x, w.q0.y, w.q0.z, w.q0.w}, qb[4] = {w.q1.x, w.q1.y, w.q1.z, w.q1.w};
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      const int8_t* x = xq + t * cols;
+      const int4 xa0 = __ldg(reinterpret_cast<const int4*>(x)), xa1 = __ldg(reinterpret_cast<const int4*>(x + 32));
+      const int4 xb0 = __ldg(reinterpret_cast<const int4*>(x + 128)), xb1 = __ldg(reinterpret_cast<const int4*>(x + 160));
+      const float4 da = __ldg(reinterpret_cast<const float4*>(xds + t * (cols / 32)));
+      const float4 db = __ldg(reinterpret_cast<const float4*>(xds + t * (cols / 32) + 4));
+      const int va0[4] = {xa0.x, xa0.y, xa0.z, xa0.w}, va1[4] = {xa1.x, xa1.y, xa1.z, xa1.w};
+      const int vb0[4] = {xb0.x, xb0.y, xb0.z, xb0.w}, vb1[4] = {xb1.x, xb1.y, xb1.z, xb1.w};
+      int s_a0 = 0, s_a1 = 0, s_b0 = 0, s_b1 = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        s_a0 = __dp4a(int(qa[j] & 0x0F0F0F0Fu), va0[j], s_a0);
+        s_a1 = dp4a_us(qa[j] & 0xF0F0F0F0u, va1[j], s_a1);  // 16 * the high nibbles
+        s_b0 = __dp4a(int(qb[j] & 0x0F0F0F0Fu), vb0[j], s_b0);
+        s_b1 = dp4a_us(qb[j] & 0xF0F0F0F0u, vb1[j], s_b1);
+      }
+      s_a1 >>= 4;  // exact: a multiple of 16
+      s_b1 >>= 4;
+      acc[t] += d * (float(sa0 * s_a0) * da.x + float(sa1 * s_a1) * da.z + float(sb0 * s_b0) * db.x +
+                     float(sb1 * s_b1) * db.z) -
+                min_on * dmin * (ma0 * da.y + ma1 * da.w + mb0 * db.y + mb1 * db.w);
+    }
+  }
+};
+
 // Q6_K (210 B, 2-byte aligned): piece = (half h, pair kp) = 64 elements: groups k = kp and
 // kp + 2 of half h share their 32 ql bytes (low / high nibbles); all four groups share the 32 qh
 // bytes. q = low4 | high2 << 4 in [0,63], made signed (q - 32) per byte with sub_bytes. Four
@@ -786,6 +857,88 @@ struct FmtQ6_KG : FmtQ6_K {
           d1 = __ldg(q + 2).x;
         },
         acc);
+  }
+};
+
+// Grouped Q6_K for the direct kernel on rows of whole steps (one group), the coalesced lane map of
+// FmtQ8_0GC: a lane decodes two 16-byte ql words, l and 32 + l (bytes 16 l.. and 512 + 16 l..), so
+// each ql load instruction of the warp takes 512 contiguous bytes and each qh load 256 (FmtQ6_KG's
+// lane reads its piece's 32 ql and 32 qh bytes in two loads each, 16 bytes from every other
+// 16-byte word: each sector crossed from L2 twice). ql word w is 16 bytes s = w % 2 of piece (h, kp)
+// = ((w % 8) / 4, (w / 2) % 2) of block w / 8: elements 128 h + 32 kp + 16 s + [0, 16) in the low
+// nibbles (group kp), the same + 64 in the high ones (group kp + 2), with qh bytes 16 s.. of the
+// block's half h and scales 8 h + 2 kp + s and + 4. Word 32 + l is the same place of block 4 + l / 8.
+// The same exact int sums per 16 elements, scaled and summed in another order than FmtQ6_KG.
+struct FmtQ6_KGC : FmtQ6_KG {
+  // Two words per lane cost registers (long rows at FmtQ6_KG's depth 4: 156, 3 blocks an SM); depth
+  // 3 (119) on long rows measured 369.1 tok/s on the 8B Q6_K decode (H100) against 363.2 at 4;
+  // 2 on short rows 360.5.
+  static constexpr int kDirectShortDepth1 = 3, kDirectLongDepth = 3;
+  struct Lane {
+    int base;       // 16 l: ql word l
+    int qh, sc, d;  // word l's qh word, its block's 8 scale bytes of half h, its d; from base
+    int kp, sel;    // sel = 2 kp + s: its scale byte in each 4-byte half of the 8
+  };
+  __device__ static Lane lane_of(int l) {
+    const int b = l / 8, h = (l / 4) % 2, kp = (l / 2) % 2, s = l % 2, base = 16 * l;
+    return Lane{base, kQh + 64 * b + 32 * h + 16 * s - base, kScales + 16 * b + 8 * h - base, kD + 2 * b - base, kp,
+                2 * kp + s};
+  }
+  __device__ static int2 act_offsets(int l) {
+    const int b = l / 8, h = (l / 4) % 2, kp = (l / 2) % 2, s = l % 2;
+    return int2{256 * b + 128 * h + 32 * kp + 16 * s, 8 * b + 4 * h + kp};
+  }
+  struct Words {
+    uint4 l[2], h[2];
+    uint2 sc[2];
+    uint32_t d[2];
+  };
+  __device__ static void load(const uint8_t* p, const Lane& L, Words& w) {
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {  // word l of blocks l / 8 and 4 + l / 8
+      w.l[u] = ldg_stream_u128(p + 512 * u);
+      w.h[u] = ldg_stream_u128(p + L.qh + 256 * u);
+      w.sc[u] = ldg_stream_u64(p + L.sc + 64 * u);
+      w.d[u] = ldg_stream_u16(p + L.d + 8 * u);
+    }
+  }
+  template <int NT>
+  __device__ static void dot_direct(const Words& w, const Lane& L, const int8_t* xq, const float2* xds, int64_t cols,
+                                    float (&acc)[NT]) {
+    int wl[2][4], wh[2][4], sl[2], sh[2];
+    float dd[2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const uint32_t lw[4] = {w.l[u].x, w.l[u].y, w.l[u].z, w.l[u].w};
+      const uint32_t hw[4] = {w.h[u].x, w.h[u].y, w.h[u].z, w.h[u].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t ql = lw[j];
+        const uint32_t hq = hw[j] >> (2 * L.kp);
+        wl[u][j] = sub_bytes((ql & 0x0F0F0F0Fu) | ((hq << 4) & 0x30303030u), 0x20202020u);
+        wh[u][j] = sub_bytes(((ql >> 4) & 0x0F0F0F0Fu) | (hq & 0x30303030u), 0x20202020u);
+      }
+      sl[u] = int(int8_t((w.sc[u].x >> (8 * L.sel)) & 0xFFu));
+      sh[u] = int(int8_t((w.sc[u].y >> (8 * L.sel)) & 0xFFu));
+      dd[u] = half_bits_to_float(w.d[u]);
+    }
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int8_t* x = xq + t * cols + 1024 * u;
+        const float2* xd = xds + t * (cols / 32) + 32 * u;
+        const int4 a = __ldg(reinterpret_cast<const int4*>(x)), b = __ldg(reinterpret_cast<const int4*>(x + 64));
+        const int va[4] = {a.x, a.y, a.z, a.w}, vb[4] = {b.x, b.y, b.z, b.w};
+        int s_lo = 0, s_hi = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          s_lo = __dp4a(wl[u][j], va[j], s_lo);
+          s_hi = __dp4a(wh[u][j], vb[j], s_hi);
+        }
+        acc[t] += dd[u] * (float(sl[u] * s_lo) * __ldg(xd).x + float(sh[u] * s_hi) * __ldg(xd + 2).x);
+      }
+    }
   }
 };
 

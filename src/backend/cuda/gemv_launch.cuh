@@ -118,20 +118,21 @@ Status launch_direct_k(const DeviceInfo& dev, cudaStream_t stream, const Segs& s
 // rows; on long rows (ffn_down: 14336, 28672 columns; few rows per warp) more steps in flight
 // win: 6 for Q4_K, 4 for Q5_K (whose larger words cost more registers per step).
 // Grouped Q6_K and Q8_0 (18-19 registers of words per step) take 4 on long rows, as Q5_K.
-// Rows of whole steps take FullStepsOf<F> (grouped Q8_0: FmtQ8_0GC's coalesced lane map) unless
-// SLUICE_CUDA_GEMV_COALESCED=0 (A/B runs; read once per process). Its ring depth on short rows at
-// one token is the format's kDirectShortDepth1 (measured, docs/CUDA.md), else as below.
+// Rows of whole steps take FullStepsOf<F> (Q4_K, grouped Q6_K and Q8_0: the coalesced lane maps of
+// DirectQ4_KC, FmtQ6_KGC, FmtQ8_0GC) unless SLUICE_CUDA_GEMV_COALESCED=0 (A/B runs; read once per
+// process). Their ring depths are their own (kDirectShortDepth1 on short rows at one token, else 3;
+// kDirectLongDepth on long rows), measured on the 8B decode on an H100 (docs/CUDA.md).
 bool gemv_coalesced_enabled();
 
 template <class F, int NT>
 Status launch_direct(const DeviceInfo& dev, cudaStream_t stream, const Segs& segs, int64_t row_bytes, int nb,
-                     const RopeEpi* epi = nullptr) {
+                     bool coalesced, const RopeEpi* epi = nullptr) {
   constexpr int kLongDepth = F::kDirectLongDepth;
   const bool full = nb * (F::kBlockElems / F::kPieceElems) % kWarpSize == 0;
   const bool long_rows = int64_t(nb) * F::kBlockElems >= 12288;
   using FF = typename FullStepsOf<F>::type;
   if constexpr (!std::is_same_v<FF, F>) {
-    if (full && gemv_coalesced_enabled()) {
+    if (full && coalesced) {
       constexpr int kShortDepth = NT == 1 ? FF::kDirectShortDepth1 : 3;
       return long_rows ? launch_direct_k<FF, NT, FF::kDirectLongDepth, true>(dev, stream, segs, row_bytes, nb, epi)
                        : launch_direct_k<FF, NT, kShortDepth, true>(dev, stream, segs, row_bytes, nb, epi);
@@ -277,17 +278,19 @@ Status launch_gemv(const DeviceInfo& dev, const GemvGroupArgs& g, cudaStream_t s
   }
   using D = typename DirectOf<F>::type;
   if constexpr (!std::is_void_v<D>) {
-    const bool direct = g.variant == kGemvDirect || (g.variant == -1 && gemv_direct_enabled());
+    const bool direct = g.variant == kGemvDirect || g.variant == kGemvDirectPieceLanes ||
+                        (g.variant == -1 && gemv_direct_enabled());
+    const bool coalesced = g.variant != kGemvDirectPieceLanes && gemv_coalesced_enabled();
     if (aligned && ds16 && rows <= INT32_MAX && direct && g.tokens <= 2) {
       if (g.rope != nullptr) {
         RopeEpi e;
         SLUICE_RETURN_IF_ERROR(rope_epi_of(g, e));
         if (g.check_only) return Status::ok();
-        return g.tokens == 1 ? launch_direct<D, 1>(dev, stream, segs, row_bytes, nb, &e)
-                             : launch_direct<D, 2>(dev, stream, segs, row_bytes, nb, &e);
+        return g.tokens == 1 ? launch_direct<D, 1>(dev, stream, segs, row_bytes, nb, coalesced, &e)
+                             : launch_direct<D, 2>(dev, stream, segs, row_bytes, nb, coalesced, &e);
       }
-      return g.tokens == 1 ? launch_direct<D, 1>(dev, stream, segs, row_bytes, nb)
-                           : launch_direct<D, 2>(dev, stream, segs, row_bytes, nb);
+      return g.tokens == 1 ? launch_direct<D, 1>(dev, stream, segs, row_bytes, nb, coalesced)
+                           : launch_direct<D, 2>(dev, stream, segs, row_bytes, nb, coalesced);
     }
   }
   if (g.rope != nullptr) {
