@@ -266,7 +266,7 @@ struct FmtQ8_0G {
 struct FmtQ8_0GC : FmtQ8_0G {
   // Ring depth on short rows at one token: 2 steps (72 registers, 7 blocks an SM) measured 0.4-1.3%
   // faster than 3 on the 8B Q8_0 decode (H100); long rows keep FmtQ8_0G's 4.
-  static constexpr int kDirectShortDepth1 = 2;
+  static constexpr int kDirectShortDepth1 = 2, kDirectLongDepth1 = 4;
   struct Lane {
     int base;  // word 0's offset within a row step (word i: + 2 * kBlockBytes * i)
     int d;     // the lane's own d pair, from base
@@ -644,9 +644,9 @@ using FmtQ5_K = FmtQ45_K<true>;
 // exact int sums per 16 elements, scaled and summed in another order than DirectQ45_K.
 struct DirectQ4_KC : FmtQ45_K<false> {
   using B = FmtQ45_K<false>;
-  // Ring depths measured on the 8B Q4_K_M decode (H100; short / long rows): 4 / 5 gave 420-421
-  // tok/s, 3 / 6 (DirectQ45_K's) 404-405, 3 / 5 412, 4 / 6 413.
-  static constexpr int kDirectLongDepth = 5, kDirectShortDepth1 = 4;
+  // Ring depths at one token measured on the 8B Q4_K_M decode (H100; short / long rows): 4 / 5
+  // gave 420-421 tok/s, 3 / 6 (DirectQ45_K's) 404-405, 3 / 5 412, 4 / 6 413. Two tokens: 3 / 6.
+  static constexpr int kDirectLongDepth = 6, kDirectShortDepth1 = 4, kDirectLongDepth1 = 5;
   struct Lane {
     int base;  // the lane's block within a row step
     int p;
@@ -871,9 +871,9 @@ struct FmtQ6_KG : FmtQ6_K {
 // The same exact int sums per 16 elements, scaled and summed in another order than FmtQ6_KG.
 struct FmtQ6_KGC : FmtQ6_KG {
   // Two words per lane cost registers (long rows at FmtQ6_KG's depth 4: 156, 3 blocks an SM); depth
-  // 3 (119) on long rows measured 369.1 tok/s on the 8B Q6_K decode (H100) against 363.2 at 4;
-  // 2 on short rows 360.5.
-  static constexpr int kDirectShortDepth1 = 3, kDirectLongDepth = 3;
+  // 3 (119) on long rows at one token measured 369.1 tok/s on the 8B Q6_K decode (H100) against
+  // 363.2 at 4; 2 on short rows 360.5. Two tokens: FmtQ6_KG's 3 / 4.
+  static constexpr int kDirectShortDepth1 = 3, kDirectLongDepth1 = 3;
   struct Lane {
     int base;       // 16 l: ql word l
     int qh, sc, d;  // word l's qh word, its block's 8 scale bytes of half h, its d; from base

@@ -120,8 +120,9 @@ Status launch_direct_k(const DeviceInfo& dev, cudaStream_t stream, const Segs& s
 // Grouped Q6_K and Q8_0 (18-19 registers of words per step) take 4 on long rows, as Q5_K.
 // Rows of whole steps take FullStepsOf<F> (Q4_K, grouped Q6_K and Q8_0: the coalesced lane maps of
 // DirectQ4_KC, FmtQ6_KGC, FmtQ8_0GC) unless SLUICE_CUDA_GEMV_COALESCED=0 (A/B runs; read once per
-// process). Their ring depths are their own (kDirectShortDepth1 on short rows at one token, else 3;
-// kDirectLongDepth on long rows), measured on the 8B decode on an H100 (docs/CUDA.md).
+// process). Their ring depths are their own at one token (kDirectShortDepth1, kDirectLongDepth1:
+// measured on the 8B decode on an H100, docs/CUDA.md); at two tokens 3 on short rows and
+// kDirectLongDepth on long ones (the depths their GPU tests ran at).
 bool gemv_coalesced_enabled();
 
 template <class F, int NT>
@@ -134,7 +135,8 @@ Status launch_direct(const DeviceInfo& dev, cudaStream_t stream, const Segs& seg
   if constexpr (!std::is_same_v<FF, F>) {
     if (full && coalesced) {
       constexpr int kShortDepth = NT == 1 ? FF::kDirectShortDepth1 : 3;
-      return long_rows ? launch_direct_k<FF, NT, FF::kDirectLongDepth, true>(dev, stream, segs, row_bytes, nb, epi)
+      constexpr int kLongDepthC = NT == 1 ? FF::kDirectLongDepth1 : FF::kDirectLongDepth;
+      return long_rows ? launch_direct_k<FF, NT, kLongDepthC, true>(dev, stream, segs, row_bytes, nb, epi)
                        : launch_direct_k<FF, NT, kShortDepth, true>(dev, stream, segs, row_bytes, nb, epi);
     }
   }
