@@ -50,10 +50,23 @@ struct RopeEpi {
 };
 inline constexpr int kEpiQ = 1, kEpiK = 2, kEpiV = 3;
 
-// F: a format with the lane API (DirectQ45_K, FmtQ6_KG, FmtQ8_0G): Lane lane_of(lane) (the
-// lane's constant offsets; .base: its first byte within a row step), Words (one row step's
-// registers), load(p, lane, words) from p = step start + base, dot_direct<NT>(words, lane, xq,
-// xds, cols, acc). npieces = nb * 4.
+// A lane's activation offsets (elements of q, entries of ds) within a row step: pieces l, l + 32, ...
+// unless the format maps its lanes otherwise (act_offsets of DirectQ4_KC, FmtQ6_KGC,
+// FmtQ8_0GC).
+template <class F>
+__device__ __forceinline__ int2 lane_act_offsets(int lane) {
+  if constexpr (requires { F::act_offsets(lane); }) {
+    return F::act_offsets(lane);
+  } else {
+    return int2{lane * F::kPieceElems, lane * (F::kPieceElems / 32)};
+  }
+}
+
+// F: a format with the lane API (DirectQ45_K, FmtQ6_KG, FmtQ8_0G; on rows of whole steps the
+// coalesced maps DirectQ4_KC, FmtQ6_KGC, FmtQ8_0GC): Lane lane_of(lane) (the lane's constant
+// offsets; .base: its first byte within a row step), Words (one row step's registers), load(p,
+// lane, words) from p = step start + base, dot_direct<NT>(words, lane, xq, xds, cols, acc) with xq
+// and xds at the step's activation + lane_act_offsets. npieces = nb * 4.
 //
 // A warp walks its items, (row, step) pairs in order (row g: steps 0..steps-1, then row g + G, ...),
 // through a ring of kDepth register slots: the loads of item j + kDepth go into slot j % kDepth as
@@ -71,17 +84,6 @@ inline constexpr int kEpiQ = 1, kEpiK = 2, kEpiV = 3;
 // Needs: row_bytes and every weight pointer 16-byte aligned, activations as in dot_lane, rows < 2^31.
 //
 // kRope (epi non-null): rows in pairs, as RopeEpi says; every matrix's row count is even.
-// A lane's activation offsets (elements of q, entries of ds) within a row step: pieces l, l + 32, ...
-// unless the format maps its lanes otherwise (FmtQ8_0GC::act_offsets).
-template <class F>
-__device__ __forceinline__ int2 lane_act_offsets(int lane) {
-  if constexpr (requires { F::act_offsets(lane); }) {
-    return F::act_offsets(lane);
-  } else {
-    return int2{lane * F::kPieceElems, lane * (F::kPieceElems / 32)};
-  }
-}
-
 template <class F, int NT, int kDepth, bool kFull, bool kRope>
 __device__ __forceinline__ void gemv_direct_body(const Segs& segs, int64_t row_bytes, int npieces,
                                                  const RopeEpi* epi) {
