@@ -538,6 +538,19 @@ struct FmtQ45_K {
       acc[t] += d * (float(sc0 * s0) * ds0.x + float(sc1 * s1) * ds1.x) - dmin * (float(mn0) * ds0.y + float(mn1) * ds1.y);
     }
   }
+  // The 6-bit scales (sc) and mins (mn) of sub-blocks 2c and 2c + 1 (low and high byte), from the
+  // header word hd (d, dmin, scales[12]; quant/blocks.h): for c < 2 bytes 2c, 2c + 1 of scales[0..3]
+  // and scales[4..7]; for c >= 2 the low 4 bits from scales[8..11] and the top 2 bits from bits 6..7
+  // of scales[2c - 4..] and scales[2c..]. Both pairs sit at byte 2 (c & 1) of their word, so a
+  // lane-constant c takes them with shifts, masks and selects, no branches.
+  __device__ static void scale_min_pair(const uint4& hd, int c, uint32_t& sc, uint32_t& mn) {
+    const int sh = 16 * (c & 1);
+    const bool hi = c >= 2;
+    const uint32_t A = (hd.y >> sh) & 0xFFFFu, B = (hd.z >> sh) & 0xFFFFu, C = (hd.w >> sh) & 0xFFFFu;
+    const uint32_t mask = hi ? 0x0F0Fu : 0x3F3Fu, top = hi ? 0x3030u : 0u;
+    sc = ((hi ? C : A) & mask) | ((A >> 2) & top);
+    mn = ((hi ? (C >> 4) : B) & mask) | ((B >> 2) & top);
+  }
   // Piece pp of a block for the direct GEMV (gemv_direct.cuh): the same arithmetic as
   // dot_words (bit-identical sums), with fewer instructions. pp is the lane's constant piece
   // index (lane & 3), so the scale bytes come from lane-constant shifts and selects (no branches
@@ -549,16 +562,8 @@ struct FmtQ45_K {
                                   int64_t cols, float (&acc)[NT]) {
     const uint4 hd = w[0];
     const float d = half_bits_to_float(hd.x & 0xFFFFu), dmin = half_bits_to_float(hd.x >> 16);
-    // Scale/min bytes of sub-blocks j = 2pp, 2pp + 1 (quant/blocks.h): for pp < 2 bytes j of
-    // scales[0..3] and scales[4..7], 6 bits each; for pp >= 2 the low 4 bits from scales[8..11]
-    // and the top 2 bits from bits 6..7 of scales[j - 4] and scales[j]. Both pairs sit at byte
-    // 2 * (pp & 1) of their word.
-    const int sh = 16 * (pp & 1);
-    const bool hi = pp >= 2;
-    const uint32_t A = (hd.y >> sh) & 0xFFFFu, B = (hd.z >> sh) & 0xFFFFu, C = (hd.w >> sh) & 0xFFFFu;
-    const uint32_t mask = hi ? 0x0F0Fu : 0x3F3Fu, top = hi ? 0x3030u : 0u;
-    const uint32_t sc = ((hi ? C : A) & mask) | ((A >> 2) & top);
-    const uint32_t mn = ((hi ? (C >> 4) : B) & mask) | ((B >> 2) & top);
+    uint32_t sc, mn;
+    scale_min_pair(hd, pp, sc, mn);
     const int sc0 = int(sc & 0xFFu), sc1 = int(sc >> 8), mn0 = int(mn & 0xFFu), mn1 = int(mn >> 8);
     const uint4 q0 = w[kPieceWords - 2], q1 = w[kPieceWords - 1];
     const uint32_t qw[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
@@ -670,10 +675,9 @@ struct DirectQ4_KC : FmtQ45_K<false> {
     const uint4 hd = w.hd;
     const float d = half_bits_to_float(hd.x & 0xFFFFu), dmin = half_bits_to_float(hd.x >> 16);
     const float min_on = L.p % 2 == 0 ? 1.0f : 0.0f;
-    const int sh = 16 * (L.p / 2);
-    const uint32_t A = (hd.y >> sh) & 0xFFFFu, Bw = (hd.z >> sh) & 0xFFFFu, C = (hd.w >> sh) & 0xFFFFu;
-    const uint32_t sc_a = A & 0x3F3Fu, mn_a = Bw & 0x3F3Fu;  // pair p / 2 (sub-blocks < 4)
-    const uint32_t sc_b = (C & 0x0F0Fu) | ((A >> 2) & 0x3030u), mn_b = ((C >> 4) & 0x0F0Fu) | ((Bw >> 2) & 0x3030u);
+    uint32_t sc_a, mn_a, sc_b, mn_b;
+    B::scale_min_pair(hd, L.p / 2, sc_a, mn_a);      // sub-blocks 2 (p / 2), + 1
+    B::scale_min_pair(hd, 2 + L.p / 2, sc_b, mn_b);  // sub-blocks 4 + 2 (p / 2), + 1
     const int sa0 = int(sc_a & 0xFFu), sa1 = int(sc_a >> 8), sb0 = int(sc_b & 0xFFu), sb1 = int(sc_b >> 8);
     const float ma0 = float(mn_a & 0xFFu), ma1 = float(mn_a >> 8), mb0 = float(mn_b & 0xFFu), mb1 = float(mn_b >> 8);
     const uint32_t qa[4] = {w.q0.x, w.q0.y, w.q0.z, w.q0.w}, qb[4] = {w.q1.x, w.q1.y, w.q1.z, w.q1.w};
@@ -710,10 +714,12 @@ struct DirectQ4_KC : FmtQ45_K<false> {
 struct FmtQ6_K {
   static constexpr int kBlockElems = 256, kBlockBytes = 210, kPieceElems = 64;
   static constexpr bool kQ8 = true;
-  // The piece's signed 6-bit values from its 32 ql bytes and its half's 32 qh bytes.
-  __device__ static void unpack(const uint32_t (&lw)[8], const uint32_t (&hw)[8], int kp, int (&wl)[8], int (&wh)[8]) {
+  // The piece's signed 6-bit values from its 32 ql bytes and its half's 32 qh bytes (N = 8), or
+  // from any run of N ql words and the qh words of the same positions.
+  template <int N>
+  __device__ static void unpack(const uint32_t (&lw)[N], const uint32_t (&hw)[N], int kp, int (&wl)[N], int (&wh)[N]) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < N; ++j) {
       const uint32_t ql = lw[j];
       const uint32_t hq = hw[j] >> (2 * kp);
       wl[j] = sub_bytes((ql & 0x0F0F0F0Fu) | ((hq << 4) & 0x30303030u), 0x20202020u);
@@ -911,13 +917,7 @@ struct FmtQ6_KGC : FmtQ6_KG {
     for (int u = 0; u < 2; ++u) {
       const uint32_t lw[4] = {w.l[u].x, w.l[u].y, w.l[u].z, w.l[u].w};
       const uint32_t hw[4] = {w.h[u].x, w.h[u].y, w.h[u].z, w.h[u].w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint32_t ql = lw[j];
-        const uint32_t hq = hw[j] >> (2 * L.kp);
-        wl[u][j] = sub_bytes((ql & 0x0F0F0F0Fu) | ((hq << 4) & 0x30303030u), 0x20202020u);
-        wh[u][j] = sub_bytes(((ql >> 4) & 0x0F0F0F0Fu) | (hq & 0x30303030u), 0x20202020u);
-      }
+      unpack(lw, hw, L.kp, wl[u], wh[u]);
       sl[u] = int(int8_t((w.sc[u].x >> (8 * L.sel)) & 0xFFu));
       sh[u] = int(int8_t((w.sc[u].y >> (8 * L.sel)) & 0xFFu));
       dd[u] = half_bits_to_float(w.d[u]);
