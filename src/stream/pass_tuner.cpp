@@ -11,7 +11,8 @@ namespace sluice::stream {
 
 CountTuner::CountTuner(int start, int max_count, Options opts) : opts_(opts) {
   SLUICE_CHECK(max_count >= 0, "CountTuner: negative count range");
-  SLUICE_CHECK(opts_.samples >= 1 && opts_.min_gain >= 0, "CountTuner: samples must be >= 1, min_gain >= 0");
+  SLUICE_CHECK(opts_.samples >= 1 && opts_.min_gain >= 0 && opts_.patience >= 0,
+               "CountTuner: samples must be >= 1, min_gain and patience >= 0");
   max_count_ = max_count;
   start_ = std::clamp(start, 0, max_count);
   current_ = best_ = planned_ = start_;
@@ -34,21 +35,27 @@ bool CountTuner::observe(double seconds) {
 
 void CountTuner::finish_count(double median) {
   measured_.push_back({current_, median});
+  bool further = false;  // the next count is one past current_ (a miss within the patience)
   if (measured_.size() == 1) {  // the planner's count
     best_seconds_ = median;
   } else if (median < best_seconds_ * (1 - opts_.min_gain)) {
     best_ = current_;
     best_seconds_ = median;
     moved_ = true;
+    misses_ = 0;
+  } else if (++misses_ <= opts_.patience) {
+    further = true;  // not faster: one more step the same way before this direction is given up
   } else if (direction_ < 0 && !moved_) {
-    direction_ = 1;  // one fewer was no faster: try one more
+    direction_ = 1;  // fewer was no faster: try more
+    misses_ = 0;
   } else {
     return settle();
   }
-  int next = best_ + direction_;
+  int next = (further ? current_ : best_) + direction_;
   const auto outside = [&](int c) { return c < 0 || c > max_count_; };
-  if (outside(next) && direction_ < 0 && !moved_) {  // no count below: try one more
+  if (outside(next) && direction_ < 0 && !moved_) {  // no count below: try more
     direction_ = 1;
+    misses_ = 0;
     next = best_ + 1;
   }
   if (outside(next)) return settle();

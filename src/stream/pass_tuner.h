@@ -7,13 +7,21 @@
 // than the copies reach inside those passes; each layer too many costs a CPU layer's time (~23 ms)
 // against a copy's (~9 ms) that hides behind the CPU. A CountTuner corrects that from measurement:
 // it starts at the planner's count, times `samples` consecutive passes at each count (median), tries
-// one CPU layer fewer and keeps moving down while each step is faster by more than `min_gain`; if
-// the first step down is not faster, it tries one more layer, and keeps moving up the same way.
-// Then it settles on the best count: the last one that beat the best before it by more than
-// min_gain (a neighbour faster by less is measured but not taken: within the noise of a median of
-// three passes). A hill climb over one integer: the pass time as a function of the count is
-// max(CPU time, copy time) plus the GPU's share, which falls and then rises, so the climb stops
-// at the minimum up to noise and the margin.
+// one CPU layer fewer and keeps moving down while a step is faster than the best so far by more
+// than `min_gain`. A count that is not (a miss) does not end the walk at once: it goes `patience`
+// counts further the same way, and moves there if one of them beats the best by the margin. If the
+// way down gives nothing, it tries more layers the same way. Then it settles on the best count: the
+// last one that beat the best before it by more than min_gain (a count faster by less is measured
+// but not taken: within the noise of a median of three passes). A hill climb over one integer: the
+// pass time as a function of the count is max(CPU time, copy time) plus the GPU's share, which
+// falls and then rises, so the climb stops at the minimum up to noise and the margin.
+// Why the patience: a median of three 32-token passes of the 70B varies by several percent, while
+// one layer moves the pass by ~4% on the slope; on an H100 host (2026-12-08) the walk stopped at
+// 21 CPU layers because 20 measured only 0.8% faster (515.8 against 520.2 ms), where the pass model
+// (bench/e2e/pass_model.py, that run's rates) puts 20 at 502 ms and the minimum at 17-18 (~458 ms).
+// With per-pass noise of +-4% on that curve, walks from 19-24 settle on average at ~496 ms without
+// patience and at ~461 ms with a patience of one (PatienceCarriesTheWalkPastANoisyStep), which
+// times two more counts (six passes) at the minimum.
 #pragma once
 
 #include <map>
@@ -27,6 +35,7 @@ class CountTuner {
   struct Options {
     int samples = 3;          // passes timed per count (their median is the count's time)
     double min_gain = 0.02;   // a neighbour must be faster by this fraction to be taken
+    int patience = 1;         // counts tried past one that is not faster before a direction ends
   };
   // Counts range over 0 .. max_count; start is the planner's (clamped into that range).
   CountTuner(int start, int max_count, Options opts);
@@ -64,6 +73,7 @@ class CountTuner {
   int best_ = 0;
   double best_seconds_ = 0;
   int direction_ = -1;       // the direction being explored
+  int misses_ = 0;           // counts in direction_ since the best that were not faster
   bool moved_ = false;       // a step in direction_ was taken (so the other way is not tried)
   bool settled_ = false;
   std::vector<double> samples_;
