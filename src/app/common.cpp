@@ -128,6 +128,7 @@ Result<stream::DeviceStreamOptions> device_options(const ModelFlags& mf, const S
   o.hybrid = !sf.no_hybrid;
   o.learn_cpu_flops = !sf.fixed_cpu_rate;
   o.tune_passes = !sf.no_pass_tuning;
+  o.tune_patience = sf.pass_tuning_patience;
   SLUICE_RETURN_IF_ERROR(stream::parse_hybrid_mode(sf.hybrid, &o.hybrid_mode, &o.split_share));
   o.host_cpu.n_threads = mf.n_threads;
   o.n_ctx = kv_pool_positions(mf);

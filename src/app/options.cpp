@@ -105,6 +105,10 @@ void add_stream_flags(CLI::App& app, StreamFlags& f) {
   app.add_flag("--no-pass-tuning", f.no_pass_tuning,
                "with --vram-budget: keep the cost model's CPU layer count for multi-token passes instead of tuning it "
                "from the passes' own times (one layer fewer or more while that is faster)");
+  app.add_option("--pass-tuning-patience", f.pass_tuning_patience,
+                 "with --vram-budget: counts the pass tuner tries past one that is not faster before it gives up a "
+                 "direction (default 1; 0: stop at the first)")
+      ->check(CLI::Range(0, 8));
   app.add_option("--hybrid", f.hybrid,
                  "with --vram-budget: the hybrid placements the planner scores: alternate (the CPU computes whole "
                  "pinned-RAM layers), split (every pinned-RAM layer's matrices split by rows between CPU and GPU; "

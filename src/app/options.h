@@ -50,6 +50,7 @@ struct StreamFlags {
   bool no_hybrid = false;  // --no-hybrid: the device pipeline copies every streamed layer (no CPU executor)
   bool fixed_cpu_rate = false;  // --fixed-cpu-rate: multi-token passes placed with the default CPU ops rate, not learned
   bool no_pass_tuning = false;  // --no-pass-tuning: multi-token passes keep the cost model's CPU layer count
+  int pass_tuning_patience = 1;  // --pass-tuning-patience
   // --hybrid auto|alternate|split|split=SHARE: which hybrid placements the planner scores (whole
   // layers alternating between CPU and GPU, layers split by rows, or the faster); SHARE fixes the
   // CPU's share of a split layer's rows.

@@ -112,6 +112,9 @@ struct DeviceStreamOptions {
   // nearby settled size measured, corrected_start), one layer fewer or more at a time while that
   // is faster. Only sizes whose placement is a batch one (kBatch).
   bool tune_passes = true;
+  // Counts the tuner tries past one that is not faster before a direction ends
+  // (CountTuner::Options::patience).
+  int tune_patience = CountTuner::Options{}.patience;
 
   // Tests: run the pipeline on a backend that reads host weights (the CPU backend implements the
   // streaming calls synchronously), and force each layer's home instead of planning.
@@ -381,6 +384,7 @@ class DeviceStreamer final : public model::LayerSource {
   // pass being timed (begin_pass to the next begin_pass; not a pass that restarted the ring, whose
   // first copies were not issued ahead).
   bool tune_passes_ = false;
+  int tune_patience_ = 1;
   std::map<int, CountTuner> tuners_;
   FileReader::Clock::time_point timed_start_{};
   int timed_tokens_ = 0;  // 0: the pass running is not timed
