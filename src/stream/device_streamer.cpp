@@ -393,7 +393,7 @@ Result<std::unique_ptr<DeviceStreamer>> DeviceStreamer::create(const std::string
   s->stats_.device_timed = s->timed_;
   s->learn_cpu_flops_ = opts.learn_cpu_flops && opts.force_exec.empty();
   s->tune_passes_ = opts.tune_passes && opts.force_exec.empty();
-  s->tune_patience_ = opts.tune_patience;
+  s->tuner_opts_.patience = opts.tune_patience;
   SLUICE_ASSIGN_OR_RETURN(s->layout_, layout_of(file));
   const size_t n_layer = w.layers.size();
   if (s->layout_.layers.size() != n_layer) {
@@ -925,9 +925,7 @@ int DeviceStreamer::choice_for(int n_tokens) {
     auto it = tuners_.find(n_tokens);
     if (it == tuners_.end()) {
       const int max_count = cpu_unit_count(plan_.plan);
-      CountTuner::Options to;
-      to.patience = tune_patience_;
-      CountTuner t(corrected_start(planned, n_tokens, max_count, tuners_), max_count, to);
+      CountTuner t(corrected_start(planned, n_tokens, max_count, tuners_), max_count, tuner_opts_);
       t.set_planned(planned);
       it = tuners_.emplace(n_tokens, std::move(t)).first;
     }

@@ -384,7 +384,7 @@ class DeviceStreamer final : public model::LayerSource {
   // pass being timed (begin_pass to the next begin_pass; not a pass that restarted the ring, whose
   // first copies were not issued ahead).
   bool tune_passes_ = false;
-  int tune_patience_ = 1;
+  CountTuner::Options tuner_opts_;  // each new tuner's (the patience from DeviceStreamOptions)
   std::map<int, CountTuner> tuners_;
   FileReader::Clock::time_point timed_start_{};
   int timed_tokens_ = 0;  // 0: the pass running is not timed

@@ -266,7 +266,7 @@ struct FmtQ8_0G {
 struct FmtQ8_0GC : FmtQ8_0G {
   // Ring depth on short rows at one token: 2 steps (72 registers, 7 blocks an SM) measured 0.4-1.3%
   // faster than 3 on the 8B Q8_0 decode (H100); long rows keep FmtQ8_0G's 4.
-  static constexpr int kDirectShortDepth1 = 2, kDirectLongDepth1 = 4;
+  static constexpr int kDirectShortDepth1 = 2, kDirectLongDepth1 = kDirectLongDepth;
   struct Lane {
     int base;  // word 0's offset within a row step (word i: + 2 * kBlockBytes * i)
     int d;     // the lane's own d pair, from base
